@@ -1,0 +1,34 @@
+"""Brokers behind one protocol; ``open_broker`` picks one from a URL."""
+
+from __future__ import annotations
+
+from modelfleet.broker.base import (
+    DEAD_LETTER_QUEUE,
+    Broker,
+    Delivery,
+    Inbox,
+    QueueStats,
+    Subscription,
+)
+from modelfleet.settings import BrokerSettings
+
+__all__ = [
+    "DEAD_LETTER_QUEUE",
+    "Broker",
+    "Delivery",
+    "Inbox",
+    "QueueStats",
+    "Subscription",
+    "create_broker",
+]
+
+
+def create_broker(settings: BrokerSettings) -> Broker:
+    """``memory`` gives the embedded broker; ``amqp://...`` gives RabbitMQ."""
+    if settings.url == "memory":
+        from modelfleet.broker.memory import MemoryBroker
+
+        return MemoryBroker(settings)
+    from modelfleet.broker.amqp import AmqpBroker
+
+    return AmqpBroker(settings)

@@ -1,0 +1,134 @@
+"""The ``Broker`` protocol: the only link between gateways and workers.
+
+Two implementations pass the same contract tests (tests/contract/):
+
+- ``memory.MemoryBroker``: an embedded, in-process broker (the default for
+  ``modelfleet serve`` and for fast tests). Real queues, prefetch windows,
+  delivery counts, a delivery limit with dead-lettering, idle expiry.
+- ``amqp.AmqpBroker``: RabbitMQ through aio-pika, for the distributed deployment.
+
+Vocabulary:
+
+- A *model queue* holds Tasks for one model id. Gateways publish into it
+  (declaring it on first use); workers ``subscribe`` to the queues they choose.
+- An *inbox* is one gateway's reply queue; its address rides in every Task.
+- *Events* are small broadcast messages (worker state, model demand) that every
+  ``events()`` iterator sees.
+- The *dead-letter queue* receives tasks that exceeded the delivery limit or that
+  a worker dead-lettered explicitly, with the reason kept.
+
+Every method raises ``BrokerUnavailable`` (never a library's own error) when the
+broker cannot be reached; callers never see aio-pika or socket exceptions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from modelfleet.messages import Reply, Task
+
+DEAD_LETTER_QUEUE = "modelfleet.dead-letters"
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    """Exact counts for one model queue at the moment it was asked."""
+
+    model_id: str
+    backlog: int  # messages ready for delivery (not counting unacked ones)
+    consumers: int
+
+
+@runtime_checkable
+class Delivery(Protocol):
+    """One task handed to a consumer. Settle it exactly once."""
+
+    @property
+    def task(self) -> Task: ...
+
+    @property
+    def death_reason(self) -> str:
+        """Why a dead letter died ('' for a live task)."""
+        ...
+
+    async def ack(self) -> None: ...
+
+    async def reject(self, requeue: bool) -> None:
+        """Give the task back (requeue=True counts toward the delivery limit) or drop it."""
+        ...
+
+    async def dead_letter(self, reason: str) -> None:
+        """Move the task to the dead-letter queue now, with ``reason`` kept, and settle it."""
+        ...
+
+
+class Subscription(Protocol):
+    """A consumer on one queue; iterate it for deliveries."""
+
+    @property
+    def model_id(self) -> str: ...
+
+    def __aiter__(self) -> AsyncIterator[Delivery]: ...
+
+    async def set_prefetch(self, prefetch: int) -> None:
+        """Change how many unacked deliveries this consumer may hold."""
+        ...
+
+    async def cancel(self) -> None:
+        """Stop receiving. Deliveries already handed out stay settleable."""
+        ...
+
+
+class Inbox(Protocol):
+    """A gateway's own reply queue."""
+
+    @property
+    def address(self) -> str: ...
+
+    def __aiter__(self) -> AsyncIterator[Reply]: ...
+
+    async def close(self) -> None: ...
+
+
+class Broker(Protocol):
+    @property
+    def connected(self) -> bool: ...
+
+    async def connect(self) -> None:
+        """Connect (or start). Raises BrokerUnavailable if the first connect fails."""
+        ...
+
+    async def close(self) -> None: ...
+
+    async def publish_task(self, task: Task) -> None:
+        """Durably enqueue ``task`` on its model's queue, declaring the queue if needed."""
+        ...
+
+    async def subscribe(self, model_id: str, prefetch: int) -> Subscription: ...
+
+    async def open_inbox(self) -> Inbox: ...
+
+    async def publish_reply(self, address: str, reply: Reply) -> bool:
+        """Deliver ``reply`` to the inbox at ``address``; returns once it is safe to ack.
+
+        False means no such inbox exists (its gateway is gone): nobody is waiting.
+        """
+        ...
+
+    async def queue_stats(self, model_ids: list[str]) -> dict[str, QueueStats]:
+        """Exact backlog and consumer counts; queues that do not exist are left out."""
+        ...
+
+    async def publish_event(self, event: dict[str, Any]) -> None: ...
+
+    def events(self) -> AsyncIterator[dict[str, Any]]:
+        """Every event published from now on, by anyone, until the broker closes."""
+        ...
+
+    async def subscribe_dead_letters(self, prefetch: int) -> Subscription: ...
+
+    async def republish(self, task: Task) -> None:
+        """Put a (dead-lettered) task back on its model queue with a fresh delivery count."""
+        ...

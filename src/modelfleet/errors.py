@@ -1,0 +1,146 @@
+"""The exception tree of modelfleet.
+
+Every error that crosses a boundary (HTTP, broker, runtime IPC) is one of these,
+translated once where the foreign error first appears (``raise X(...) from exc``).
+Each carries a stable ``code``: the wire form that travels in a Reply and that
+the gateway maps to an HTTP status. HTTP status codes live only in the gateway.
+
+    ModelfleetError                     code
+    ├── ConfigError                     config_error
+    │   └── ManifestError               invalid_manifest
+    ├── ModelNotFound                   model_not_found
+    ├── RequestRejected                 (client's fault: 4xx family)
+    │   ├── PayloadTooLarge             payload_too_large
+    │   ├── UnsupportedContentType      unsupported_content_type
+    │   ├── InvalidInput                invalid_input      (raised by model handlers)
+    │   └── PayloadFetchForbidden       payload_fetch_forbidden
+    ├── DeadlineExceeded                deadline_exceeded
+    ├── NoCapacity                      no_capacity
+    ├── ModelLoadFailed                 model_load_failed
+    ├── ModelTooLarge                   model_too_large
+    ├── ModelFailed                     model_error        (handler raised unexpectedly)
+    ├── RuntimeCrashed                  runtime_crashed
+    ├── PayloadUnavailable              payload_unavailable
+    └── BrokerError                     broker_error
+        └── BrokerUnavailable           broker_unavailable
+"""
+
+from __future__ import annotations
+
+
+class ModelfleetError(Exception):
+    """Root of every modelfleet error. ``str(err)`` says what was wrong and what to do."""
+
+    code = "internal_error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class ConfigError(ModelfleetError):
+    code = "config_error"
+
+
+class ManifestError(ConfigError):
+    """A model.toml that does not validate; names the file and the field."""
+
+    code = "invalid_manifest"
+
+    def __init__(self, path: str, field: str, problem: str) -> None:
+        super().__init__(f"{path}: field '{field}': {problem}")
+        self.path = path
+        self.field = field
+        self.problem = problem
+
+
+class ModelNotFound(ModelfleetError):
+    code = "model_not_found"
+
+
+class RequestRejected(ModelfleetError):
+    """The caller sent something we will not process; retrying it unchanged won't help."""
+
+    code = "bad_request"
+
+
+class PayloadTooLarge(RequestRejected):
+    code = "payload_too_large"
+
+
+class UnsupportedContentType(RequestRejected):
+    code = "unsupported_content_type"
+
+
+class InvalidInput(RequestRejected):
+    """Raise from a handler's preprocess/predict/postprocess to reject the input (HTTP 422)."""
+
+    code = "invalid_input"
+
+
+class PayloadFetchForbidden(RequestRejected):
+    code = "payload_fetch_forbidden"
+
+
+class DeadlineExceeded(ModelfleetError):
+    code = "deadline_exceeded"
+
+
+class NoCapacity(ModelfleetError):
+    code = "no_capacity"
+
+    def __init__(self, message: str, retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class ModelLoadFailed(ModelfleetError):
+    code = "model_load_failed"
+
+
+class ModelTooLarge(ModelfleetError):
+    code = "model_too_large"
+
+
+class ModelFailed(ModelfleetError):
+    code = "model_error"
+
+
+class RuntimeCrashed(ModelfleetError):
+    code = "runtime_crashed"
+
+
+class PayloadUnavailable(ModelfleetError):
+    code = "payload_unavailable"
+
+
+class BrokerError(ModelfleetError):
+    code = "broker_error"
+
+
+class BrokerUnavailable(BrokerError):
+    code = "broker_unavailable"
+
+
+_BY_CODE: dict[str, type[ModelfleetError]] = {}
+
+
+def _index(cls: type[ModelfleetError]) -> None:
+    _BY_CODE.setdefault(cls.code, cls)
+    for sub in cls.__subclasses__():
+        _index(sub)
+
+
+_index(ModelfleetError)
+
+
+def error_from_code(code: str, message: str) -> ModelfleetError:
+    """Rebuild an error that travelled as (code, message), e.g. in a Reply."""
+    cls = _BY_CODE.get(code, ModelfleetError)
+    if cls is ManifestError:
+        return ConfigError(message)
+    err = cls.__new__(cls)
+    ModelfleetError.__init__(err, message)
+    if isinstance(err, NoCapacity):
+        err.retry_after_s = 1
+    return err

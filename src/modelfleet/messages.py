@@ -1,0 +1,107 @@
+"""Task and Reply, the two messages that cross the broker, and their msgpack codec.
+
+A Task is small: payload bytes ride inline only below a threshold; larger ones stay
+on the gateway that received them and travel as a signed URL (``PayloadRef``).
+Events (worker state, model demand) are plain msgpack maps with a ``kind`` key.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Literal
+
+import msgpack
+
+from modelfleet.errors import ModelfleetError
+
+PayloadKind = Literal["inline", "gateway", "url"]
+ReplyStatus = Literal["ok", "error"]
+PHASES = ("queue_wait", "payload_fetch", "model_load", "preprocess", "predict", "postprocess")
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass(frozen=True)
+class PayloadRef:
+    """Where the request's bytes are: inline, on the receiving gateway, or at the caller's URL."""
+
+    kind: PayloadKind
+    data: bytes = b""
+    url: str = ""
+    size_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class Task:
+    request_id: str
+    model_id: str
+    version: str
+    deadline_ms: int
+    reply_to: str
+    payload: PayloadRef
+    content_type: str
+    enqueued_ms: int
+    tenant: str = "default"
+    plan: str = "free"
+    params: dict[str, str] = field(default_factory=dict)
+    delivery_count: int = 0  # set by the broker on receipt; 0 on first delivery
+
+    def expired(self, at_ms: int | None = None) -> bool:
+        return (now_ms() if at_ms is None else at_ms) >= self.deadline_ms
+
+    def with_delivery_count(self, count: int) -> Task:
+        return replace(self, delivery_count=count)
+
+
+@dataclass(frozen=True)
+class Reply:
+    request_id: str
+    status: ReplyStatus
+    body: bytes = b""
+    content_type: str = "application/json"
+    compressed: bool = False
+    error_code: str = ""
+    error_message: str = ""
+    timings_ms: dict[str, float] = field(default_factory=dict)
+    worker_id: str = ""
+    cold: bool = False
+
+    @classmethod
+    def failure(cls, request_id: str, error: ModelfleetError, worker_id: str = "",
+                timings_ms: dict[str, float] | None = None) -> Reply:
+        return cls(request_id, "error", error_code=error.code, error_message=error.message,
+                   worker_id=worker_id, timings_ms=timings_ms or {})
+
+
+def encode_task(task: Task) -> bytes:
+    data = asdict(task)
+    data.pop("delivery_count")
+    return msgpack.packb(data, use_bin_type=True)
+
+
+def decode_task(raw: bytes, delivery_count: int = 0) -> Task:
+    data = msgpack.unpackb(raw, raw=False)
+    data["payload"] = PayloadRef(**data["payload"])
+    return Task(**data, delivery_count=delivery_count)
+
+
+def encode_reply(reply: Reply) -> bytes:
+    return msgpack.packb(asdict(reply), use_bin_type=True)
+
+
+def decode_reply(raw: bytes) -> Reply:
+    return Reply(**msgpack.unpackb(raw, raw=False))
+
+
+def encode_event(event: dict[str, Any]) -> bytes:
+    return msgpack.packb(event, use_bin_type=True)
+
+
+def decode_event(raw: bytes) -> dict[str, Any]:
+    value = msgpack.unpackb(raw, raw=False)
+    if not isinstance(value, dict):
+        raise ValueError("event is not a map")
+    return value

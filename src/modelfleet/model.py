@@ -1,0 +1,212 @@
+"""The model author's API: ``Model``, ``Request``, ``Context``, ``Output``, and ``LocalModel``.
+
+A handler subclasses ``Model`` and writes ``load`` and ``predict``; ``preprocess``
+and ``postprocess`` are optional coroutines for per-request work and I/O waits.
+``predict`` takes a *batch* (a list of preprocessed inputs) and returns one output
+per input. The framework decides where each part runs: the coroutines on the
+runtime's event loop, ``load`` and ``predict`` on a worker thread.
+
+``LocalModel`` runs a model package's whole path in-process, with no server, so a
+model author can unit-test a handler with plain pytest. This module imports no
+web framework.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from modelfleet.errors import InvalidInput, ModelFailed, ModelLoadFailed, RequestRejected
+from modelfleet.manifest import Manifest, load_manifest
+
+
+@dataclass(frozen=True)
+class Request:
+    """One inference request as a handler sees it."""
+
+    body: bytes
+    content_type: str
+    params: Mapping[str, str] = field(default_factory=dict)
+    request_id: str = ""
+    deadline_ms: int = 0
+
+    def json(self) -> Any:
+        """The body parsed as JSON; malformed JSON is the caller's fault (422)."""
+        try:
+            return json.loads(self.body)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise InvalidInput(f"body is not valid JSON: {exc}") from exc
+
+    def text(self) -> str:
+        try:
+            return self.body.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InvalidInput(f"body is not valid UTF-8 text: {exc}") from exc
+
+
+@dataclass(frozen=True)
+class Output:
+    """Return this from ``postprocess`` to answer with raw bytes instead of JSON."""
+
+    body: bytes
+    content_type: str = "application/octet-stream"
+
+
+@dataclass(frozen=True)
+class Context:
+    """What ``load`` gets: where the package lies and the limits it runs under."""
+
+    model_id: str
+    version: str
+    package_dir: Path
+    device: str
+    memory_limit_bytes: int | None = None
+
+    def artifact(self, name: str) -> Path:
+        """Path of an artifact shipped in (or built into) the package folder."""
+        return self.package_dir / name
+
+
+class Model:
+    """Base class of every model handler."""
+
+    def load(self, ctx: Context) -> None:
+        """Load weights. Runs once per residency, in the runtime process, on a thread."""
+
+    async def preprocess(self, request: Request) -> Any:
+        """Turn a request into one model input. May await I/O."""
+        return request.body
+
+    def predict(self, batch: list[Any]) -> list[Any]:
+        """Run the model over a batch; return one output per input, in order."""
+        raise NotImplementedError(f"{type(self).__name__} must implement predict()")
+
+    async def postprocess(self, output: Any, request: Request) -> Any:
+        """Turn one model output into the answer (JSON-able, or an ``Output``)."""
+        return output
+
+    def unload(self) -> None:
+        """Release what ``load`` took. Called on eviction."""
+
+
+def import_handler(manifest: Manifest, package_dir: Path) -> type[Model]:
+    """Import the handler class named by ``entrypoint = "module:Class"``.
+
+    Each package's module is imported under a name unique to the model and version,
+    so two packages may both ship a ``handler.py``.
+    """
+    module_name, _, class_name = manifest.entrypoint.partition(":")
+    source = package_dir / (module_name.replace(".", os.sep) + ".py")
+    if not source.is_file():
+        raise ModelLoadFailed(f"model '{manifest.name}': entrypoint module {source} not found")
+    unique = f"modelfleet_pkg_{manifest.name}_{manifest.version}_{module_name}".replace("-", "_")
+    spec = importlib.util.spec_from_file_location(unique, source)
+    if spec is None or spec.loader is None:
+        raise ModelLoadFailed(f"model '{manifest.name}': cannot import {source}")
+    module: ModuleType = importlib.util.module_from_spec(spec)
+    sys.modules[unique] = module
+    sys.path.insert(0, str(package_dir))
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        sys.modules.pop(unique, None)
+        raise ModelLoadFailed(f"model '{manifest.name}': importing {source} failed: {exc!r}") from exc
+    finally:
+        sys.path.remove(str(package_dir))
+    handler = getattr(module, class_name, None)
+    if not (isinstance(handler, type) and issubclass(handler, Model)):
+        raise ModelLoadFailed(
+            f"model '{manifest.name}': {manifest.entrypoint} is not a modelfleet.Model subclass"
+        )
+    return handler
+
+
+async def run_pipeline(model: Model, requests: list[Request]) -> list[Any]:
+    """preprocess each request, predict over the batch on a thread, postprocess each.
+
+    Returns one result per request: the postprocessed output, or the exception that
+    request raised (a bad input fails only its own request, never its batch mates).
+    """
+    pre = await asyncio.gather(*(model.preprocess(r) for r in requests), return_exceptions=True)
+    ok = [i for i, x in enumerate(pre) if not isinstance(x, BaseException)]
+    results: list[Any] = list(pre)
+    if ok:
+        try:
+            outputs = await asyncio.to_thread(model.predict, [pre[i] for i in ok])
+        except RequestRejected as exc:
+            outputs = [exc] * len(ok)
+        except Exception as exc:
+            failed = ModelFailed(f"predict raised {exc!r}")
+            outputs = [failed] * len(ok)
+        if not isinstance(outputs, list) or len(outputs) != len(ok):
+            bad = ModelFailed(
+                f"predict returned {type(outputs).__name__} of wrong length; "
+                f"expected a list of {len(ok)} outputs"
+            )
+            outputs = [bad] * len(ok)
+        post = await asyncio.gather(
+            *(_postprocess(model, out, requests[i]) for i, out in zip(ok, outputs, strict=True)),
+            return_exceptions=True,
+        )
+        for i, value in zip(ok, post, strict=True):
+            results[i] = value
+    return [_as_model_error(r) for r in results]
+
+
+async def _postprocess(model: Model, output: Any, request: Request) -> Any:
+    if isinstance(output, BaseException):
+        raise output
+    return await model.postprocess(output, request)
+
+
+def _as_model_error(result: Any) -> Any:
+    if isinstance(result, BaseException) and not isinstance(
+        result, (RequestRejected, ModelFailed)
+    ):
+        return ModelFailed(f"handler raised {result!r}")
+    return result
+
+
+class LocalModel:
+    """A model package run in-process: the test helper for model authors.
+
+    >>> model = LocalModel.from_package("examples/models/iris/1")
+    >>> model.infer(b'{"features": [5.1, 3.5, 1.4, 0.2]}', "application/json")
+    """
+
+    def __init__(self, manifest: Manifest, handler: Model) -> None:
+        self.manifest = manifest
+        self.handler = handler
+
+    @classmethod
+    def from_package(cls, package_dir: str | Path) -> LocalModel:
+        package = Path(package_dir)
+        manifest = load_manifest(package / "model.toml")
+        handler = import_handler(manifest, package)()
+        ctx = Context(manifest.name, manifest.version, package, "cpu", manifest.memory_limit_bytes)
+        handler.load(ctx)
+        return cls(manifest, handler)
+
+    async def ainfer_many(self, items: list[tuple[bytes, str]]) -> list[Any]:
+        """Run a batch; raises the first request's error if any request failed."""
+        requests = [Request(body, ctype) for body, ctype in items]
+        results = await run_pipeline(self.handler, requests)
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
+        return results
+
+    async def ainfer(self, body: bytes, content_type: str) -> Any:
+        return (await self.ainfer_many([(body, content_type)]))[0]
+
+    def infer(self, body: bytes, content_type: str) -> Any:
+        """Run one request through preprocess, predict and postprocess; return the result."""
+        return asyncio.run(self.ainfer(body, content_type))

@@ -1,0 +1,94 @@
+"""Every setting of modelfleet, built once at the command-line edge and passed down.
+
+Sources, later ones winning: defaults here; environment variables
+``MODELFLEET_<SECTION>__<FIELD>`` (e.g. ``MODELFLEET_GATEWAY__PORT=8080``); the
+command-line flags. ``MODELFLEET_BROKER``, ``MODELFLEET_REPO`` and
+``MODELFLEET_SECRET`` are short forms for the most common ones. Settings are frozen:
+nothing changes a value after start-up.
+"""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+MiB = 1024 * 1024
+GiB = 1024 * MiB
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class BrokerSettings(_Section):
+    url: str = "memory"  # "memory" (embedded) or amqp://user:pass@host:port/vhost
+    delivery_limit: int = Field(default=3, ge=0)  # redeliveries before dead-lettering
+    queue_idle_expiry_s: float = Field(default=3600, gt=0)  # idle model queues vanish
+    declare_timeout_s: float = Field(default=5, gt=0)
+    connect_timeout_s: float = Field(default=5, gt=0)
+    reconnect_max_backoff_s: float = Field(default=5, gt=0)
+    queue_prefix: str = "model."
+
+
+class GatewaySettings(_Section):
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    public_url: str = ""  # how runtimes reach this gateway; default http://host:port
+    max_body_bytes: int = Field(default=20 * MiB, gt=0)
+    default_timeout_s: float = Field(default=30, gt=0)
+    max_timeout_s: float = Field(default=120, gt=0)
+    inline_threshold_bytes: int = Field(default=64 * 1024, ge=0)
+    payload_store_bytes: int = Field(default=512 * MiB, gt=0)
+    demand_announce_interval_s: float = Field(default=1.0, gt=0)
+    worker_stale_after_s: float = Field(default=10, gt=0)
+    drain_timeout_s: float = Field(default=5, gt=0)
+
+
+class RuntimeSettings(_Section):
+    device_budget_bytes: int = Field(default=2 * GiB, gt=0)
+    host_budget_bytes: int = Field(default=4 * GiB, ge=0)
+    max_concurrent_loads: int = Field(default=2, ge=1)
+    eviction_policy: str = "gdsf"  # gdsf | lru
+    compress_threshold_bytes: int = Field(default=16 * 1024, ge=0)
+    url_fetch_max_bytes: int = Field(default=20 * MiB, gt=0)
+    url_fetch_timeout_s: float = Field(default=10, gt=0)
+    url_fetch_allow: tuple[str, ...] = ()  # hosts/CIDRs exempt from the private-address ban
+    max_image_pixels: int = Field(default=40_000_000, gt=0)
+    memory_limit_bytes: int | None = None  # default per-runtime limit for isolated models
+    disk_cache_dir: str = ""
+    disk_cache_bytes: int = Field(default=10 * GiB, gt=0)
+    venv_dir: str = ""
+    ping_interval_s: float = Field(default=2, gt=0)
+    ping_timeout_s: float = Field(default=10, gt=0)
+    start_timeout_s: float = Field(default=60, gt=0)
+
+
+class WorkerSettings(_Section):
+    worker_id: str = ""  # default: hostname-pid
+    permits: int = Field(default=16, ge=1)  # in-flight tasks per worker
+    shared_runtimes: int = Field(default=1, ge=1)  # runtime processes for non-isolated models
+    rescore_interval_s: float = Field(default=1.0, gt=0)
+    state_interval_s: float = Field(default=1.0, gt=0)
+    drain_timeout_s: float = Field(default=5, gt=0)
+    restart_backoff_max_s: float = Field(default=10, gt=0)
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="MODELFLEET_", env_nested_delimiter="__", frozen=True, extra="ignore"
+    )
+
+    repo: str = "examples/models"
+    secret: str = Field(default_factory=lambda: secrets.token_hex(16))
+    broker: BrokerSettings = BrokerSettings()
+    gateway: GatewaySettings = GatewaySettings()
+    worker: WorkerSettings = WorkerSettings()
+    runtime: RuntimeSettings = RuntimeSettings()
+    log_level: str = "info"
+
+    @property
+    def state_dir(self) -> Path:
+        return Path.home() / ".cache" / "modelfleet"
