@@ -1,0 +1,299 @@
+"""Tier accounting: which model ids are resident on the device and in host memory.
+
+``ModelCache`` never loads or frees anything. The runtime (and the simulator)
+drive real loads around it in two phases, because a load takes seconds and
+several may be in flight::
+
+    tier = cache.hit(model_id)                    # "device": run it now
+    if tier != "device":
+        for ev in cache.reserve(model_id, manifest_bytes):   # raises ModelTooLarge, NoCapacity
+            carry_out(ev)                                    # demote or drop, in this order
+        try:
+            measured_bytes, seconds, source = load(model_id)  # "host" if promotion
+        except Exception:
+            cache.release(model_id)
+            raise
+        for ev in cache.commit(model_id, measured_bytes, seconds, source):
+            carry_out(ev)
+
+Invariant: device bytes resident plus reserved <= device budget; host bytes <= host budget.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable
+
+from modelfleet.cache.cost import LoadCostModel
+from modelfleet.cache.policy import EvictionPolicy, GdsfPolicy
+from modelfleet.cache.tiers import HostTier
+from modelfleet.cache.types import CacheSnapshot, Eviction, LoadSource, Reservation, Tier
+from modelfleet.errors import ModelTooLarge, NoCapacity
+
+
+class ModelCache:
+    """Pure, synchronous accounting of a device tier backed by a host-memory tier.
+
+    ``policy`` ranks device residents; ``host_policy`` (default: a new
+    ``GdsfPolicy``) ranks host residents. ``clock`` (seconds, monotonic) only
+    stamps reservations and snapshots. ``cost_model`` learns reload costs from
+    ``commit``; pass one to share it between caches.
+
+    Not thread-safe: call it from one thread (the runtime's control loop).
+    """
+
+    def __init__(
+        self,
+        device_budget_bytes: int,
+        host_budget_bytes: int,
+        policy: EvictionPolicy,
+        host_policy: EvictionPolicy | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        cost_model: LoadCostModel | None = None,
+    ) -> None:
+        if min(device_budget_bytes, host_budget_bytes) < 0:
+            raise ValueError(f"budgets must be >= 0: {device_budget_bytes}, {host_budget_bytes}")
+        self.device_budget_bytes = device_budget_bytes
+        self.policy = policy
+        self.cost_model = cost_model if cost_model is not None else LoadCostModel()
+        # `is None`, not `or`: an empty policy has len() 0 and is falsy.
+        host_policy = host_policy if host_policy is not None else GdsfPolicy()
+        self.host = HostTier(host_budget_bytes, host_policy)
+        self._clock = clock
+        self._device: dict[str, int] = {}
+        self._device_used = 0
+        self._reserved: dict[str, Reservation] = {}
+        self._reserved_bytes = 0
+        self._pinned: set[str] = set()
+        self._measured: dict[str, int] = {}
+        self._full_load_s: dict[str, float] = {}  # last full reload, not promotions
+        self._full_source: dict[str, LoadSource] = {}
+        self._loads: Counter[str] = Counter()
+        self._drops = 0
+
+    @property
+    def host_budget_bytes(self) -> int:
+        return self.host.budget_bytes
+
+    def tier_of(self, model_id: str) -> Tier | None:
+        """Where ``model_id`` is resident now. A model being promoted is still
+        ``"host"`` until ``commit``; a model being loaded cold is ``None``."""
+        if model_id in self._device:
+            return "device"
+        if model_id in self.host:
+            return "host"
+        return None
+
+    def reservation(self, model_id: str) -> Reservation | None:
+        """The load in flight for ``model_id``, if any."""
+        return self._reserved.get(model_id)
+
+    def last_measured_bytes(self, model_id: str) -> int | None:
+        """The size measured by the last ``commit`` of ``model_id``, even after eviction."""
+        return self._measured.get(model_id)
+
+    def is_pinned(self, model_id: str) -> bool:
+        return model_id in self._pinned
+
+    def reload_cost_s(self, model_id: str, size_bytes: int) -> float:
+        """What getting ``model_id`` back would cost if it were dropped: its last
+        measured full load if any, else the cost model's estimate."""
+        measured = self._full_load_s.get(model_id)
+        if measured is not None:
+            return measured
+        return self.cost_model.estimate(self._full_source.get(model_id, "repository"), size_bytes)
+
+    def snapshot(self) -> CacheSnapshot:
+        """An immutable view of every tier, budget and counter."""
+        return CacheSnapshot(
+            taken_at_s=self._clock(),
+            device_budget_bytes=self.device_budget_bytes,
+            host_budget_bytes=self.host.budget_bytes,
+            device=dict(self._device),
+            host=self.host.resident(),
+            reserved=dict(self._reserved),
+            pinned=frozenset(self._pinned),
+            device_used_bytes=self._device_used,
+            device_reserved_bytes=self._reserved_bytes,
+            host_used_bytes=self.host.used_bytes,
+            loads_by_source=dict(self._loads),
+            demotions=self.host.demotions,
+            drops=self._drops + self.host.drops,
+        )
+
+    def hit(self, model_id: str) -> Tier | None:
+        """Record one use of ``model_id`` and say where it is (None: not resident)."""
+        if model_id in self._device:
+            self.policy.touch(model_id)
+            return "device"
+        if model_id in self.host:
+            self.host.policy.touch(model_id)
+            return "host"
+        return None
+
+    def reserve(self, model_id: str, size_bytes: int, pinned: bool = False) -> list[Eviction]:
+        """Make room on the device for ``model_id``; return what to evict first, in order.
+
+        ``size_bytes`` is the manifest estimate; the last measured size wins when
+        known. On a host-resident model this starts a promotion (see
+        ``reservation(model_id).promotion``; commit it with ``source="host"``).
+        On a model already on the device: nothing to do (pins it if asked).
+
+        Raises ``ModelTooLarge`` if the model exceeds the whole device budget,
+        ``NoCapacity`` if pinned models and loads in flight leave no room (state
+        unchanged), ``ValueError`` if a load of ``model_id`` is already in flight.
+        """
+        if size_bytes < 0:
+            raise ValueError(f"size_bytes must be >= 0, got {size_bytes} for {model_id!r}")
+        if model_id in self._reserved:
+            raise ValueError(
+                f"model {model_id!r} is already being loaded; wait for that load "
+                "instead of starting a second one"
+            )
+        if model_id in self._device:
+            if pinned:
+                self._pinned.add(model_id)
+            return []
+        promotion = model_id in self.host
+        size = (
+            self.host.size_of(model_id) if promotion else self._measured.get(model_id, size_bytes)
+        )
+        self._check_fits_budget(model_id, size)
+        victims = self._plan_device_room(model_id, size)
+        actions = self._evict_from_device(victims, f"making room for {model_id!r}")
+        self._reserved[model_id] = Reservation(model_id, size, pinned, promotion, self._clock())
+        self._reserved_bytes += size
+        if promotion:
+            self.host.protect(model_id)
+        if pinned:
+            self._pinned.add(model_id)
+        return actions
+
+    def commit(
+        self, model_id: str, measured_bytes: int, load_seconds: float, source: LoadSource
+    ) -> list[Eviction]:
+        """The load of ``model_id`` finished: it is now resident on the device.
+
+        Replaces the reservation by ``measured_bytes``, feeds the cost model and
+        frees the host copy of a promotion. If the measured size overflows the
+        budget, returns further evictions to carry out now; when only the new
+        model itself can give way, the list holds its own demotion or drop.
+
+        Raises ``ModelTooLarge`` (measured size exceeds the whole budget) or
+        ``NoCapacity`` (pinned and no room): the model is then not resident and
+        the caller must unload it. ``ValueError`` if nothing was reserved.
+        """
+        reservation = self._pop_reservation(model_id)
+        if measured_bytes < 0:
+            raise ValueError(f"measured_bytes must be >= 0, got {measured_bytes} for {model_id!r}")
+        self._measured[model_id] = measured_bytes
+        self.cost_model.observe(source, measured_bytes, load_seconds)
+        self._loads[source] += 1
+        if source != "host":
+            self._full_load_s[model_id] = load_seconds
+            self._full_source[model_id] = source
+        if reservation.promotion:
+            self.host.forget(model_id)
+        if measured_bytes > self.device_budget_bytes:
+            self._pinned.discard(model_id)
+            self._check_fits_budget(model_id, measured_bytes)
+        try:
+            victims = self._plan_device_room(model_id, measured_bytes)
+        except NoCapacity:
+            if reservation.pinned:
+                self._pinned.discard(model_id)
+                raise
+            # Nothing else can give way: the newcomer itself leaves again.
+            return self._to_host_or_drop(
+                model_id, measured_bytes, f"measured size of {model_id!r} does not fit"
+            )
+        actions = self._evict_from_device(victims, f"measured size of {model_id!r} overflowed")
+        self._device[model_id] = measured_bytes
+        self._device_used += measured_bytes
+        self.policy.admit(model_id, measured_bytes, self.reload_cost_s(model_id, measured_bytes))
+        return actions
+
+    def release(self, model_id: str) -> None:
+        """The load of ``model_id`` failed: return its reserved bytes. A promoted
+        model stays in host memory; a pin requested with ``reserve`` is dropped."""
+        reservation = self._pop_reservation(model_id)
+        if reservation.promotion:
+            self.host.unprotect(model_id)
+        if reservation.pinned:
+            self._pinned.discard(model_id)
+
+    def remove(self, model_id: str) -> list[Eviction]:
+        """Drop ``model_id`` from whichever tier holds it (pinned or not); returns
+        the one drop to carry out, or ``[]`` if it was not resident."""
+        if model_id in self._reserved:
+            raise ValueError(f"model {model_id!r} is being loaded; release or commit it first")
+        self._pinned.discard(model_id)
+        if model_id in self._device:
+            self.policy.forget(model_id)
+            size = self._device.pop(model_id)
+            self._device_used -= size
+            self._drops += 1
+            return [Eviction(model_id, size, "drop", "device", "removed explicitly")]
+        if model_id in self.host:
+            return [self.host.remove(model_id, "removed explicitly")]
+        return []
+
+    def unpin(self, model_id: str) -> None:
+        """Make ``model_id`` evictable again (no-op if it was not pinned)."""
+        self._pinned.discard(model_id)
+
+    def _pop_reservation(self, model_id: str) -> Reservation:
+        reservation = self._reserved.pop(model_id, None)
+        if reservation is None:
+            raise ValueError(f"no load of model {model_id!r} is in flight; call reserve first")
+        self._reserved_bytes -= reservation.size_bytes
+        return reservation
+
+    def _check_fits_budget(self, model_id: str, size: int) -> None:
+        if size > self.device_budget_bytes:
+            raise ModelTooLarge(
+                f"model {model_id!r} needs {size} bytes but the whole device budget is "
+                f"{self.device_budget_bytes} bytes; serve it on a larger worker or raise "
+                "the device memory budget"
+            )
+
+    def _plan_device_room(self, model_id: str, size: int) -> list[str]:
+        """Device residents to evict, lowest priority first, so ``size`` fits. Changes nothing."""
+        free = self.device_budget_bytes - self._device_used - self._reserved_bytes
+        excluded = set(self._pinned)
+        victims: list[str] = []
+        while free < size:
+            victim = self.policy.victim(excluded)
+            if victim is None:
+                pinned_bytes = sum(self._device.get(key, 0) for key in self._pinned)
+                raise NoCapacity(
+                    f"no room on the device for model {model_id!r} ({size} bytes): budget "
+                    f"{self.device_budget_bytes} bytes, {pinned_bytes} pinned, "
+                    f"{self._reserved_bytes} reserved by loads in flight, "
+                    f"{free} free after evicting everything else; retry once loads "
+                    "finish, or unpin models"
+                )
+            victims.append(victim)
+            excluded.add(victim)
+            free += self._device[victim]
+        return victims
+
+    def _evict_from_device(self, victims: list[str], reason: str) -> list[Eviction]:
+        actions: list[Eviction] = []
+        for victim in victims:
+            self.policy.evict(victim)
+            size = self._device.pop(victim)
+            self._device_used -= size
+            actions.extend(self._to_host_or_drop(victim, size, reason))
+        return actions
+
+    def _to_host_or_drop(self, model_id: str, size: int, reason: str) -> list[Eviction]:
+        """``model_id`` (already off the device books) goes to host memory if the
+        host tier takes it, else it is dropped."""
+        cost = self.reload_cost_s(model_id, size)
+        demoted = self.host.demote(model_id, size, cost, reason)
+        if demoted is not None:
+            return demoted
+        self._drops += 1
+        return [Eviction(model_id, size, "drop", "device", reason)]
