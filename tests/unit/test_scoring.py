@@ -1,0 +1,269 @@
+"""Queue scoring: one test (at least) per rule. Deterministic: time and seed are arguments."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import pytest
+from pydantic import ValidationError
+
+from modelfleet.scheduling import (
+    QueueView,
+    ScoringSettings,
+    WorkerView,
+    choose_queues,
+    noise,
+    score_queue,
+)
+
+NOW = 1_000.0
+SEED = 7
+QUIET = ScoringSettings(noise_amplitude=0.0)
+
+
+def worker(**kwargs: object) -> WorkerView:
+    base: dict[str, object] = {"worker_id": "w1", "free_permits": 4, "permits_cap": 4}
+    base.update(kwargs)
+    return WorkerView(**base)  # type: ignore[arg-type]
+
+
+# --- warmth -----------------------------------------------------------------------------
+
+def test_warm_scores_above_cold_and_device_above_host() -> None:
+    q = QueueView("m", backlog=3, consumers=1)
+    device = score_queue(q, worker(resident_device=frozenset({"m"})), QUIET, NOW, SEED)
+    host = score_queue(q, worker(resident_host=frozenset({"m"})), QUIET, NOW, SEED)
+    cold = score_queue(q, worker(), QUIET, NOW, SEED)
+    assert device > host > cold
+
+
+def test_pinned_counts_as_warm() -> None:
+    pinned = QueueView("m", backlog=0, consumers=5, pinned=True)
+    decision = choose_queues([pinned], worker(), QUIET, NOW, SEED)
+    assert decision.subscribe == {"m"}  # warm everywhere, and exempt from the fan-out cap
+    assert decision.reasons["m"] == "warm"
+
+
+def test_warm_queue_is_taken_before_a_cold_one_with_more_backlog() -> None:
+    queues = [QueueView("warm", backlog=2, consumers=1), QueueView("cold", backlog=30, consumers=1)]
+    decision = choose_queues(queues, worker(resident_device=frozenset({"warm"})), QUIET, NOW, SEED)
+    assert decision.scores["warm"] > decision.scores["cold"]
+
+
+# --- pressure ---------------------------------------------------------------------------
+
+def test_pressure_is_backlog_per_consumer_not_raw_depth() -> None:
+    deep_but_served = QueueView("a", backlog=40, consumers=9)  # 4 per consumer if I join
+    shallow_alone = QueueView("b", backlog=12, consumers=1)  # 6 per consumer if I join
+    w = worker()
+    assert score_queue(shallow_alone, w, QUIET, NOW, SEED) > score_queue(
+        deep_but_served, w, QUIET, NOW, SEED)
+
+
+def test_pressure_counts_this_worker_once_whether_or_not_it_holds_the_queue() -> None:
+    free = score_queue(QueueView("a", backlog=10, consumers=1), worker(), QUIET, NOW, SEED)
+    held = score_queue(QueueView("a", backlog=10, consumers=2),
+                       worker(subscriptions=frozenset({"a"})), QUIET, NOW, SEED)
+    assert free == pytest.approx(held)
+
+
+def test_pressure_grows_with_backlog() -> None:
+    w = worker()
+    scores = [score_queue(QueueView("a", backlog=b, consumers=1), w, QUIET, NOW, SEED)
+              for b in (1, 10, 100)]
+    assert scores == sorted(scores) and scores[0] < scores[-1]
+
+
+# --- stickiness -------------------------------------------------------------------------
+
+def test_stickiness_decays_over_its_window() -> None:
+    q = QueueView("m", backlog=5, consumers=1)
+    window = QUIET.stickiness_window_s
+    fresh = score_queue(q, worker(last_served={"m": NOW}), QUIET, NOW, SEED)
+    half = score_queue(q, worker(last_served={"m": NOW - window / 2}), QUIET, NOW, SEED)
+    gone = score_queue(q, worker(last_served={"m": NOW - 2 * window}), QUIET, NOW, SEED)
+    never = score_queue(q, worker(), QUIET, NOW, SEED)
+    assert fresh > half > gone == never
+
+
+# --- starvation -------------------------------------------------------------------------
+
+def test_starving_queue_wins_outright_even_with_cold_budget_spent() -> None:
+    spent = tuple(NOW - i for i in range(QUIET.cold_subscribes_per_minute))
+    queues = [
+        QueueView("starving", backlog=1, consumers=0),
+        QueueView("warm-busy", backlog=500, consumers=1),
+    ]
+    w = worker(resident_device=frozenset({"warm-busy"}), recent_cold_subscribes=spent)
+    decision = choose_queues(queues, w, QUIET, NOW, SEED)
+    assert decision.scores["starving"] > decision.scores["warm-busy"]
+    assert "starving" in decision.subscribe
+    assert decision.cold == {"starving"}  # the caller records it as a cold subscription
+
+
+def test_starved_queues_are_claimed_one_per_decision_and_only_with_a_free_loader() -> None:
+    queues = [QueueView(f"s{i}", backlog=1, consumers=0) for i in range(5)]
+    assert len(choose_queues(queues, worker(), QUIET, NOW, SEED).subscribe) == 1
+    loading = choose_queues(queues, worker(loads_in_progress=1), QUIET, NOW, SEED)
+    assert loading.subscribe == frozenset()
+    assert set(loading.reasons.values()) == {"no-capacity"}
+
+
+def test_starved_queue_is_taken_promptly_by_some_worker_of_the_fleet() -> None:
+    # Every worker but one is busy loading: the idle one takes it at its next re-score.
+    queue = [QueueView("tail", backlog=1, consumers=0)]
+    takers = [i for i in range(10)
+              if choose_queues(queue, worker(worker_id=f"w{i}", loads_in_progress=int(i != 3),
+                                             free_permits=0), QUIET, NOW, SEED).subscribe]
+    assert takers == [3]
+
+
+# --- hysteresis -------------------------------------------------------------------------
+
+def test_hysteresis_does_not_flap_when_the_score_hovers_near_the_bar() -> None:
+    settings = ScoringSettings(noise_amplitude=0.0, subscribe_threshold=1.5, drop_threshold=0.5)
+    # Backlog per consumer such that pressure alone sits exactly on the subscribe bar.
+    pressure_scale = settings.pressure_scale
+    on_bar = pressure_scale * math.expm1(settings.subscribe_threshold / settings.pressure_weight)
+    held: frozenset[str] = frozenset()
+    transitions = 0
+    now = NOW
+    # Sweep the backlog up and down around the bar, 20 times, one re-score per step.
+    for step in range(200):
+        wobble = 0.15 * on_bar * math.sin(step / 3.0)
+        backlog = max(1, round(on_bar + wobble))
+        consumers = 1 + (1 if "m" in held else 0)
+        q = QueueView("m", backlog=backlog * 2, consumers=consumers, fanout_max_workers=8)
+        w = worker(subscriptions=held, free_permits=4)
+        decision = choose_queues([q], w, settings, now, SEED)
+        new = decision.apply(held)
+        transitions += new != held
+        held = new
+        now += 100.0  # no cold rate limit in the way
+    assert transitions == 1  # taken once on the way up, never dropped while hovering
+
+
+def test_a_held_queue_is_dropped_once_its_score_falls_clearly_below_the_bar() -> None:
+    w = worker(subscriptions=frozenset({"m"}), last_served={"m": NOW - 1000})
+    tiny = QueueView("m", backlog=1, consumers=2)  # cold here, almost nothing to do
+    decision = choose_queues([tiny], w, QUIET, NOW, SEED)
+    assert decision.unsubscribe == {"m"} and decision.reasons["m"] == "dropped"
+
+
+def test_settings_require_the_drop_bar_below_the_subscribe_bar() -> None:
+    with pytest.raises(ValidationError):
+        ScoringSettings(subscribe_threshold=1.0, drop_threshold=1.0)
+
+
+# --- fan-out cap ------------------------------------------------------------------------
+
+def test_fanout_cap_blocks_a_new_subscription_at_the_cap() -> None:
+    hot = QueueView("m", backlog=1_000, consumers=2, fanout_max_workers=2, plan="free")
+    decision = choose_queues([hot], worker(resident_device=frozenset({"m"})), QUIET, NOW, SEED)
+    assert decision.subscribe == frozenset() and decision.reasons["m"] == "fanout-cap"
+
+
+def test_fanout_cap_scales_with_plan_and_pinned_is_exempt() -> None:
+    assert QUIET.fanout_cap(2, "free") == 2
+    assert QUIET.fanout_cap(2, "pro") == 4
+    assert QUIET.fanout_cap(2, "enterprise") == 8
+    assert QUIET.fanout_cap(1, "unknown-plan") == 1
+    assert ScoringSettings(plan_fanout_multiplier={"free": 0.1}).fanout_cap(2, "free") == 1
+    pro = QueueView("m", backlog=1_000, consumers=2, fanout_max_workers=2, plan="pro")
+    assert choose_queues([pro], worker(resident_device=frozenset({"m"})), QUIET, NOW,
+                         SEED).subscribe == {"m"}
+
+
+def test_workers_over_the_cap_shed_back_towards_it() -> None:
+    q = QueueView("m", backlog=50, consumers=20, fanout_max_workers=2)
+    stay = sum(
+        not choose_queues([q], worker(worker_id=f"w{i}", subscriptions=frozenset({"m"}),
+                                      resident_device=frozenset({"m"})), QUIET, NOW,
+                          SEED).unsubscribe
+        for i in range(20))
+    assert 0 < stay <= 6  # about cap (2) of the 20 stay, and never all leave at once
+
+
+# --- cold rate limit and capacity -------------------------------------------------------
+
+def test_cold_subscriptions_are_rate_limited_per_minute() -> None:
+    settings = ScoringSettings(noise_amplitude=0.0, cold_subscribes_per_minute=3)
+    q = QueueView("m", backlog=500, consumers=1)
+    recent = (NOW - 50, NOW - 20, NOW - 5)
+    limited = choose_queues([q], worker(recent_cold_subscribes=recent), settings, NOW, SEED)
+    assert limited.subscribe == frozenset() and limited.reasons["m"] == "rate-limited"
+    a_minute_later = choose_queues([q], worker(recent_cold_subscribes=recent), settings,
+                                   NOW + 11, SEED)
+    assert a_minute_later.subscribe == {"m"} and a_minute_later.cold == {"m"}
+
+
+def test_cold_subscription_needs_a_free_permit() -> None:
+    q = QueueView("m", backlog=500, consumers=1)
+    decision = choose_queues([q], worker(free_permits=0), QUIET, NOW, SEED)
+    assert decision.subscribe == frozenset() and decision.reasons["m"] == "no-capacity"
+
+
+def test_warm_subscriptions_are_not_rate_limited() -> None:
+    spent = tuple(NOW - i for i in range(QUIET.cold_subscribes_per_minute))
+    queues = [QueueView(f"m{i}", backlog=5, consumers=1) for i in range(10)]
+    resident = frozenset(q.model_id for q in queues)
+    decision = choose_queues(queues, worker(resident_device=resident,
+                                            recent_cold_subscribes=spent), QUIET, NOW, SEED)
+    assert len(decision.subscribe) == 10 and decision.cold == frozenset()
+
+
+# --- noise ------------------------------------------------------------------------------
+
+def test_noise_keeps_identical_workers_from_herding_onto_one_queue() -> None:
+    queues = [QueueView(f"q{i}", backlog=1, consumers=0) for i in range(5)]
+    picks = Counter(
+        next(iter(choose_queues(queues, worker(worker_id=f"worker-{i}"), ScoringSettings(),
+                                NOW, SEED).subscribe))
+        for i in range(10))
+    assert len(picks) >= 3 and max(picks.values()) <= 5
+
+
+def test_noise_is_held_for_its_window_then_redrawn() -> None:
+    settings = ScoringSettings(noise_hold_s=5.0)
+    start = 5.0 * 200
+    held = {noise(settings, SEED, "w1", "m", start + dt) for dt in (0.0, 1.0, 4.99)}
+    assert len(held) == 1
+    later = {noise(settings, SEED, "w1", "m", start + 5.0 * k) for k in range(1, 20)}
+    assert len(later) > 10
+    assert all(abs(n) <= settings.noise_amplitude for n in held | later)
+
+
+def test_choose_queues_is_pure() -> None:
+    queues = [QueueView(f"q{i}", backlog=i, consumers=i % 3) for i in range(20)]
+    w = worker(resident_device=frozenset({"q3", "q4"}), subscriptions=frozenset({"q4", "q9"}))
+    settings = ScoringSettings()
+    assert choose_queues(queues, w, settings, NOW, SEED) == choose_queues(
+        queues, w, settings, NOW, SEED)
+
+
+# --- what is worth a subscription -------------------------------------------------------
+
+def test_idle_cold_queue_is_not_worth_a_subscription() -> None:
+    idle = QueueView("m", backlog=0, consumers=0)
+    assert choose_queues([idle], worker(last_served={"m": NOW}), QUIET, NOW,
+                         SEED).subscribe == frozenset()
+    held = choose_queues([idle], worker(subscriptions=frozenset({"m"})), QUIET, NOW, SEED)
+    assert held.unsubscribe == {"m"} and held.reasons["m"] == "idle-cold"
+
+
+def test_warm_idle_queues_are_kept_but_total_subscriptions_are_capped() -> None:
+    settings = ScoringSettings(noise_amplitude=0.0, max_subscriptions=3)
+    queues = [QueueView(f"m{i}", backlog=0, consumers=1) for i in range(5)]
+    held = frozenset({"m0", "m1"})
+    w = worker(subscriptions=held, resident_device=frozenset({"m0", "m1", "m2", "m3"}),
+               last_served={"m3": NOW})
+    decision = choose_queues(queues, w, settings, NOW, SEED)
+    after = decision.apply(held)
+    assert after == {"m0", "m1", "m3"}  # m3 is warm and sticky; m2 warm but fourth; m4 cold
+    assert decision.reasons["m2"] == "max-subscriptions"
+
+
+def test_a_held_queue_that_expired_is_dropped() -> None:
+    decision = choose_queues([], worker(subscriptions=frozenset({"gone"})), QUIET, NOW, SEED)
+    assert decision.unsubscribe == {"gone"} and decision.reasons["gone"] == "gone"
