@@ -45,6 +45,15 @@ def test_pinned_counts_as_warm() -> None:
     assert decision.reasons["m"] == "warm"
 
 
+def test_a_model_loading_here_counts_as_warm() -> None:
+    # Taken for a starved message, loading now, backlog drained: keep it, or a second
+    # worker would find it starved again and load the same model a second time.
+    q = QueueView("m", backlog=0, consumers=1)
+    w = worker(subscriptions=frozenset({"m"}), loading=frozenset({"m"}))
+    decision = choose_queues([q], w, QUIET, NOW, SEED)
+    assert decision.unsubscribe == frozenset() and decision.reasons["m"] == "warm"
+
+
 def test_warm_queue_is_taken_before_a_cold_one_with_more_backlog() -> None:
     queues = [QueueView("warm", backlog=2, consumers=1), QueueView("cold", backlog=30, consumers=1)]
     decision = choose_queues(queues, worker(resident_device=frozenset({"warm"})), QUIET, NOW, SEED)
@@ -105,7 +114,7 @@ def test_starving_queue_wins_outright_even_with_cold_budget_spent() -> None:
 def test_starved_queues_are_claimed_one_per_decision_and_only_with_a_free_loader() -> None:
     queues = [QueueView(f"s{i}", backlog=1, consumers=0) for i in range(5)]
     assert len(choose_queues(queues, worker(), QUIET, NOW, SEED).subscribe) == 1
-    loading = choose_queues(queues, worker(loads_in_progress=1), QUIET, NOW, SEED)
+    loading = choose_queues(queues, worker(loading=frozenset({"other"})), QUIET, NOW, SEED)
     assert loading.subscribe == frozenset()
     assert set(loading.reasons.values()) == {"no-capacity"}
 
@@ -113,9 +122,11 @@ def test_starved_queues_are_claimed_one_per_decision_and_only_with_a_free_loader
 def test_starved_queue_is_taken_promptly_by_some_worker_of_the_fleet() -> None:
     # Every worker but one is busy loading: the idle one takes it at its next re-score.
     queue = [QueueView("tail", backlog=1, consumers=0)]
+    busy = frozenset({"other"})
     takers = [i for i in range(10)
-              if choose_queues(queue, worker(worker_id=f"w{i}", loads_in_progress=int(i != 3),
-                                             free_permits=0), QUIET, NOW, SEED).subscribe]
+              if choose_queues(queue, worker(worker_id=f"w{i}", free_permits=0,
+                                             loading=busy if i != 3 else frozenset()),
+                               QUIET, NOW, SEED).subscribe]
     assert takers == [3]
 
 

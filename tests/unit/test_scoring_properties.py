@@ -28,7 +28,7 @@ model_sets = st.frozensets(st.sampled_from(MODELS))
     device=model_sets,
     host=model_sets,
     recent=st.lists(st.floats(0, 120), max_size=10),
-    loads=st.integers(0, 2),
+    loading=st.frozensets(st.sampled_from(["x", "m1"]), max_size=2),
     free=st.integers(0, 4),
     max_subs=st.integers(1, 12),
     now=st.floats(60, 10_000),
@@ -36,8 +36,8 @@ model_sets = st.frozensets(st.sampled_from(MODELS))
 )
 def test_decisions_respect_the_caps(queues: list[QueueView], subscriptions: frozenset[str],
                                     device: frozenset[str], host: frozenset[str],
-                                    recent: list[float], loads: int, free: int, max_subs: int,
-                                    now: float, seed: int) -> None:
+                                    recent: list[float], loading: frozenset[str], free: int,
+                                    max_subs: int, now: float, seed: int) -> None:
     cfg = ScoringSettings(max_subscriptions=max_subs, cold_subscribes_per_minute=3)
     # A worker that holds a queue is one of its consumers.
     queues = [q if q.model_id not in subscriptions or q.consumers > 0 else
@@ -46,7 +46,7 @@ def test_decisions_respect_the_caps(queues: list[QueueView], subscriptions: froz
     by_id = {q.model_id: q for q in queues}
     worker = WorkerView("w", subscriptions=subscriptions, resident_device=device,
                         resident_host=host, recent_cold_subscribes=tuple(now - r for r in recent),
-                        free_permits=free, permits_cap=4, loads_in_progress=loads)
+                        free_permits=free, permits_cap=4, loading=loading)
     decision = choose_queues(queues, worker, cfg, now, seed)
 
     assert not decision.subscribe & subscriptions
@@ -57,10 +57,10 @@ def test_decisions_respect_the_caps(queues: list[QueueView], subscriptions: froz
     assert after <= set(by_id)  # never a queue that is not there
     for model_id in decision.subscribe:
         q = by_id[model_id]
-        assert q.backlog > 0 or model_id in device | host or q.pinned
+        assert q.backlog > 0 or model_id in device | host | loading or q.pinned
         if not q.pinned:
             assert q.consumers < cfg.fanout_cap(q.fanout_max_workers, q.plan)
     # Cold subscriptions need loader room; only starved ones may exceed the minute's budget.
     if decision.cold:
-        assert loads < cfg.max_loads_for_cold
-    assert len(decision.cold) <= max(cfg.max_loads_for_cold - loads, 0)
+        assert len(loading) < cfg.max_loads_for_cold
+    assert len(decision.cold) <= max(cfg.max_loads_for_cold - len(loading), 0)

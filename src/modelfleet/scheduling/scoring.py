@@ -51,14 +51,14 @@ def noise(settings: ScoringSettings, rng_seed: int, worker_id: str, model_id: st
 
 
 def warmth(queue: QueueView, worker: WorkerView, settings: ScoringSettings) -> float:
-    """Device tier over host tier; pinned counts as device-warm; anything else is cold."""
+    """Device tier over host tier; pinned or loading here count as device-warm; else cold."""
     if queue.pinned:
         return max(settings.pinned_warmth_weight, _tier_warmth(queue, worker, settings))
     return _tier_warmth(queue, worker, settings)
 
 
 def _tier_warmth(queue: QueueView, worker: WorkerView, settings: ScoringSettings) -> float:
-    if queue.model_id in worker.resident_device:
+    if queue.model_id in worker.resident_device or queue.model_id in worker.loading:
         return settings.device_warmth_weight
     if queue.model_id in worker.resident_host:
         return settings.host_warmth_weight
@@ -214,7 +214,7 @@ def _admit_cold(starving: list[_Scored], pressured: list[_Scored], worker: Worke
                 settings: ScoringSettings, now: float,
                 reasons: dict[str, Reason]) -> list[str]:
     """The cold queues this worker takes now: starved first, then the rate-limited rest."""
-    loader_room = max(settings.max_loads_for_cold - worker.loads_in_progress, 0)
+    loader_room = max(settings.max_loads_for_cold - len(worker.loading), 0)
     admitted: list[str] = []
     starving.sort(key=lambda item: (-item[0], item[1]))
     claims = min(settings.starvation_claims_per_decision, loader_room)

@@ -50,7 +50,10 @@ class WorkerView:
     recent_cold_subscribes: tuple[float, ...] = ()  # times of past cold subscriptions
     free_permits: int = 1
     permits_cap: int = 1
-    loads_in_progress: int = 0  # model loads running or waiting on this worker
+    # Models being loaded here (running or waiting for the loader): they count
+    # as device-warm (a second load elsewhere would only race this one) and
+    # they occupy the loader, so this worker takes no new cold work meanwhile.
+    loading: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
