@@ -1,0 +1,18 @@
+"""Build ``artifacts/model.joblib`` ahead of time: ``python examples/models/iris/1/build.py``.
+
+Optional: ``load`` builds the same artifact when it is missing.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+if __name__ == "__main__":
+    # Run as a script, this folder is sys.path[0], so the handler imports by name.
+    from handler import ARTIFACT, build_artifact
+
+    artifact = build_artifact(HERE / ARTIFACT)
+    print(f"wrote {HERE / ARTIFACT} (sklearn {artifact['sklearn_version']})", file=sys.stderr)
