@@ -21,6 +21,7 @@ the gateway maps to an HTTP status. HTTP status codes live only in the gateway.
     ├── ModelFailed                     model_error        (handler raised unexpectedly)
     ├── RuntimeCrashed                  runtime_crashed
     ├── PayloadUnavailable              payload_unavailable
+    ├── ClientGone                      client_disconnected
     └── BrokerError                     broker_error
         └── BrokerUnavailable           broker_unavailable
 """
@@ -112,6 +113,12 @@ class RuntimeCrashed(ModelfleetError):
 
 class PayloadUnavailable(ModelfleetError):
     code = "payload_unavailable"
+
+
+class ClientGone(ModelfleetError):
+    """The caller hung up before its answer was ready."""
+
+    code = "client_disconnected"
 
 
 class BrokerError(ModelfleetError):

@@ -24,7 +24,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from modelfleet.errors import InvalidInput, ModelFailed, ModelLoadFailed, RequestRejected
+from modelfleet.errors import InvalidInput, ModelLoadFailed
 from modelfleet.manifest import Manifest, load_manifest
 
 
@@ -129,50 +129,23 @@ def import_handler(manifest: Manifest, package_dir: Path) -> type[Model]:
     return handler
 
 
-async def run_pipeline(model: Model, requests: list[Request]) -> list[Any]:
-    """preprocess each request, predict over the batch on a thread, postprocess each.
+async def run_pipeline(model: Model, requests: list[Request], max_batch_size: int | None = None,
+                       max_delay_s: float = 0.0) -> list[Any]:
+    """Run requests through the handler the way the runtime does, batching ``predict``.
 
-    Returns one result per request: the postprocessed output, or the exception that
-    request raised (a bad input fails only its own request, never its batch mates).
+    Returns one result per request: the postprocessed output, or the ``ModelfleetError``
+    that request raised (a bad input fails only its own request, never its batch mates).
     """
-    pre = await asyncio.gather(*(model.preprocess(r) for r in requests), return_exceptions=True)
-    ok = [i for i, x in enumerate(pre) if not isinstance(x, BaseException)]
-    results: list[Any] = list(pre)
-    if ok:
-        try:
-            outputs = await asyncio.to_thread(model.predict, [pre[i] for i in ok])
-        except RequestRejected as exc:
-            outputs = [exc] * len(ok)
-        except Exception as exc:
-            failed = ModelFailed(f"predict raised {exc!r}")
-            outputs = [failed] * len(ok)
-        if not isinstance(outputs, list) or len(outputs) != len(ok):
-            bad = ModelFailed(
-                f"predict returned {type(outputs).__name__} of wrong length; "
-                f"expected a list of {len(ok)} outputs"
-            )
-            outputs = [bad] * len(ok)
-        post = await asyncio.gather(
-            *(_postprocess(model, out, requests[i]) for i, out in zip(ok, outputs, strict=True)),
-            return_exceptions=True,
-        )
-        for i, value in zip(ok, post, strict=True):
-            results[i] = value
-    return [_as_model_error(r) for r in results]
+    from modelfleet.runtime.pipeline import Batcher, handle_request
 
-
-async def _postprocess(model: Model, output: Any, request: Request) -> Any:
-    if isinstance(output, BaseException):
-        raise output
-    return await model.postprocess(output, request)
-
-
-def _as_model_error(result: Any) -> Any:
-    if isinstance(result, BaseException) and not isinstance(
-        result, (RequestRejected, ModelFailed)
-    ):
-        return ModelFailed(f"handler raised {result!r}")
-    return result
+    batcher = Batcher(model.predict, max_batch_size or max(1, len(requests)),
+                      max_delay_s if max_batch_size else 0.05)
+    try:
+        done = await asyncio.gather(*(handle_request(model, batcher, r) for r in requests),
+                                    return_exceptions=True)
+    finally:
+        await batcher.close()
+    return [r if isinstance(r, BaseException) else r[0] for r in done]
 
 
 class LocalModel:

@@ -15,6 +15,8 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from modelfleet.scheduling.settings import ScoringSettings
+
 MiB = 1024 * 1024
 GiB = 1024 * MiB
 
@@ -42,6 +44,7 @@ class GatewaySettings(_Section):
     max_timeout_s: float = Field(default=120, gt=0)
     inline_threshold_bytes: int = Field(default=64 * 1024, ge=0)
     payload_store_bytes: int = Field(default=512 * MiB, gt=0)
+    max_parked_requests: int = Field(default=10_000, gt=0)
     demand_announce_interval_s: float = Field(default=1.0, gt=0)
     worker_stale_after_s: float = Field(default=10, gt=0)
     drain_timeout_s: float = Field(default=5, gt=0)
@@ -74,6 +77,7 @@ class WorkerSettings(_Section):
     state_interval_s: float = Field(default=1.0, gt=0)
     drain_timeout_s: float = Field(default=5, gt=0)
     restart_backoff_max_s: float = Field(default=10, gt=0)
+    demand_window_s: float = Field(default=60, gt=0)  # how long a demand announcement counts
 
 
 class Settings(BaseSettings):
@@ -87,6 +91,7 @@ class Settings(BaseSettings):
     gateway: GatewaySettings = GatewaySettings()
     worker: WorkerSettings = WorkerSettings()
     runtime: RuntimeSettings = RuntimeSettings()
+    scheduling: ScoringSettings = ScoringSettings()
     log_level: str = "info"
 
     @property

@@ -1,0 +1,6 @@
+"""Model storage: where packages live (a local folder or any fsspec URL) and the catalog."""
+
+from modelfleet.repository.catalog import Catalog, CatalogEntry
+from modelfleet.repository.store import FsspecStore, LocalStore, ModelStore, open_store
+
+__all__ = ["Catalog", "CatalogEntry", "FsspecStore", "LocalStore", "ModelStore", "open_store"]

@@ -1,0 +1,195 @@
+"""The gateway's HTTP API (FastAPI on uvicorn).
+
+    POST /v1/models/{model}/infer      the body is the payload; answer is the result
+    GET  /v1/models, /v1/models/{model} the catalog
+    GET  /v1/fleet                      live workers' states
+    GET  /v1/payloads/{request_id}      signed, expiring: runtimes fetch large payloads
+    GET  /livez /readyz /metrics        probes and Prometheus metrics
+
+Every error is ``{"error": {"code": ..., "message": ...}}`` with its status.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from modelfleet import __version__, metrics
+from modelfleet.errors import ClientGone, ModelfleetError, PayloadTooLarge
+from modelfleet.gateway.http import STATUS_BY_CODE, error_body, error_response
+from modelfleet.gateway.service import GatewayService
+from modelfleet.manifest import CONTENT_TYPES
+
+ReadinessCheck = Callable[[], tuple[bool, str]]
+
+_INFER_OPENAPI: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {ctype: {"schema": {"type": "string", "format": "binary"}}
+                    for ctype in CONTENT_TYPES},
+    },
+    "parameters": [{"name": "X-Request-Timeout", "in": "header", "required": False,
+                    "schema": {"type": "number"}}],
+}
+
+
+def create_app(service: GatewayService, readiness: list[ReadinessCheck] | None = None,
+               liveness: list[Callable[[], bool]] | None = None) -> FastAPI:
+    app = FastAPI(title="modelfleet gateway", version=__version__)
+    checks = readiness or []
+    alive = liveness or []
+    limit = service.settings.gateway.max_body_bytes
+
+    @app.exception_handler(ModelfleetError)
+    async def _domain_error(_: Request, exc: ModelfleetError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        return error_body(exc.status_code, code, str(exc.detail))
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return error_body(400, "bad_request", str(exc.errors()[0].get("msg", "invalid request")))
+
+    @app.post("/v1/models/{model}/infer", openapi_extra=_INFER_OPENAPI,
+              responses={404: {}, 413: {}, 415: {}, 422: {}, 503: {}, 504: {}})
+    async def infer(model: str, request: Request) -> Response:
+        return await _infer(model, None, request)
+
+    @app.post("/v1/models/{model}/versions/{version}/infer", openapi_extra=_INFER_OPENAPI,
+              responses={404: {}, 413: {}, 415: {}, 422: {}, 503: {}, 504: {}})
+    async def infer_version(model: str, version: str, request: Request) -> Response:
+        return await _infer(model, version, request)
+
+    async def _infer(model: str, version: str | None, request: Request) -> Response:
+        started = time.perf_counter()
+        status = 500
+        try:
+            manifest = service.catalog.get(model).version(version)
+            deadline_ms = service.deadline_ms(manifest.timeout_s,
+                                              request.headers.get("x-request-timeout"))
+            body = await _read_body(request, limit)
+            content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+            params = {k: v for k, v in request.query_params.items()}
+            answer = await service.infer(model, version, body, content_type, deadline_ms, params,
+                                         disconnected=_disconnect_waiter(request))
+            status = 200
+            for phase, ms in answer.reply.timings_ms.items():
+                metrics.PHASE_SECONDS.labels(phase).observe(ms / 1000)
+            return Response(answer.body, media_type=answer.content_type, headers={
+                "X-Worker-Id": answer.reply.worker_id,
+                "X-Model-Cold": "1" if answer.reply.cold else "0",
+                "Server-Timing": ", ".join(f"{k};dur={v:.2f}"
+                                           for k, v in answer.reply.timings_ms.items()),
+            })
+        except ClientGone as exc:
+            metrics.CLIENT_DISCONNECTS.inc()
+            status = STATUS_BY_CODE[exc.code]
+            return error_response(exc)
+        except ModelfleetError as exc:
+            status = STATUS_BY_CODE.get(exc.code, 500)
+            return error_response(exc)
+        finally:
+            known = model if model in service.catalog else "(unknown)"
+            metrics.REQUESTS.labels(known, str(status)).inc()
+            metrics.REQUEST_SECONDS.labels(known).observe(time.perf_counter() - started)
+
+    @app.get("/v1/payloads/{request_id}", include_in_schema=False)
+    async def payload(request_id: str, expires: str = "", sig: str = "") -> Response:
+        try:
+            entry = service.payloads.fetch(request_id, expires, sig)
+        except PermissionError as exc:
+            metrics.PAYLOAD_FETCHES.labels("forbidden").inc()
+            return error_body(403, "forbidden", f"payload URL refused: {exc}")
+        if entry is None:
+            metrics.PAYLOAD_FETCHES.labels("gone").inc()
+            return error_body(404, "payload_gone", "payload already answered or expired")
+        metrics.PAYLOAD_FETCHES.labels("ok").inc()
+        return Response(entry.data, media_type=entry.content_type)
+
+    @app.get("/v1/models")
+    async def list_models() -> dict[str, Any]:
+        warm = service.fleet.warm_models()
+        return {"models": [_describe(entry, warm) for entry in service.catalog]}
+
+    @app.get("/v1/models/{model}")
+    async def get_model(model: str) -> dict[str, Any]:
+        return _describe(service.catalog.get(model), service.fleet.warm_models())
+
+    @app.get("/v1/fleet")
+    async def fleet() -> dict[str, Any]:
+        return {"workers": service.fleet.workers()}
+
+    @app.get("/livez")
+    async def livez() -> JSONResponse:
+        ok = service.live and all(check() for check in alive)
+        return JSONResponse({"status": "ok" if ok else "wedged"}, status_code=200 if ok else 503)
+
+    @app.get("/readyz")
+    async def readyz() -> JSONResponse:
+        reasons = [] if service.broker.connected else ["broker not connected"]
+        for check in checks:
+            ok, why = check()
+            if not ok:
+                reasons.append(why)
+        if reasons:
+            return JSONResponse({"status": "not ready", "reasons": reasons}, status_code=503,
+                                headers={"Retry-After": "1"})
+        return JSONResponse({"status": "ready"})
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+def _describe(entry: Any, warm: dict[str, list[str]]) -> dict[str, Any]:
+    manifest = entry.manifest
+    return {
+        "name": manifest.name,
+        "versions": [m.version for m in entry.versions],
+        "latest_version": manifest.version,
+        "description": manifest.description,
+        "accepts": list(manifest.accepts),
+        "device": manifest.device,
+        "size_estimate_bytes": manifest.memory_estimate_bytes,
+        "timeout_s": manifest.timeout_s,
+        "batching": manifest.batching.model_dump(),
+        "fanout": manifest.fanout.model_dump(),
+        "warm": bool(warm.get(manifest.name)),
+        "warm_on": warm.get(manifest.name, []),
+    }
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The whole body, refusing (413) before reading past ``limit`` bytes."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(f"payload is {declared} bytes; the limit is {limit}")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"payload exceeds the limit of {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _disconnect_waiter(request: Request) -> Callable[[], Awaitable[None]]:
+    async def wait() -> None:
+        while True:
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                return
+
+    return wait

@@ -1,0 +1,40 @@
+"""The gateway's view of the worker fleet, built from workers' state events."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+
+class FleetView:
+    def __init__(self, stale_after_s: float, clock: Callable[[], float] = time.time) -> None:
+        self._stale_after_s = stale_after_s
+        self._clock = clock
+        self._workers: dict[str, tuple[float, dict[str, Any]]] = {}
+
+    def observe(self, event: dict[str, Any]) -> None:
+        kind = event.get("kind")
+        worker_id = str(event.get("worker_id", ""))
+        if kind == "worker_state" and worker_id:
+            self._workers[worker_id] = (self._clock(), event)
+        elif kind == "worker_gone":
+            self._workers.pop(worker_id, None)
+
+    def workers(self) -> list[dict[str, Any]]:
+        """Live workers' latest states; workers silent for too long age out."""
+        now = self._clock()
+        for worker_id, (seen, _) in list(self._workers.items()):
+            if now - seen > self._stale_after_s:
+                del self._workers[worker_id]
+        return [dict(state, last_seen_s_ago=round(now - seen, 3))
+                for seen, state in self._workers.values()]
+
+    def warm_models(self) -> dict[str, list[str]]:
+        """model id -> ids of live workers holding it (device or host tier)."""
+        warm: dict[str, list[str]] = {}
+        for state in self.workers():
+            resident = state.get("resident", {})
+            for model_id in {*resident.get("device", []), *resident.get("host", [])}:
+                warm.setdefault(model_id, []).append(state["worker_id"])
+        return warm

@@ -1,0 +1,42 @@
+"""The one place where modelfleet errors become HTTP statuses."""
+
+from __future__ import annotations
+
+from fastapi.responses import JSONResponse
+
+from modelfleet.errors import ModelfleetError, NoCapacity
+
+STATUS_BY_CODE: dict[str, int] = {
+    "bad_request": 400,
+    "payload_fetch_forbidden": 400,
+    "model_not_found": 404,
+    "payload_too_large": 413,
+    "unsupported_content_type": 415,
+    "invalid_input": 422,
+    "client_disconnected": 499,
+    "model_error": 500,
+    "model_load_failed": 500,
+    "runtime_crashed": 500,
+    "config_error": 500,
+    "internal_error": 500,
+    "payload_unavailable": 502,
+    "no_capacity": 503,
+    "broker_unavailable": 503,
+    "broker_error": 503,
+    "deadline_exceeded": 504,
+    "model_too_large": 507,
+}
+
+
+def error_response(error: ModelfleetError) -> JSONResponse:
+    status = STATUS_BY_CODE.get(error.code, 500)
+    headers = {}
+    if status == 503:
+        retry = error.retry_after_s if isinstance(error, NoCapacity) else 1
+        headers["Retry-After"] = str(retry)
+    return JSONResponse({"error": {"code": error.code, "message": error.message}},
+                        status_code=status, headers=headers)
+
+
+def error_body(status: int, code: str, message: str) -> JSONResponse:
+    return JSONResponse({"error": {"code": code, "message": message}}, status_code=status)

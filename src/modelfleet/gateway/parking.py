@@ -1,0 +1,53 @@
+"""Parked requests: an HTTP request waiting for the reply that names it.
+
+A reply that finds no waiting request (a duplicate after a redelivery, or one that
+arrives after its deadline or after the caller hung up) is dropped and counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from modelfleet import metrics
+from modelfleet.messages import Reply
+
+
+class ParkedRequests:
+    def __init__(self) -> None:
+        self._waiting: dict[str, asyncio.Future[Reply]] = {}
+        self._by_model: dict[str, int] = {}
+        self._model_of: dict[str, str] = {}
+
+    def __len__(self) -> int:
+        return len(self._waiting)
+
+    def park(self, request_id: str, model_id: str) -> asyncio.Future[Reply]:
+        future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        self._waiting[request_id] = future
+        self._model_of[request_id] = model_id
+        self._by_model[model_id] = self._by_model.get(model_id, 0) + 1
+        metrics.PARKED.set(len(self._waiting))
+        return future
+
+    def unpark(self, request_id: str) -> None:
+        future = self._waiting.pop(request_id, None)
+        if future is None:
+            return
+        model_id = self._model_of.pop(request_id)
+        left = self._by_model[model_id] - 1
+        if left:
+            self._by_model[model_id] = left
+        else:
+            del self._by_model[model_id]
+        metrics.PARKED.set(len(self._waiting))
+
+    def deliver(self, reply: Reply) -> bool:
+        future = self._waiting.get(reply.request_id)
+        if future is None or future.done():
+            metrics.LATE_REPLIES.inc()
+            return False
+        future.set_result(reply)
+        return True
+
+    def waiting_models(self) -> list[str]:
+        return list(self._by_model)

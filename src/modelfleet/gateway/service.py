@@ -1,0 +1,195 @@
+"""The gateway's broker side: publish a task, park the request, match the reply.
+
+``GatewayService`` never addresses a worker. It stamps a request id and a
+deadline, keeps large payloads in its ``PayloadStore``, publishes a small Task to the
+model's queue, and waits for the Reply that names the request on its own inbox.
+It also announces demand per model on the event channel (that is how workers
+discover live queues) and keeps a ``FleetView`` from workers' state events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import zstandard
+
+from modelfleet.broker import Broker, Inbox
+from modelfleet.errors import (
+    BrokerUnavailable,
+    DeadlineExceeded,
+    ClientGone,
+    NoCapacity,
+    RequestRejected,
+    UnsupportedContentType,
+    error_from_code,
+)
+from modelfleet.gateway.fleet import FleetView
+from modelfleet.gateway.parking import ParkedRequests
+from modelfleet.gateway.payloads import PayloadStore
+from modelfleet.messages import PayloadRef, Reply, Task, now_ms
+from modelfleet.repository import Catalog
+from modelfleet.settings import Settings
+
+log = logging.getLogger("modelfleet.gateway")
+
+
+@dataclass(frozen=True)
+class Answer:
+    body: bytes
+    content_type: str
+    reply: Reply
+
+
+def url_payload(body: bytes, content_type: str) -> str | None:
+    """The caller's URL if the body is exactly ``{"url": "http(s)://..."}``, else None."""
+    if content_type != "application/json" or len(body) > 8192:
+        return None
+    try:
+        value = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if isinstance(value, dict) and set(value) == {"url"} and isinstance(value["url"], str) \
+            and value["url"].startswith(("http://", "https://")):
+        return value["url"]
+    return None
+
+
+class GatewayService:
+    def __init__(self, settings: Settings, broker: Broker, catalog: Catalog) -> None:
+        self.settings = settings
+        self.broker = broker
+        self.catalog = catalog
+        self.parked = ParkedRequests()
+        self.payloads = PayloadStore(settings.gateway.payload_store_bytes, settings.secret)
+        self.fleet = FleetView(settings.gateway.worker_stale_after_s)
+        self._inbox: Inbox | None = None
+        self._announced: dict[str, float] = {}
+        self._loops: list[asyncio.Task[None]] = []
+        self._decompressor = zstandard.ZstdDecompressor()
+        gw = settings.gateway
+        self.public_url = (gw.public_url or f"http://{gw.host}:{gw.port}").rstrip("/")
+
+    async def start(self) -> None:
+        self._inbox = await self.broker.open_inbox()
+        self._loops = [
+            asyncio.create_task(self._receive_replies(self._inbox), name="gateway-replies"),
+            asyncio.create_task(self._listen_events(), name="gateway-events"),
+            asyncio.create_task(self._announce_waiting(), name="gateway-announce"),
+        ]
+
+    async def stop(self) -> None:
+        for loop in self._loops:
+            loop.cancel()
+        await asyncio.gather(*self._loops, return_exceptions=True)
+        if self._inbox is not None:
+            with contextlib.suppress(BrokerUnavailable):
+                await self._inbox.close()
+
+    @property
+    def live(self) -> bool:
+        return all(not loop.done() for loop in self._loops)
+
+    def deadline_ms(self, model_timeout_s: float, requested: str | None) -> int:
+        gw = self.settings.gateway
+        timeout_s = min(model_timeout_s, gw.max_timeout_s)
+        if requested is not None:
+            try:
+                asked = float(requested)
+            except ValueError:
+                asked = float("nan")
+            if not asked > 0:  # also rejects NaN
+                raise RequestRejected(
+                    f"X-Request-Timeout must be a positive number of seconds, got {requested!r}")
+            timeout_s = min(asked, gw.max_timeout_s)
+        return now_ms() + int(timeout_s * 1000)
+
+    async def infer(self, model_id: str, version: str | None, body: bytes, content_type: str,
+                    deadline_ms: int, params: dict[str, str],
+                    disconnected: Callable[[], Awaitable[None]] | None = None) -> Answer:
+        """Run one request through the fleet; raises a ModelfleetError for every failure."""
+        manifest = self.catalog.get(model_id).version(version)
+        url = url_payload(body, content_type)
+        if url is None and content_type not in manifest.accepts:
+            raise UnsupportedContentType(
+                f"model '{model_id}' accepts {', '.join(manifest.accepts)}; got "
+                f"'{content_type or '(none)'}'")
+        if len(self.parked) >= self.settings.gateway.max_parked_requests:
+            raise NoCapacity(f"{len(self.parked)} requests are already waiting on this gateway")
+        request_id = uuid.uuid4().hex
+        if url is not None:
+            payload = PayloadRef("url", url=url)
+        elif len(body) <= self.settings.gateway.inline_threshold_bytes:
+            payload = PayloadRef("inline", data=body, size_bytes=len(body))
+        else:
+            self.payloads.put(request_id, body, content_type, deadline_ms)
+            payload = PayloadRef("gateway", size_bytes=len(body), url=self.public_url
+                                 + self.payloads.url_path(request_id, deadline_ms))
+        assert self._inbox is not None, "start() the gateway service first"
+        task = Task(request_id, model_id, manifest.version, deadline_ms, self._inbox.address,
+                    payload, content_type, now_ms(), manifest.tenant, manifest.plan, params)
+        waiting = self.parked.park(request_id, model_id)
+        try:
+            await self.broker.publish_task(task)
+            await self._announce(model_id)
+            reply = await self._wait(waiting, deadline_ms, disconnected)
+        finally:
+            self.parked.unpark(request_id)
+            self.payloads.free(request_id)
+        if reply.status != "ok":
+            raise error_from_code(reply.error_code, reply.error_message)
+        data = self._decompressor.decompress(reply.body) if reply.compressed else reply.body
+        return Answer(data, reply.content_type, reply)
+
+    async def _wait(self, waiting: asyncio.Future[Reply], deadline_ms: int,
+                    disconnected: Callable[[], Awaitable[None]] | None) -> Reply:
+        remaining_s = max(0.0, (deadline_ms - now_ms()) / 1000)
+        watchers: set[asyncio.Future[object]] = {waiting}  # type: ignore[arg-type]
+        hangup = asyncio.ensure_future(disconnected()) if disconnected is not None else None
+        if hangup is not None:
+            watchers.add(hangup)  # type: ignore[arg-type]
+        try:
+            done, _ = await asyncio.wait(watchers, timeout=remaining_s,
+                                         return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if hangup is not None:
+                hangup.cancel()
+        if waiting in done:
+            return waiting.result()
+        if hangup is not None and hangup in done:
+            raise ClientGone("the caller hung up before the answer was ready")
+        raise DeadlineExceeded(f"no answer within the deadline "
+                               f"({remaining_s:.1f}s); the request may still run once")
+
+    async def _announce(self, model_id: str) -> None:
+        """Tell workers this model has demand (at most once per interval per model)."""
+        now = time.monotonic()
+        if now - self._announced.get(model_id, -1e9) < self.settings.gateway.demand_announce_interval_s:
+            return
+        self._announced[model_id] = now
+        with contextlib.suppress(BrokerUnavailable):
+            await self.broker.publish_event({"kind": "demand", "model_id": model_id,
+                                             "at": time.time()})
+
+    async def _announce_waiting(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.gateway.demand_announce_interval_s)
+            for model_id in self.parked.waiting_models():
+                await self._announce(model_id)
+
+    async def _receive_replies(self, inbox: Inbox) -> None:
+        async for reply in inbox:
+            self.parked.deliver(reply)
+
+    async def _listen_events(self) -> None:
+        while True:
+            with contextlib.suppress(BrokerUnavailable):
+                async for event in self.broker.events():
+                    self.fleet.observe(event)
+            await asyncio.sleep(1)

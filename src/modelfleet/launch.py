@@ -1,0 +1,137 @@
+"""Assembling processes from their parts, with ordered start-up and shutdown.
+
+``serve`` = broker + worker (coordinator and runtimes) + gateway in one process;
+``gateway`` and ``worker`` are the distributed halves. Shutdown, on SIGINT or
+SIGTERM, runs in this order:
+
+1. the HTTP server stops accepting and lets in-flight requests finish (their
+   answers still need the worker, so it stops second);
+2. the worker stops pulling, drains in-flight tasks, stops its runtimes;
+3. the gateway's reply and event loops stop;
+4. the broker connection closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Generator
+from typing import Any
+
+import uvicorn
+
+from modelfleet.broker import Broker, create_broker
+from modelfleet.gateway.app import create_app
+from modelfleet.gateway.service import GatewayService
+from modelfleet.repository import Catalog, open_store
+from modelfleet.settings import Settings
+from modelfleet.worker.coordinator import Coordinator
+from modelfleet.worker.health import create_health_app
+from modelfleet.worker.supervisor import RuntimeSupervisor
+
+log = logging.getLogger("modelfleet")
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal handling: the launcher owns shutdown order."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield
+
+
+def load_catalog(settings: Settings) -> Catalog:
+    store = open_store(settings.repo, settings.state_dir / "disk-cache",
+                       settings.runtime.disk_cache_bytes)
+    return Catalog.from_store(store)
+
+
+def _http_server(app: Any, host: str, port: int, settings: Settings) -> _Server:
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off",
+                            timeout_graceful_shutdown=int(settings.gateway.drain_timeout_s) or 1,
+                            access_log=False)
+    return _Server(config)
+
+
+async def _until_signalled(server: _Server) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    serving = asyncio.create_task(server.serve(), name="http")
+    stopping = asyncio.create_task(stop.wait())
+    await asyncio.wait({serving, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    log.info("shutting down")
+    server.should_exit = True  # stop accepting; in-flight requests finish
+    await serving
+    stopping.cancel()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.remove_signal_handler(sig)
+
+
+async def _connect(settings: Settings) -> Broker:
+    broker = create_broker(settings.broker)
+    await broker.connect()
+    return broker
+
+
+async def serve(settings: Settings) -> None:
+    catalog = load_catalog(settings)
+    broker = await _connect(settings)
+    try:
+        coordinator = Coordinator(settings, broker, catalog, RuntimeSupervisor(settings))
+        service = GatewayService(settings, broker, catalog)
+        await service.start()
+        await coordinator.start()
+        app = create_app(service, readiness=[lambda: (coordinator.ready, "worker not ready")],
+                         liveness=[lambda: coordinator.live])
+        gw = settings.gateway
+        server = _http_server(app, gw.host, gw.port, settings)
+        log.info("modelfleet serving %d models from %s on http://%s:%d (broker: %s)",
+                 len(catalog), settings.repo, gw.host, gw.port, _redact(settings.broker.url))
+        await _until_signalled(server)
+        await coordinator.stop()
+        await service.stop()
+    finally:
+        await broker.close()
+    log.info("stopped")
+
+
+async def gateway(settings: Settings) -> None:
+    catalog = load_catalog(settings)
+    broker = await _connect(settings)
+    try:
+        service = GatewayService(settings, broker, catalog)
+        await service.start()
+        gw = settings.gateway
+        server = _http_server(create_app(service), gw.host, gw.port, settings)
+        log.info("modelfleet gateway on http://%s:%d (broker: %s)", gw.host, gw.port,
+                 _redact(settings.broker.url))
+        await _until_signalled(server)
+        await service.stop()
+    finally:
+        await broker.close()
+
+
+async def worker(settings: Settings, host: str, port: int) -> None:
+    catalog = load_catalog(settings)
+    broker = await _connect(settings)
+    try:
+        coordinator = Coordinator(settings, broker, catalog, RuntimeSupervisor(settings))
+        await coordinator.start()
+        server = _http_server(create_health_app(coordinator), host, port, settings)
+        log.info("modelfleet worker %s serving %d models (probes on http://%s:%d)",
+                 coordinator.worker_id, len(catalog), host, port)
+        await _until_signalled(server)
+        await coordinator.stop()
+    finally:
+        await broker.close()
+
+
+def _redact(url: str) -> str:
+    if "@" not in url:
+        return url
+    scheme, _, rest = url.partition("://")
+    return f"{scheme}://***@{rest.split('@', 1)[1]}"

@@ -1,0 +1,65 @@
+"""Every Prometheus metric of modelfleet, defined once.
+
+Each process exposes the metrics of the parts it runs (gateway, worker) on its own
+``/metrics``; runtime processes report to their coordinator, which mirrors their
+numbers here, so a scrape of the worker sees its runtimes too.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
+                    30, 60, 120)
+
+# -- gateway ------------------------------------------------------------------------
+REQUESTS = Counter("modelfleet_gateway_requests_total",
+                   "Inference requests answered by this gateway, by model and HTTP status",
+                   ["model", "status"])
+REQUEST_SECONDS = Histogram("modelfleet_gateway_request_seconds",
+                            "Time from request received to answer sent", ["model"],
+                            buckets=_LATENCY_BUCKETS)
+PARKED = Gauge("modelfleet_gateway_parked_requests", "Requests waiting for their reply")
+CLIENT_DISCONNECTS = Counter("modelfleet_gateway_client_disconnects_total",
+                             "Callers that hung up before their answer was ready")
+LATE_REPLIES = Counter("modelfleet_gateway_late_replies_total",
+                       "Replies that found no waiting request (duplicate or after deadline)")
+PAYLOAD_STORE_BYTES = Gauge("modelfleet_gateway_payload_store_bytes",
+                            "Bytes of request payloads held for workers to fetch")
+PAYLOAD_FETCHES = Counter("modelfleet_gateway_payload_fetches_total",
+                          "Payload fetches from runtimes, by outcome", ["outcome"])
+PHASE_SECONDS = Histogram("modelfleet_phase_seconds",
+                          "Per-phase latency of answered requests, as reported by workers",
+                          ["phase"], buckets=_LATENCY_BUCKETS)
+
+# -- worker -------------------------------------------------------------------------
+TASKS = Counter("modelfleet_worker_tasks_total",
+                "Tasks settled by this worker, by model and outcome", ["model", "outcome"])
+EXPIRED_TASKS = Counter("modelfleet_worker_expired_tasks_total",
+                        "Tasks dropped unrun because their deadline had passed", ["model"])
+PERMITS_IN_USE = Gauge("modelfleet_worker_permits_in_use", "In-flight tasks on this worker")
+PERMITS_CAP = Gauge("modelfleet_worker_permits_cap", "Most in-flight tasks this worker takes")
+SUBSCRIPTIONS = Gauge("modelfleet_worker_subscriptions", "Model queues this worker consumes")
+QUEUE_BACKLOG = Gauge("modelfleet_queue_backlog", "Ready messages per model queue (as seen by "
+                      "this worker's discovery)", ["model"])
+SUBSCRIBE_EVENTS = Counter("modelfleet_worker_subscription_changes_total",
+                           "Subscribe and unsubscribe decisions", ["change", "warmth"])
+RUNTIME_RESTARTS = Counter("modelfleet_runtime_restarts_total",
+                           "Runtime processes restarted after a crash or hang", ["reason"])
+RUNTIMES_READY = Gauge("modelfleet_runtimes_ready", "Runtime processes ready to take work")
+REDELIVERED = Counter("modelfleet_worker_tasks_handed_back_total",
+                      "Tasks handed back to the broker (runtime crashed or hung)", ["model"])
+DEAD_LETTERED = Counter("modelfleet_worker_dead_lettered_total",
+                        "Tasks this worker sent to the dead-letter queue", ["model", "reason"])
+
+# -- model cache (mirrored from runtimes) --------------------------------------------
+RESIDENT_MODELS = Gauge("modelfleet_resident_models", "Models resident, by tier", ["tier"])
+RESIDENT_BYTES = Gauge("modelfleet_resident_bytes", "Bytes of resident models, by tier",
+                       ["tier"])
+MODEL_LOADS = Counter("modelfleet_model_loads_total", "Model loads, by source", ["source"])
+MODEL_LOAD_SECONDS = Histogram("modelfleet_model_load_seconds", "Model load duration, by source",
+                               ["source"], buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
+                                                    30, 60, 120, 300))
+MODEL_LOAD_FAILURES = Counter("modelfleet_model_load_failures_total", "Model loads that failed")
+EVICTIONS = Counter("modelfleet_evictions_total", "Evictions from the device, by action",
+                    ["action"])

@@ -1,0 +1,5 @@
+import sys
+
+from modelfleet.runtime.server import main
+
+sys.exit(main())

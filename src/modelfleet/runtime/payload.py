@@ -1,0 +1,110 @@
+"""Fetching a task's payload bytes inside the runtime.
+
+Three places the bytes can be (``PayloadRef.kind``):
+
+- ``inline``: in the task itself (small payloads).
+- ``gateway``: held by the gateway that received the request, at a signed, expiring
+  URL on that gateway (the URL came from our own broker, so it is trusted).
+- ``url``: the caller's own URL. That is untrusted input, so the fetch is limited in
+  size and time, follows no redirects, and refuses loopback, link-local, private and
+  other non-global addresses unless ``runtime.url_fetch_allow`` names the host or a
+  network containing it. (The name is resolved and checked before connecting; a DNS
+  answer that changes between check and connect is outside what this guards.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import socket
+from urllib.parse import urlsplit
+
+import httpx
+
+from modelfleet.errors import (
+    DeadlineExceeded,
+    PayloadFetchForbidden,
+    PayloadTooLarge,
+    PayloadUnavailable,
+)
+from modelfleet.messages import PayloadRef
+from modelfleet.settings import RuntimeSettings
+
+
+class PayloadFetcher:
+    def __init__(self, settings: RuntimeSettings) -> None:
+        self._settings = settings
+        self._client = httpx.AsyncClient(follow_redirects=False, trust_env=False)
+        self._allowed_networks = []
+        self._allowed_hosts = set()
+        for entry in settings.url_fetch_allow:
+            try:
+                self._allowed_networks.append(ipaddress.ip_network(entry, strict=False))
+            except ValueError:
+                self._allowed_hosts.add(entry.lower())
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+    async def fetch(self, ref: PayloadRef, timeout_s: float) -> tuple[bytes, str | None]:
+        """The payload bytes, and the content type the source declared (for ``url``)."""
+        if ref.kind == "inline":
+            return ref.data, None
+        if timeout_s <= 0:
+            raise DeadlineExceeded("deadline passed before the payload was fetched")
+        if ref.kind == "gateway":
+            return await self._get(ref.url, min(timeout_s, self._settings.url_fetch_timeout_s),
+                                   limit=None, what="the gateway's copy of the payload")
+        await self._check_destination(ref.url)
+        return await self._get(ref.url, min(timeout_s, self._settings.url_fetch_timeout_s),
+                               limit=self._settings.url_fetch_max_bytes, what=ref.url)
+
+    async def _check_destination(self, url: str) -> None:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise PayloadFetchForbidden(f"payload URL must be http(s)://host/...: {url!r}")
+        host = parts.hostname.lower()
+        if host in self._allowed_hosts:
+            return
+        try:
+            infos = await asyncio.get_running_loop().getaddrinfo(
+                host, parts.port or (443 if parts.scheme == "https" else 80),
+                type=socket.SOCK_STREAM)
+        except OSError as exc:
+            raise PayloadUnavailable(f"cannot resolve payload host {host!r}: {exc}") from exc
+        for info in infos:
+            address = ipaddress.ip_address(info[4][0])
+            if any(address in net for net in self._allowed_networks):
+                continue
+            if not address.is_global:
+                raise PayloadFetchForbidden(
+                    f"payload URL host {host!r} resolves to non-public address {address}; "
+                    "list it in runtime.url_fetch_allow to permit it")
+
+    async def _get(self, url: str, timeout_s: float, limit: int | None,
+                   what: str) -> tuple[bytes, str | None]:
+        try:
+            async with asyncio.timeout(timeout_s):
+                async with self._client.stream("GET", url, timeout=timeout_s) as response:
+                    if response.status_code in (403, 404, 410):
+                        raise PayloadUnavailable(
+                            f"fetching {what} got HTTP {response.status_code} "
+                            "(expired, freed or never there)")
+                    if response.status_code != 200:
+                        raise PayloadUnavailable(f"fetching {what} got HTTP "
+                                                 f"{response.status_code}")
+                    declared = response.headers.get("content-length")
+                    if limit is not None and declared and int(declared) > limit:
+                        raise PayloadTooLarge(f"{what} is {declared} bytes; the limit is {limit}")
+                    chunks, size = [], 0
+                    async for chunk in response.aiter_bytes():
+                        size += len(chunk)
+                        if limit is not None and size > limit:
+                            raise PayloadTooLarge(f"{what} exceeds the limit of {limit} bytes")
+                        chunks.append(chunk)
+                    ctype = response.headers.get("content-type")
+                    return b"".join(chunks), ctype.split(";")[0].strip() if ctype else None
+        except TimeoutError as exc:
+            raise PayloadUnavailable(f"fetching {what} took longer than {timeout_s:.1f}s") from exc
+        except httpx.HTTPError as exc:
+            raise PayloadUnavailable(f"fetching {what} failed: {exc!r}") from exc

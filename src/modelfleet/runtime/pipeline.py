@@ -1,0 +1,129 @@
+"""One request's path through a handler: preprocess, batched predict, postprocess.
+
+``preprocess`` and ``postprocess`` run on the event loop (they may await I/O
+without holding the process); ``predict`` runs on a worker thread, over a batch
+gathered by ``Batcher``, never on the loop. A bad input fails its own request only:
+when a batched ``predict`` raises, the batch is re-run one input at a time so its
+batch mates still get answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from modelfleet.errors import ModelfleetError, ModelFailed, RequestRejected
+from modelfleet.model import Model, Request
+
+
+def as_model_error(exc: BaseException) -> ModelfleetError:
+    """Handler exceptions become modelfleet errors: InvalidInput stays 4xx, the rest 500."""
+    if isinstance(exc, ModelfleetError):
+        return exc
+    return ModelFailed(f"handler raised {exc!r}")
+
+
+@dataclass
+class _Pending:
+    item: Any
+    future: asyncio.Future[Any]
+    enqueued: float = field(default_factory=time.perf_counter)
+
+
+class Batcher:
+    """Gathers inputs for one model into batches of at most ``max_batch_size``.
+
+    The first input of a batch waits at most ``max_delay_s`` for company.
+    """
+
+    def __init__(self, predict: Callable[[list[Any]], list[Any]], max_batch_size: int,
+                 max_delay_s: float) -> None:
+        self._predict = predict
+        self._max_batch_size = max_batch_size
+        self._max_delay_s = max_delay_s
+        self._queue: asyncio.Queue[_Pending] = asyncio.Queue()
+        self._loop_task: asyncio.Task[None] | None = None
+
+    async def submit(self, item: Any) -> tuple[Any, float]:
+        """Predict one input; returns (output, seconds spent in predict)."""
+        if self._loop_task is None or self._loop_task.done():
+            self._loop_task = asyncio.create_task(self._run(), name="batcher")
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._queue.put_nowait(_Pending(item, future))
+        result: tuple[Any, float] = await future
+        return result
+
+    async def close(self) -> None:
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._loop_task
+
+    async def _run(self) -> None:
+        while True:
+            batch = [await self._queue.get()]
+            deadline = time.perf_counter() + self._max_delay_s
+            while len(batch) < self._max_batch_size:
+                remaining = deadline - time.perf_counter()
+                if self._queue.empty() and remaining <= 0:
+                    break
+                try:
+                    batch.append(await asyncio.wait_for(self._queue.get(), max(remaining, 0)))
+                except TimeoutError:
+                    break
+            live = [p for p in batch if not p.future.done()]
+            if live:
+                await self._predict_batch(live)
+
+    async def _predict_batch(self, batch: list[_Pending]) -> None:
+        started = time.perf_counter()
+        try:
+            outputs = await asyncio.to_thread(self._predict, [p.item for p in batch])
+            if not isinstance(outputs, list) or len(outputs) != len(batch):
+                raise ModelFailed(
+                    f"predict returned {type(outputs).__name__}"
+                    f"{f' of length {len(outputs)}' if isinstance(outputs, list) else ''}; "
+                    f"expected a list of {len(batch)} outputs"
+                )
+        except Exception as exc:
+            if len(batch) > 1 and not isinstance(exc, ModelFailed | asyncio.CancelledError):
+                for single in batch:  # find the input at fault; the others still get answers
+                    await self._predict_batch([single])
+                return
+            error = as_model_error(exc)
+            for p in batch:
+                if not p.future.done():
+                    p.future.set_exception(error)
+            return
+        elapsed = time.perf_counter() - started
+        for p, output in zip(batch, outputs, strict=True):
+            if not p.future.done():
+                p.future.set_result((output, elapsed))
+
+
+async def handle_request(model: Model, batcher: Batcher, request: Request
+                         ) -> tuple[Any, dict[str, float]]:
+    """Run one request through the handler; returns (result, phase timings in ms).
+
+    Raises a ``ModelfleetError``: ``RequestRejected`` for bad input, ``ModelFailed``
+    for anything else the handler raised.
+    """
+    timings: dict[str, float] = {}
+    started = time.perf_counter()
+    try:
+        item = await model.preprocess(request)
+        timings["preprocess"] = (time.perf_counter() - started) * 1000
+        output, predict_s = await batcher.submit(item)
+        timings["predict"] = predict_s * 1000
+        started = time.perf_counter()
+        result = await model.postprocess(output, request)
+        timings["postprocess"] = (time.perf_counter() - started) * 1000
+    except (RequestRejected, ModelFailed):
+        raise
+    except Exception as exc:
+        raise as_model_error(exc) from exc
+    return result, timings

@@ -1,0 +1,365 @@
+"""The worker coordinator: chooses queues, holds permits, runs tasks on runtimes, replies.
+
+One asyncio process per worker. Its loops:
+
+- *events*: gateways announce demand per model (``{"kind": "demand"}``); that set,
+  plus this worker's subscriptions, resident and pinned models, is the candidate list.
+- *rescore* (every ``rescore_interval_s``, and at once when a runtime changes state):
+  exact backlog and consumer counts for the candidates (``Broker.queue_stats``), the
+  runtimes' residency, then ``scheduling.choose_queues`` (pure) decides what to
+  subscribe to and drop. Queues whose runtime is down are dropped at once: a worker
+  whose backend is down must not keep pulling.
+- *state*: publishes this worker's state (``{"kind": "worker_state"}``) for
+  gateways' ``/v1/fleet`` and for the other workers.
+- one *consume* task per subscription: take a delivery, take a permit, run it.
+
+A task is acked only after its reply is published (at-least-once). Expired tasks are
+acked and dropped unrun. A task whose runtime crashed under it goes back to the
+broker (``reject(requeue=True)``), or to the dead-letter queue once it has used up
+its deliveries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+import zlib
+from collections import deque
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from modelfleet import metrics
+from modelfleet.broker import Broker, Delivery, Subscription
+from modelfleet.errors import BrokerUnavailable, ModelfleetError, RuntimeCrashed
+from modelfleet.messages import Reply, decode_reply, encode_task, now_ms
+from modelfleet.repository import Catalog
+from modelfleet.scheduling import QueueView, WorkerView, choose_queues
+from modelfleet.settings import Settings
+from modelfleet.worker.supervisor import RuntimeProcess, RuntimeSupervisor
+
+log = logging.getLogger("modelfleet.worker")
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class _Consumer:
+    def __init__(self, subscription: Subscription, task: asyncio.Task[None]) -> None:
+        self.subscription = subscription
+        self.task = task
+        self.prefetch = 0
+
+
+class Coordinator:
+    def __init__(self, settings: Settings, broker: Broker, catalog: Catalog,
+                 supervisor: RuntimeSupervisor, clock: Callable[[], float] = time.time) -> None:
+        self._settings = settings
+        self._broker = broker
+        self._catalog = catalog
+        self._supervisor = supervisor
+        self._clock = clock
+        self.worker_id = settings.worker.worker_id or default_worker_id()
+        self._cap = settings.worker.permits
+        self._permits = asyncio.Semaphore(self._cap)
+        self._in_flight: set[asyncio.Task[None]] = set()
+        self._consumers: dict[str, _Consumer] = {}
+        self._demand: dict[str, float] = {}
+        self._last_served: dict[str, float] = {}
+        self._cold_subscribes: deque[float] = deque(maxlen=256)
+        self._resident: dict[str, dict[str, list[str]]] = {}  # runtime -> tier -> model ids
+        self._loops: list[asyncio.Task[None]] = []
+        self._stopping = False
+        self._seed = zlib.crc32(self.worker_id.encode())
+        self._pinned = [e.model_id for e in catalog if e.manifest.fanout.pinned]
+
+    # -- lifecycle -----------------------------------------------------------------
+    async def start(self) -> None:
+        metrics.PERMITS_CAP.set(self._cap)
+        await self._supervisor.start()
+        await self._preload_pinned()
+        self._loops = [
+            asyncio.create_task(self._listen_events(), name="worker-events"),
+            asyncio.create_task(self._rescore_loop(), name="worker-rescore"),
+            asyncio.create_task(self._state_loop(), name="worker-state"),
+        ]
+
+    async def stop(self) -> None:
+        """Stop pulling, let in-flight tasks finish (up to the drain timeout), then stop."""
+        self._stopping = True
+        # 1. Stop taking new work: cancel every consumer (unstarted deliveries go back).
+        await asyncio.gather(*(self._unsubscribe(m) for m in list(self._consumers)))
+        # 2. Drain: in-flight tasks finish and reply, or are handed back after the timeout.
+        if self._in_flight:
+            await asyncio.wait(self._in_flight, timeout=self._settings.worker.drain_timeout_s)
+        for task in self._in_flight:
+            task.cancel()
+        # 3. Stop the loops, tell the fleet we are gone, stop the runtimes.
+        for loop in self._loops:
+            loop.cancel()
+        await asyncio.gather(*self._loops, return_exceptions=True)
+        with contextlib.suppress(BrokerUnavailable):
+            await self._broker.publish_event({"kind": "worker_gone", "worker_id": self.worker_id})
+        await self._supervisor.stop()
+
+    async def _preload_pinned(self) -> None:
+        for model_id in self._pinned:
+            runtime = self._supervisor.runtime_for(model_id)
+            if runtime.client is None or not runtime.ready:
+                continue
+            try:
+                await runtime.client.call("load", model_id=model_id,
+                                          version=self._catalog.get(model_id).manifest.version,
+                                          pinned=True)
+            except ModelfleetError as exc:
+                log.error("could not preload pinned model %s: %s", model_id, exc)
+
+    # -- health --------------------------------------------------------------------
+    @property
+    def live(self) -> bool:
+        return not self._stopping and all(not loop.done() for loop in self._loops)
+
+    @property
+    def ready(self) -> bool:
+        """Can this worker take new work now?"""
+        return (not self._stopping and self._broker.connected
+                and any(r.ready for r in self._supervisor.all()))
+
+    @property
+    def loading(self) -> list[str]:
+        return sorted({m for r in self._supervisor.all() for m in r.loading})
+
+    def state(self) -> dict[str, Any]:
+        device = sorted({m for tiers in self._resident.values() for m in tiers.get("device", [])})
+        host = sorted({m for tiers in self._resident.values() for m in tiers.get("host", [])})
+        return {
+            "kind": "worker_state",
+            "worker_id": self.worker_id,
+            "at": self._clock(),
+            "ready": self.ready,
+            "accepting_cold_work": self.ready and not self.loading,
+            "subscriptions": sorted(self._consumers),
+            "resident": {"device": device, "host": host},
+            "loading": self.loading,
+            "permits_in_use": len(self._in_flight),
+            "permits_cap": self._cap,
+            "runtimes": [{"name": r.name, "state": r.state, "restarts": r.restarts}
+                         for r in self._supervisor.all()],
+        }
+
+    # -- loops -----------------------------------------------------------------------
+    async def _listen_events(self) -> None:
+        while True:
+            try:
+                async for event in self._broker.events():
+                    if event.get("kind") == "demand" and event.get("model_id") in self._catalog:
+                        first = event["model_id"] not in self._demand
+                        self._demand[event["model_id"]] = self._clock()
+                        if first:
+                            self._supervisor.changed.set()  # rescore now, not in a second
+            except BrokerUnavailable:
+                pass
+            await asyncio.sleep(self._settings.broker.reconnect_max_backoff_s / 5)
+
+    async def _rescore_loop(self) -> None:
+        while True:
+            try:
+                await self._rescore()
+            except BrokerUnavailable as exc:
+                log.warning("rescore skipped: %s", exc)
+            except Exception:
+                log.exception("rescore failed")
+            self._supervisor.changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._supervisor.changed.wait(),
+                                       self._settings.worker.rescore_interval_s)
+
+    async def _state_loop(self) -> None:
+        while True:
+            with contextlib.suppress(BrokerUnavailable):
+                await self._broker.publish_event(self.state())
+            await asyncio.sleep(self._settings.worker.state_interval_s)
+
+    # -- choosing queues -----------------------------------------------------------
+    async def _refresh_residency(self) -> None:
+        for runtime in self._supervisor.all():
+            if not runtime.ready or runtime.client is None:
+                self._resident.pop(runtime.name, None)
+                continue
+            try:
+                stats = await runtime.client.call("stats", timeout_s=5)
+            except (ModelfleetError, TimeoutError):
+                continue
+            self._resident[runtime.name] = {"device": list(stats["device"]),
+                                            "host": list(stats["host"])}
+            _mirror_cache_metrics(stats)
+
+    async def _rescore(self) -> None:
+        if self._stopping:
+            return
+        await self._refresh_residency()
+        now = self._clock()
+        window = self._settings.worker.demand_window_s
+        for model_id, seen in list(self._demand.items()):
+            if now - seen > window:
+                del self._demand[model_id]
+        state = self.state()
+        device = frozenset(state["resident"]["device"])
+        host = frozenset(state["resident"]["host"])
+        serviceable = {m for m in self._catalog_ids()
+                       if self._supervisor.runtime_for(m).ready}
+        for model_id in list(self._consumers):  # stop pulling what no runtime can run now
+            if model_id not in serviceable:
+                await self._unsubscribe(model_id)
+        candidates = (set(self._demand) | set(self._consumers) | device | host
+                      | set(self._pinned)) & serviceable
+        stats = await self._broker.queue_stats(sorted(candidates))
+        queues = []
+        for model_id, qs in stats.items():
+            manifest = self._catalog.get(model_id).manifest
+            metrics.QUEUE_BACKLOG.labels(model_id).set(qs.backlog)
+            queues.append(QueueView(model_id, qs.backlog, qs.consumers,
+                                    manifest.fanout.max_workers, manifest.plan,
+                                    manifest.fanout.pinned))
+        free = self._cap - len(self._in_flight)
+        view = WorkerView(self.worker_id, frozenset(self._consumers), device, host,
+                          dict(self._last_served), tuple(self._cold_subscribes),
+                          free, self._cap, frozenset(self.loading))
+        decision = choose_queues(queues, view, self._settings.scheduling, now, self._seed)
+        for model_id in decision.unsubscribe:
+            metrics.SUBSCRIBE_EVENTS.labels("unsubscribe", "warm" if model_id in device
+                                            else "cold").inc()
+            await self._unsubscribe(model_id)
+        for model_id in decision.subscribe:
+            cold = model_id in decision.cold
+            if cold:
+                self._cold_subscribes.append(now)
+            metrics.SUBSCRIBE_EVENTS.labels("subscribe", "cold" if cold else "warm").inc()
+            await self._subscribe(model_id)
+        await self._resize_prefetch(free)
+        metrics.SUBSCRIPTIONS.set(len(self._consumers))
+
+    def _catalog_ids(self) -> list[str]:
+        return [entry.model_id for entry in self._catalog]
+
+    def _prefetch_for(self, model_id: str, free_permits: int) -> int:
+        batch = self._catalog.get(model_id).manifest.batching.max_batch_size
+        return max(1, min(batch, free_permits))
+
+    async def _subscribe(self, model_id: str) -> None:
+        if model_id in self._consumers or self._stopping:
+            return
+        prefetch = self._prefetch_for(model_id, self._cap - len(self._in_flight))
+        subscription = await self._broker.subscribe(model_id, prefetch)
+        consumer = _Consumer(subscription, asyncio.create_task(
+            self._consume(subscription), name=f"consume-{model_id}"))
+        consumer.prefetch = prefetch
+        self._consumers[model_id] = consumer
+        log.info("subscribed to %s (prefetch %d)", model_id, prefetch)
+
+    async def _unsubscribe(self, model_id: str) -> None:
+        consumer = self._consumers.pop(model_id, None)
+        if consumer is None:
+            return
+        with contextlib.suppress(BrokerUnavailable):
+            await consumer.subscription.cancel()
+        consumer.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await consumer.task
+        log.info("unsubscribed from %s", model_id)
+
+    async def _resize_prefetch(self, free_permits: int) -> None:
+        for model_id, consumer in self._consumers.items():
+            wanted = self._prefetch_for(model_id, free_permits)
+            if wanted != consumer.prefetch:
+                with contextlib.suppress(BrokerUnavailable):
+                    await consumer.subscription.set_prefetch(wanted)
+                    consumer.prefetch = wanted
+
+    # -- running tasks -------------------------------------------------------------
+    async def _consume(self, subscription: Subscription) -> None:
+        async for delivery in subscription:
+            await self._permits.acquire()
+            task = asyncio.create_task(self._run(delivery))
+            self._in_flight.add(task)
+            metrics.PERMITS_IN_USE.set(len(self._in_flight))
+            task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self._in_flight.discard(task)
+        self._permits.release()
+        metrics.PERMITS_IN_USE.set(len(self._in_flight))
+
+    async def _run(self, delivery: Delivery) -> None:
+        task = delivery.task
+        received_ms = now_ms()
+        try:
+            if task.expired(received_ms):
+                metrics.EXPIRED_TASKS.labels(task.model_id).inc()
+                await delivery.ack()
+                return
+            runtime = self._supervisor.runtime_for(task.model_id)
+            try:
+                reply = await self._infer(runtime, task.model_id, delivery)
+            except RuntimeCrashed as exc:
+                await self._hand_back(delivery, exc)
+                return
+            reply = replace(reply, worker_id=self.worker_id, timings_ms={
+                **reply.timings_ms, "queue_wait": max(0, received_ms - task.enqueued_ms)})
+            await self._broker.publish_reply(task.reply_to, reply)
+            await delivery.ack()
+            self._last_served[task.model_id] = self._clock()
+            metrics.TASKS.labels(task.model_id, reply.status).inc()
+        except BrokerUnavailable as exc:
+            # Not acked: the broker redelivers it once the connection is back.
+            log.warning("task %s for %s left unsettled: %s", task.request_id, task.model_id, exc)
+        except asyncio.CancelledError:
+            with contextlib.suppress(BrokerUnavailable, RuntimeError):
+                await delivery.reject(requeue=True)  # drained past the timeout: hand it back
+            raise
+
+    async def _infer(self, runtime: RuntimeProcess, model_id: str, delivery: Delivery) -> Reply:
+        task = delivery.task
+        if runtime.client is None or not runtime.ready:
+            raise RuntimeCrashed(f"runtime {runtime.name} is not ready")
+        manifest = self._catalog.get(model_id).manifest
+        remaining_s = max(0.0, (task.deadline_ms - now_ms()) / 1000)
+        try:
+            raw = await runtime.client.call(
+                "infer", timeout_s=remaining_s + self._settings.runtime.ping_timeout_s,
+                task=encode_task(task), delivery_count=task.delivery_count,
+                accepts=list(manifest.accepts))
+        except TimeoutError as exc:
+            raise RuntimeCrashed(f"runtime {runtime.name} did not answer in time") from exc
+        return decode_reply(raw)
+
+    async def _hand_back(self, delivery: Delivery, exc: RuntimeCrashed) -> None:
+        task = delivery.task
+        if task.delivery_count >= self._settings.broker.delivery_limit:
+            reason = f"runtime crashed on each of {task.delivery_count + 1} deliveries: {exc}"
+            failure = Reply.failure(task.request_id, exc, worker_id=self.worker_id)
+            await self._broker.publish_reply(task.reply_to, replace(
+                failure, error_message=f"model '{task.model_id}': {reason}; dead-lettered"))
+            await delivery.dead_letter(f"runtime_crashed: {exc}")
+            metrics.DEAD_LETTERED.labels(task.model_id, "runtime_crashed").inc()
+            return
+        metrics.REDELIVERED.labels(task.model_id).inc()
+        await delivery.reject(requeue=True)
+
+
+def _mirror_cache_metrics(stats: dict[str, Any]) -> None:
+    metrics.RESIDENT_MODELS.labels("device").set(len(stats["device"]))
+    metrics.RESIDENT_MODELS.labels("host").set(len(stats["host"]))
+    metrics.RESIDENT_BYTES.labels("device").set(stats["device_used_bytes"])
+    metrics.RESIDENT_BYTES.labels("host").set(stats["host_used_bytes"])
+    for _model_id, source, seconds, _size in stats["loads"]:
+        metrics.MODEL_LOADS.labels(source).inc()
+        metrics.MODEL_LOAD_SECONDS.labels(source).observe(seconds)
+    for action, _model_id in stats["evictions"]:
+        metrics.EVICTIONS.labels(action).inc()
+    metrics.MODEL_LOAD_FAILURES.inc(stats["load_failures"])

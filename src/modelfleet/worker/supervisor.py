@@ -1,0 +1,209 @@
+"""Runtime processes: spawning them, pinging them, restarting them.
+
+Each ``RuntimeProcess`` is a spawned interpreter (``python -m modelfleet.runtime``)
+reached over a Unix socket. The supervisor pings it every ``ping_interval_s``; a
+runtime that dies, or does not answer a ping within ``ping_timeout_s`` (wedged), is
+killed and restarted with exponential backoff. Pings are answered by the runtime's
+event loop while loads run on threads, so a long model load is not a hang.
+
+When a runtime goes down its socket closes, so every call in flight on it raises
+``RuntimeCrashed`` at once: the coordinator hands those tasks back to the broker.
+``changed`` is set on every state change so the coordinator can stop pulling the
+affected queues without polling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+import sys
+import tempfile
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Literal
+
+from modelfleet import metrics
+from modelfleet.errors import ModelfleetError, RuntimeCrashed
+from modelfleet.runtime.ipc import RuntimeClient
+from modelfleet.runtime.server import SETTINGS_ENV
+from modelfleet.settings import Settings
+
+log = logging.getLogger("modelfleet.worker")
+State = Literal["starting", "ready", "down", "stopped"]
+
+
+def _die_with_parent() -> None:
+    """Runs in the child before exec: SIGKILL it if the coordinator dies (Linux)."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+class RuntimeProcess:
+    def __init__(self, name: str, settings: Settings, socket_dir: Path, python: str,
+                 on_change: Callable[[], None]) -> None:
+        self.name = name
+        self._settings = settings
+        self._socket_path = str(socket_dir / f"{name}.sock")
+        self._python = python
+        self._on_change = on_change
+        self.state: State = "starting"
+        self.client: RuntimeClient | None = None
+        self.process: asyncio.subprocess.Process | None = None
+        self.restarts = 0
+        self.loading: list[str] = []
+        self._watch: asyncio.Task[None] | None = None
+        self._started = asyncio.Event()
+
+    @property
+    def ready(self) -> bool:
+        return self.state == "ready"
+
+    def start(self) -> None:
+        self._watch = asyncio.create_task(self._run(), name=f"supervise-{self.name}")
+
+    async def wait_started(self) -> None:
+        await self._started.wait()
+
+    def _set(self, state: State) -> None:
+        if self.state != state:
+            self.state = state
+            self._on_change()
+
+    async def _run(self) -> None:
+        backoff = 0.2
+        while self.state != "stopped":
+            reason = "crashed"
+            try:
+                await self._spawn()
+                self._set("ready")
+                self._started.set()
+                backoff = 0.2
+                reason = await self._watch_until_down()
+            except ModelfleetError as exc:
+                log.error("runtime %s failed to start: %s", self.name, exc)
+                self._started.set()
+            if self.state == "stopped":
+                return
+            self._set("down")
+            await self._kill()
+            metrics.RUNTIME_RESTARTS.labels(reason).inc()
+            self.restarts += 1
+            log.warning("runtime %s %s; restarting in %.1fs", self.name, reason, backoff)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, self._settings.worker.restart_backoff_max_s)
+
+    async def _spawn(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._socket_path)
+        env = dict(os.environ, **{SETTINGS_ENV: self._settings.model_dump_json()})
+        self.process = await asyncio.create_subprocess_exec(
+            self._python, "-m", "modelfleet.runtime", "--socket", self._socket_path,
+            "--name", self.name, env=env, preexec_fn=_die_with_parent,
+        )
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._settings.runtime.start_timeout_s
+        delay = 0.02
+        while True:  # the socket appears once the child has imported and bound it
+            if self.process.returncode is not None:
+                raise RuntimeCrashed(f"runtime {self.name} exited with "
+                                     f"{self.process.returncode} during start-up")
+            try:
+                self.client = await RuntimeClient.connect(self._socket_path, self.name)
+                await self.client.call("health", timeout_s=self._settings.runtime.ping_timeout_s)
+                return
+            except (OSError, RuntimeCrashed):
+                if loop.time() > deadline:
+                    raise RuntimeCrashed(f"runtime {self.name} did not start within "
+                                         f"{self._settings.runtime.start_timeout_s}s") from None
+                await asyncio.sleep(delay)
+                delay = min(delay * 1.5, 0.25)
+
+    async def _watch_until_down(self) -> str:
+        assert self.process is not None and self.client is not None
+        exited = asyncio.create_task(self.process.wait())
+        try:
+            while True:
+                done, _ = await asyncio.wait({exited}, timeout=self._settings.runtime.ping_interval_s)
+                if done:
+                    return f"exited with code {self.process.returncode}"
+                try:
+                    health = await self.client.call(
+                        "health", timeout_s=self._settings.runtime.ping_timeout_s)
+                    self.loading = list(health.get("loading", []))
+                except TimeoutError:
+                    return "hung"
+                except RuntimeCrashed:
+                    return "crashed"
+        finally:
+            exited.cancel()
+
+    async def _kill(self) -> None:
+        if self.client is not None:
+            await self.client.close()
+        if self.process is not None and self.process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.process.kill()
+            await self.process.wait()
+
+    async def stop(self, timeout_s: float = 3.0) -> None:
+        """Ask the runtime to exit; terminate, then kill, if it does not."""
+        previous, self.state = self.state, "stopped"
+        if self._watch is not None:
+            self._watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watch
+        if self.process is not None and self.process.returncode is None:
+            if previous == "ready" and self.client is not None:
+                with contextlib.suppress(ModelfleetError, TimeoutError):
+                    await self.client.call("shutdown", timeout_s=1.0)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.process.wait(), timeout_s)
+            if self.process.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    self.process.terminate()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.process.wait(), 1.0)
+        await self._kill()
+        self._on_change()
+
+
+class RuntimeSupervisor:
+    """All runtime processes of one worker: a shared pool, plus one per isolated model."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._socket_dir = Path(tempfile.mkdtemp(prefix="modelfleet-"))
+        self.changed = asyncio.Event()
+        self.shared = [
+            RuntimeProcess(f"runtime-{i}", settings, self._socket_dir, sys.executable,
+                           self._changed)
+            for i in range(settings.worker.shared_runtimes)
+        ]
+
+    def _changed(self) -> None:
+        self.changed.set()
+        metrics.RUNTIMES_READY.set(sum(r.ready for r in self.all()))
+
+    def all(self) -> list[RuntimeProcess]:
+        return list(self.shared)
+
+    async def start(self) -> None:
+        for runtime in self.shared:
+            runtime.start()
+        await asyncio.gather(*(r.wait_started() for r in self.shared))
+
+    def runtime_for(self, model_id: str) -> RuntimeProcess:
+        # A stable choice per model keeps its residency in one place.
+        return self.shared[zlib.crc32(model_id.encode()) % len(self.shared)]
+
+    async def stop(self) -> None:
+        await asyncio.gather(*(r.stop() for r in self.all()))
+        with contextlib.suppress(OSError):
+            for leftover in self._socket_dir.iterdir():
+                leftover.unlink()
+            self._socket_dir.rmdir()
