@@ -1,0 +1,32 @@
+# The two commands a newcomer needs:
+#   make serve   creates .venv, installs, serves examples/models on http://127.0.0.1:8000
+#   make test    creates .venv if needed, starts RabbitMQ if needed, runs the whole suite
+PYTHON ?= python3
+VENV   := .venv
+STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
+
+.PHONY: serve test lint bench sim
+
+$(STAMP): pyproject.toml
+	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/python -m pip install -q --upgrade pip
+	$(VENV)/bin/python -m pip install -q -e '.[dev]'
+	@rm -f $(VENV)/.installed-*; touch $@
+
+serve: $(STAMP)
+	$(VENV)/bin/modelfleet serve --repo examples/models
+
+test: $(STAMP)
+	bash .ci/rabbitmq-up || test "$$CI" != "true"
+	$(VENV)/bin/python -m pytest -q
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests bench examples
+	$(VENV)/bin/mypy src/modelfleet
+
+bench: $(STAMP)
+	$(VENV)/bin/python bench/latency.py
+	$(VENV)/bin/python bench/cache_policy.py
+
+sim: $(STAMP)
+	$(VENV)/bin/modelfleet sim

@@ -1,0 +1,5 @@
+import sys
+
+from modelfleet.cli import main
+
+sys.exit(main())

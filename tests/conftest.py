@@ -1,0 +1,28 @@
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+
+
+def rabbitmq_url() -> str:
+    return os.environ.get("MODELFLEET_TEST_AMQP", "amqp://guest:guest@127.0.0.1:5672/")
+
+
+def rabbitmq_reachable() -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", 5672), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def require_rabbitmq() -> None:
+    """RabbitMQ tests never skip in CI; locally they skip when no broker is reachable."""
+    if rabbitmq_reachable():
+        return
+    if os.environ.get("CI") == "true":
+        pytest.fail("RabbitMQ is not reachable on 127.0.0.1:5672 and CI=true: "
+                    "run .ci/rabbitmq-up")
+    pytest.skip("RabbitMQ not reachable on 127.0.0.1:5672 (start it with .ci/rabbitmq-up)")

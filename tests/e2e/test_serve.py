@@ -1,0 +1,269 @@
+"""``modelfleet serve`` as a real subprocess on a free port, spoken to over HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import signal
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from tests.procs import ROOT, Proc, serve
+
+DIGITS = ROOT / "tests" / "fixtures" / "digits"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    proc, base = serve(tmp_path_factory.mktemp("serve"), env={
+        # Small limits so that each error path is cheap to reach.
+        "MODELFLEET_GATEWAY__MAX_BODY_BYTES": str(2 * 1024 * 1024),
+        "MODELFLEET_GATEWAY__INLINE_THRESHOLD_BYTES": "2048",
+    })
+    yield base
+    proc.stop()
+
+
+def metric(base: str, name: str, **labels: str) -> float:
+    text = httpx.get(f"{base}/metrics").text
+    want = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    pattern = "^" + re.escape(name) + (r"\{" + re.escape(want) + r"\}" if labels else "") \
+        + r" (\S+)$"
+    found = re.search(pattern, text, re.MULTILINE)
+    return float(found.group(1)) if found else 0.0
+
+
+def error_of(response: httpx.Response) -> dict[str, str]:
+    body = response.json()
+    assert set(body) == {"error"}, body
+    return body["error"]
+
+
+def test_digits_are_recognised(server: str) -> None:
+    labels = json.loads((DIGITS / "labels.json").read_text())
+    for name, info in labels.items():
+        ctype = "image/png" if name.endswith(".png") else "image/jpeg"
+        response = httpx.post(f"{server}/v1/models/digits/infer",
+                              content=(DIGITS / name).read_bytes(),
+                              headers={"content-type": ctype}, timeout=30)
+        assert response.status_code == 200, response.text
+        answer = response.json()
+        assert answer["digit"] == info["digit"], name
+        assert len(answer["probabilities"]) == 10
+        assert abs(sum(answer["probabilities"]) - 1) < 1e-3
+
+
+def test_large_payload_travels_by_signed_url(server: str) -> None:
+    """Above the inline threshold the runtime fetches the bytes from the gateway."""
+    image = (ROOT / "examples" / "seven.png").read_bytes()
+    padded = image + b"\0" * 4096  # PNG readers ignore trailing bytes; now above 2 KiB
+    before = metric(server, "modelfleet_gateway_payload_fetches_total", outcome="ok")
+    response = httpx.post(f"{server}/v1/models/digits/infer", content=padded,
+                          headers={"content-type": "image/png"}, timeout=30)
+    assert response.status_code == 200, response.text
+    assert response.json()["digit"] == 7
+    assert metric(server, "modelfleet_gateway_payload_fetches_total", outcome="ok") == before + 1
+
+
+def test_payload_urls_must_be_signed(server: str) -> None:
+    response = httpx.get(f"{server}/v1/payloads/abc?expires=99999999999999&sig=00")
+    assert response.status_code == 403
+    assert error_of(response)["code"] == "forbidden"
+
+
+def test_iris_and_banner(server: str) -> None:
+    iris = httpx.post(f"{server}/v1/models/iris/infer", json={"features": [6.7, 3.0, 5.2, 2.3]},
+                      timeout=30)
+    assert iris.status_code == 200 and iris.json()["class"] == "virginica"
+    banner = httpx.post(f"{server}/v1/models/banner/infer", content=b"ship it",
+                        headers={"content-type": "text/plain"}, timeout=30)
+    assert banner.status_code == 200
+    assert banner.headers["content-type"].startswith("text/plain")
+    assert "< ship it >" in banner.text
+
+
+def test_unknown_model_is_404(server: str) -> None:
+    response = httpx.post(f"{server}/v1/models/nope/infer", content=b"{}",
+                          headers={"content-type": "application/json"})
+    assert response.status_code == 404
+    assert "nope" in error_of(response)["message"]
+    assert httpx.get(f"{server}/v1/models/nope").status_code == 404
+
+
+def test_oversized_payload_is_413_before_it_is_read(server: str) -> None:
+    """64 MiB announced, none of it sent: the answer comes without waiting for the body."""
+    host, port = server.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as conn:
+        conn.sendall(b"POST /v1/models/digits/infer HTTP/1.1\r\nHost: x\r\n"
+                     b"Content-Type: image/png\r\nContent-Length: 67108864\r\n\r\n")
+        answer = b""
+        while not answer.endswith(b"}"):
+            chunk = conn.recv(65536)
+            if not chunk:
+                break
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 413"), answer
+    assert b'"code":"payload_too_large"' in answer
+
+
+def test_oversized_chunked_payload_is_413(server: str) -> None:
+    def body() -> Iterator[bytes]:
+        for _ in range(8):
+            yield b"\0" * (1024 * 1024)
+
+    response = httpx.post(f"{server}/v1/models/digits/infer", content=body(),
+                          headers={"content-type": "image/png"}, timeout=30)
+    assert response.status_code == 413
+
+
+def test_wrong_content_type_is_415(server: str) -> None:
+    response = httpx.post(f"{server}/v1/models/digits/infer", content=b"hello",
+                          headers={"content-type": "text/plain"})
+    assert response.status_code == 415
+    assert "image/png" in error_of(response)["message"]
+
+
+def test_rejected_input_is_422_with_the_handlers_message(server: str) -> None:
+    response = httpx.post(f"{server}/v1/models/iris/infer", content=b"{not json",
+                          headers={"content-type": "application/json"}, timeout=30)
+    assert response.status_code == 422
+    assert "JSON" in error_of(response)["message"]
+    corrupt = httpx.post(f"{server}/v1/models/digits/infer", content=b"\x89PNG\r\n\x1a\n junk",
+                         headers={"content-type": "image/png"}, timeout=30)
+    assert corrupt.status_code == 422
+
+
+def test_deadline_is_504(server: str) -> None:
+    response = httpx.post(f"{server}/v1/models/slowload/infer", json={"x": 1},
+                          headers={"x-request-timeout": "0.5"}, timeout=30)
+    assert response.status_code == 504
+    assert error_of(response)["code"] == "deadline_exceeded"
+    bad = httpx.post(f"{server}/v1/models/slowload/infer", json={"x": 1},
+                     headers={"x-request-timeout": "soon"})
+    assert bad.status_code == 400
+
+
+def test_model_that_fails_to_load_is_500_and_retried(server: str) -> None:
+    before = metric(server, "modelfleet_model_load_failures_total")
+    for _ in range(2):
+        response = httpx.post(f"{server}/v1/models/broken/infer", json={}, timeout=30)
+        assert response.status_code == 500
+        error = error_of(response)
+        assert error["code"] == "model_load_failed"
+        assert "broken" in error["message"]
+        assert "format" in error["message"]  # the cause, from the handler's exception
+    # Load failures are counted when the worker next reads its runtime's stats.
+    for _ in range(50):
+        if metric(server, "modelfleet_model_load_failures_total") >= before + 2:
+            break
+        asyncio.run(asyncio.sleep(0.1))
+    assert metric(server, "modelfleet_model_load_failures_total") >= before + 2
+
+
+def test_catalog(server: str) -> None:
+    httpx.post(f"{server}/v1/models/iris/infer", json={"features": [5.1, 3.5, 1.4, 0.2]},
+               timeout=30)
+    models = {m["name"]: m for m in httpx.get(f"{server}/v1/models").json()["models"]}
+    assert {"digits", "iris", "banner", "enrich"} <= set(models)
+    assert models["digits"]["accepts"] == ["image/png", "image/jpeg"]
+    assert models["digits"]["versions"] == ["1"]
+    assert models["digits"]["size_estimate_bytes"] > 0
+    assert models["iris"]["device"] == "cpu"
+    for _ in range(50):  # warmth comes from the worker's next state event
+        if httpx.get(f"{server}/v1/models/iris").json()["warm"]:
+            break
+        asyncio.run(asyncio.sleep(0.1))
+    assert httpx.get(f"{server}/v1/models/iris").json()["warm"] is True
+
+
+def test_probes_and_metrics(server: str) -> None:
+    assert httpx.get(f"{server}/livez").status_code == 200
+    assert httpx.get(f"{server}/readyz").json() == {"status": "ready"}
+    text = httpx.get(f"{server}/metrics").text
+    assert "modelfleet_gateway_requests_total" in text
+    assert "modelfleet_worker_permits_cap 16.0" in text
+    fleet = httpx.get(f"{server}/v1/fleet").json()["workers"]
+    assert len(fleet) == 1 and fleet[0]["permits_cap"] == 16
+
+
+async def _burst(base: str) -> list[tuple[str, httpx.Response]]:
+    seven = (ROOT / "examples" / "seven.png").read_bytes()
+    calls = []
+    async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=100)) as client:
+        for i in range(100):
+            kind = ("digits", "iris", "banner")[i % 3]
+            if kind == "digits":
+                call = client.post(f"{base}/v1/models/digits/infer", content=seven,
+                                   headers={"content-type": "image/png"})
+            elif kind == "iris":
+                call = client.post(f"{base}/v1/models/iris/infer",
+                                   json={"features": [5.1, 3.5, 1.4, 0.2]})
+            else:
+                call = client.post(f"{base}/v1/models/banner/infer", content=f"hi {i}".encode(),
+                                   headers={"content-type": "text/plain"})
+            calls.append((kind, call))
+        responses = await asyncio.gather(*(c for _, c in calls))
+    return [(kind, r) for (kind, _), r in zip(calls, responses, strict=True)]
+
+
+def test_100_concurrent_requests_across_3_models(server: str) -> None:
+    results = asyncio.run(_burst(server))
+    assert len(results) == 100
+    for i, (kind, response) in enumerate(results):
+        assert response.status_code == 200, (kind, response.text)
+        if kind == "digits":
+            assert response.json()["digit"] == 7
+        elif kind == "iris":
+            assert response.json()["class"] == "setosa"
+        else:
+            assert f"< hi {i} >" in response.text
+
+
+def test_io_bound_preprocess_does_not_hold_the_process(tmp_path: Path) -> None:
+    """20 requests whose preprocess awaits a 200 ms lookup overlap on one runtime."""
+    proc, base = serve(tmp_path, name="io")
+    try:
+        httpx.post(f"{base}/v1/models/enrich/infer", json={"entity": "user-1"}, timeout=30)
+
+        async def many() -> list[httpx.Response]:
+            async with httpx.AsyncClient(timeout=60) as client:
+                return await asyncio.gather(*(
+                    client.post(f"{base}/v1/models/enrich/infer", json={"entity": f"user-{i}"})
+                    for i in range(20)))
+
+        responses = asyncio.run(many())
+        assert all(r.status_code == 200 for r in responses), [r.text for r in responses]
+        most = max(r.json().get("lookups_in_flight_max", 0) for r in responses)
+        assert most > 1, "lookups ran one at a time: preprocess held the process"
+    finally:
+        proc.stop()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_clean_shutdown_leaves_no_process(tmp_path: Path, sig: int) -> None:
+    proc, base = serve(tmp_path, name=f"stop-{sig}")
+    httpx.post(f"{base}/v1/models/iris/infer", json={"features": [5.1, 3.5, 1.4, 0.2]},
+               timeout=30)
+    children = proc.descendants()
+    assert children, "serve should have spawned at least one runtime process"
+    assert proc.stop(sig, timeout_s=10) == 0, proc.log()
+    gone, alive = psutil.wait_procs(children, timeout=5)
+    assert not alive, f"left behind: {alive}"
+
+
+def test_invalid_manifest_stops_start_up_naming_file_and_field(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    package = repo / "bad" / "1"
+    package.mkdir(parents=True)
+    (package / "model.toml").write_text('name = "bad"\nentrypoint = "handler:M"\n'
+                                        'accepts = ["video/mp4"]\n')
+    proc = Proc(["serve", "--repo", str(repo), "--port", "0"], {}, tmp_path / "bad.log", None)
+    assert proc.popen.wait(30) == 2
+    log = proc.log()
+    assert str(package / "model.toml") in log and "accepts" in log

@@ -1,0 +1,112 @@
+"""Real modelfleet processes for end-to-end tests: start, wait until ready, stop, check."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples" / "models"
+MODELFLEET = [sys.executable, "-m", "modelfleet"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Proc:
+    """One ``modelfleet`` process with its own log file."""
+
+    def __init__(self, args: list[str], env: dict[str, str], log_path: Path,
+                 ready_url: str | None) -> None:
+        self.args = args
+        self.ready_url = ready_url
+        self.log_path = log_path
+        self._log = log_path.open("wb")
+        self.popen = subprocess.Popen([*MODELFLEET, *args], env={**os.environ, **env},
+                                      stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT)
+        self.pid = self.popen.pid
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_ready(self, timeout_s: float = 60) -> None:
+        assert self.ready_url is not None
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.popen.poll() is not None:
+                raise AssertionError(f"{self.args[0]} exited with {self.popen.returncode}:\n"
+                                     f"{self.log()}")
+            try:
+                if httpx.get(self.ready_url, timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise AssertionError(f"{self.args[0]} not ready after {timeout_s}s:\n{self.log()}")
+
+    def descendants(self) -> list[psutil.Process]:
+        try:
+            return psutil.Process(self.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 15) -> int:
+        if self.popen.poll() is None:
+            self.popen.send_signal(sig)
+            try:
+                self.popen.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self._log.close()
+        return self.popen.returncode
+
+    def kill(self) -> None:
+        for child in self.descendants():
+            child.kill()
+        self.popen.kill()
+        self.popen.wait()
+
+
+@contextmanager
+def running(args: list[str], tmp_path: Path, name: str, ready_url: str | None,
+            env: dict[str, str] | None = None) -> Iterator[Proc]:
+    proc = Proc(args, env or {}, tmp_path / f"{name}.log", ready_url)
+    try:
+        if ready_url is not None:
+            proc.wait_ready()
+        yield proc
+    finally:
+        children = proc.descendants()
+        proc.stop()
+        for child in children:
+            if child.is_running() and child.status() != psutil.STATUS_ZOMBIE:
+                child.kill()
+
+
+def serve(tmp_path: Path, env: dict[str, str] | None = None, name: str = "serve",
+          repo: Path = EXAMPLES, broker: str = "memory") -> tuple[Proc, str]:
+    """Start ``modelfleet serve``; returns (process, base URL). Caller stops it."""
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    proc = Proc(["serve", "--repo", str(repo), "--port", str(port), "--broker", broker],
+                {"MODELFLEET_EXAMPLE_SLOWLOAD_S": "3", **(env or {})},
+                tmp_path / f"{name}.log", f"{base}/readyz")
+    try:
+        proc.wait_ready()
+    except BaseException:
+        proc.kill()
+        raise
+    return proc, base
