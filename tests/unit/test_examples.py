@@ -248,7 +248,7 @@ def no_decoding(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_digits_rejects_decompression_bomb_from_the_header(
     digits: LocalModel, no_decoding: None, body: bytes, ctype: str
 ) -> None:
-    with pytest.raises(InvalidInput, match="too large|limit"):
+    with pytest.raises(InvalidInput, match=r"too large|limit"):
         digits.infer(body, ctype)
 
 
