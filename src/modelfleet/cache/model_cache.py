@@ -161,11 +161,12 @@ class ModelCache:
         )
         self._check_fits_budget(model_id, size)
         victims = self._plan_device_room(model_id, size)
+        if promotion:
+            # Before evicting: demotions must not push out the copy we promote.
+            self.host.protect(model_id)
         actions = self._evict_from_device(victims, f"making room for {model_id!r}")
         self._reserved[model_id] = Reservation(model_id, size, pinned, promotion, self._clock())
         self._reserved_bytes += size
-        if promotion:
-            self.host.protect(model_id)
         if pinned:
             self._pinned.add(model_id)
         return actions
