@@ -88,11 +88,11 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "sim":
         from modelfleet.sim.cli import main as sim_main
 
-        return sim_main(argv[1:])
+        return int(sim_main(argv[1:]))
     if argv and argv[0] == "dlq":
         from modelfleet.dlq.cli import main as dlq_main
 
-        return dlq_main(argv[1:])
+        return int(dlq_main(argv[1:]))
     args = build_parser().parse_args(argv)
     try:
         settings = build_settings(args)

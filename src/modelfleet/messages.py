@@ -79,7 +79,8 @@ class Reply:
 def encode_task(task: Task) -> bytes:
     data = asdict(task)
     data.pop("delivery_count")
-    return msgpack.packb(data, use_bin_type=True)
+    packed: bytes = msgpack.packb(data, use_bin_type=True)
+    return packed
 
 
 def decode_task(raw: bytes, delivery_count: int = 0) -> Task:
@@ -89,7 +90,8 @@ def decode_task(raw: bytes, delivery_count: int = 0) -> Task:
 
 
 def encode_reply(reply: Reply) -> bytes:
-    return msgpack.packb(asdict(reply), use_bin_type=True)
+    packed: bytes = msgpack.packb(asdict(reply), use_bin_type=True)
+    return packed
 
 
 def decode_reply(raw: bytes) -> Reply:
@@ -97,7 +99,8 @@ def decode_reply(raw: bytes) -> Reply:
 
 
 def encode_event(event: dict[str, Any]) -> bytes:
-    return msgpack.packb(event, use_bin_type=True)
+    packed: bytes = msgpack.packb(event, use_bin_type=True)
+    return packed
 
 
 def decode_event(raw: bytes) -> dict[str, Any]:

@@ -61,5 +61,8 @@ MODEL_LOAD_SECONDS = Histogram("modelfleet_model_load_seconds", "Model load dura
                                ["source"], buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
                                                     30, 60, 120, 300))
 MODEL_LOAD_FAILURES = Counter("modelfleet_model_load_failures_total", "Model loads that failed")
+MODEL_LOAD_RATE = Gauge("modelfleet_model_loads_per_minute",
+                        "Model loads in the last 60 s: the cache's health signal (a count that "
+                        "will not settle over a sustained load rate is churn)")
 EVICTIONS = Counter("modelfleet_evictions_total", "Evictions from the device, by action",
                     ["action"])

@@ -118,7 +118,8 @@ def import_handler(manifest: Manifest, package_dir: Path) -> type[Model]:
         spec.loader.exec_module(module)
     except Exception as exc:
         sys.modules.pop(unique, None)
-        raise ModelLoadFailed(f"model '{manifest.name}': importing {source} failed: {exc!r}") from exc
+        raise ModelLoadFailed(
+            f"model '{manifest.name}': importing {source} failed: {exc!r}") from exc
     finally:
         sys.path.remove(str(package_dir))
     handler = getattr(module, class_name, None)

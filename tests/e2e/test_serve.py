@@ -267,3 +267,29 @@ def test_invalid_manifest_stops_start_up_naming_file_and_field(tmp_path: Path) -
     assert proc.popen.wait(30) == 2
     log = proc.log()
     assert str(package / "model.toml") in log and "accepts" in log
+
+
+def test_capacity_limits_are_503_and_507(tmp_path: Path) -> None:
+    proc, base = serve(tmp_path, name="tight", env={
+        "MODELFLEET_GATEWAY__INLINE_THRESHOLD_BYTES": "1024",
+        "MODELFLEET_GATEWAY__PAYLOAD_STORE_BYTES": "3000",
+        "MODELFLEET_RUNTIME__DEVICE_BUDGET_BYTES": str(512 * 1024),
+    })
+    try:
+        full = httpx.post(f"{base}/v1/models/banner/infer", content=b"x" * 4000,
+                          headers={"content-type": "text/plain"}, timeout=30)
+        assert full.status_code == 503
+        assert full.headers["retry-after"] == "1"
+        assert error_of(full)["code"] == "no_capacity"
+        # iris's manifest estimates 1 MiB; the whole device budget is 512 KiB.
+        too_big = httpx.post(f"{base}/v1/models/iris/infer",
+                             json={"features": [5.1, 3.5, 1.4, 0.2]}, timeout=30)
+        assert too_big.status_code == 507
+        message = error_of(too_big)["message"]
+        assert "iris" in message and "524288" in message.replace(",", "")
+        again = httpx.post(f"{base}/v1/models/iris/infer",
+                           json={"features": [5.1, 3.5, 1.4, 0.2]}, timeout=30)
+        assert again.status_code == 507  # fails at once again, no retry loop
+        assert httpx.get(f"{base}/livez").status_code == 200
+    finally:
+        proc.stop()

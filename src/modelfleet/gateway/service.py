@@ -23,8 +23,8 @@ import zstandard
 from modelfleet.broker import Broker, Inbox
 from modelfleet.errors import (
     BrokerUnavailable,
-    DeadlineExceeded,
     ClientGone,
+    DeadlineExceeded,
     NoCapacity,
     RequestRejected,
     UnsupportedContentType,
@@ -170,7 +170,8 @@ class GatewayService:
     async def _announce(self, model_id: str) -> None:
         """Tell workers this model has demand (at most once per interval per model)."""
         now = time.monotonic()
-        if now - self._announced.get(model_id, -1e9) < self.settings.gateway.demand_announce_interval_s:
+        interval = self.settings.gateway.demand_announce_interval_s
+        if now - self._announced.get(model_id, -1e9) < interval:
             return
         self._announced[model_id] = now
         with contextlib.suppress(BrokerUnavailable):

@@ -72,6 +72,7 @@ class ModelHost:
                                 policy(), host_policy=policy(), clock=clock)
         self._models: dict[str, LoadedModel] = {}
         self._loading: dict[str, asyncio.Future[LoadedModel]] = {}
+        self._load_tasks: set[asyncio.Task[None]] = set()
         self._load_slots = asyncio.Semaphore(settings.max_concurrent_loads)
         self.events = HostEvents()
 
@@ -91,8 +92,10 @@ class ModelHost:
         if pending is None:
             pending = asyncio.get_running_loop().create_future()
             self._loading[model_id] = pending
-            asyncio.create_task(self._load(model_id, version, pinned, pending),
-                                name=f"load-{model_id}")
+            load = asyncio.create_task(self._load(model_id, version, pinned, pending),
+                                       name=f"load-{model_id}")
+            self._load_tasks.add(load)
+            load.add_done_callback(self._load_tasks.discard)
         return await asyncio.shield(pending), True
 
     async def _load(self, model_id: str, version: str, pinned: bool,

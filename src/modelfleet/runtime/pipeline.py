@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from modelfleet.errors import ModelfleetError, ModelFailed, RequestRejected
+from modelfleet.errors import ModelFailed, ModelfleetError, RequestRejected
 from modelfleet.model import Model, Request
 
 

@@ -21,8 +21,8 @@ import zstandard
 
 from modelfleet.errors import (
     DeadlineExceeded,
-    ModelfleetError,
     ModelFailed,
+    ModelfleetError,
     UnsupportedContentType,
 )
 from modelfleet.messages import Reply, Task, decode_task, encode_reply, now_ms

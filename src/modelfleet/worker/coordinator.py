@@ -72,6 +72,7 @@ class Coordinator:
         self._demand: dict[str, float] = {}
         self._last_served: dict[str, float] = {}
         self._cold_subscribes: deque[float] = deque(maxlen=256)
+        self._load_times: deque[float] = deque()
         self._resident: dict[str, dict[str, list[str]]] = {}  # runtime -> tier -> model ids
         self._loops: list[asyncio.Task[None]] = []
         self._stopping = False
@@ -187,6 +188,7 @@ class Coordinator:
 
     # -- choosing queues -----------------------------------------------------------
     async def _refresh_residency(self) -> None:
+        totals = {"device": 0, "host": 0, "device_bytes": 0, "host_bytes": 0}
         for runtime in self._supervisor.all():
             if not runtime.ready or runtime.client is None:
                 self._resident.pop(runtime.name, None)
@@ -197,7 +199,28 @@ class Coordinator:
                 continue
             self._resident[runtime.name] = {"device": list(stats["device"]),
                                             "host": list(stats["host"])}
-            _mirror_cache_metrics(stats)
+            totals["device"] += len(stats["device"])
+            totals["host"] += len(stats["host"])
+            totals["device_bytes"] += stats["device_used_bytes"]
+            totals["host_bytes"] += stats["host_used_bytes"]
+            self._count_cache_events(stats)
+        metrics.RESIDENT_MODELS.labels("device").set(totals["device"])
+        metrics.RESIDENT_MODELS.labels("host").set(totals["host"])
+        metrics.RESIDENT_BYTES.labels("device").set(totals["device_bytes"])
+        metrics.RESIDENT_BYTES.labels("host").set(totals["host_bytes"])
+        horizon = self._clock() - 60
+        while self._load_times and self._load_times[0] < horizon:
+            self._load_times.popleft()
+        metrics.MODEL_LOAD_RATE.set(len(self._load_times))
+
+    def _count_cache_events(self, stats: dict[str, Any]) -> None:
+        for _model_id, source, seconds, _size in stats["loads"]:
+            metrics.MODEL_LOADS.labels(source).inc()
+            metrics.MODEL_LOAD_SECONDS.labels(source).observe(seconds)
+            self._load_times.append(self._clock())
+        for action, _model_id in stats["evictions"]:
+            metrics.EVICTIONS.labels(action).inc()
+        metrics.MODEL_LOAD_FAILURES.inc(stats["load_failures"])
 
     async def _rescore(self) -> None:
         if self._stopping:
@@ -351,15 +374,3 @@ class Coordinator:
         metrics.REDELIVERED.labels(task.model_id).inc()
         await delivery.reject(requeue=True)
 
-
-def _mirror_cache_metrics(stats: dict[str, Any]) -> None:
-    metrics.RESIDENT_MODELS.labels("device").set(len(stats["device"]))
-    metrics.RESIDENT_MODELS.labels("host").set(len(stats["host"]))
-    metrics.RESIDENT_BYTES.labels("device").set(stats["device_used_bytes"])
-    metrics.RESIDENT_BYTES.labels("host").set(stats["host_used_bytes"])
-    for _model_id, source, seconds, _size in stats["loads"]:
-        metrics.MODEL_LOADS.labels(source).inc()
-        metrics.MODEL_LOAD_SECONDS.labels(source).observe(seconds)
-    for action, _model_id in stats["evictions"]:
-        metrics.EVICTIONS.labels(action).inc()
-    metrics.MODEL_LOAD_FAILURES.inc(stats["load_failures"])

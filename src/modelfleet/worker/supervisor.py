@@ -69,6 +69,10 @@ class RuntimeProcess:
     async def wait_started(self) -> None:
         await self._started.wait()
 
+    @property
+    def stopped(self) -> bool:
+        return self.state == "stopped"
+
     def _set(self, state: State) -> None:
         if self.state != state:
             self.state = state
@@ -87,7 +91,7 @@ class RuntimeProcess:
             except ModelfleetError as exc:
                 log.error("runtime %s failed to start: %s", self.name, exc)
                 self._started.set()
-            if self.state == "stopped":
+            if self.stopped:
                 return
             self._set("down")
             await self._kill()
@@ -128,7 +132,8 @@ class RuntimeProcess:
         exited = asyncio.create_task(self.process.wait())
         try:
             while True:
-                done, _ = await asyncio.wait({exited}, timeout=self._settings.runtime.ping_interval_s)
+                interval = self._settings.runtime.ping_interval_s
+                done, _ = await asyncio.wait({exited}, timeout=interval)
                 if done:
                     return f"exited with code {self.process.returncode}"
                 try:
