@@ -1,0 +1,145 @@
+"""ModelHost: the runtime's loading discipline over the real ModelCache, with real packages."""
+
+from __future__ import annotations
+
+import asyncio
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from modelfleet.errors import ModelLoadFailed, ModelTooLarge
+from modelfleet.model import Request
+from modelfleet.repository import LocalStore
+from modelfleet.runtime.host import ModelHost
+from modelfleet.runtime.pipeline import handle_request
+from modelfleet.settings import MiB, RuntimeSettings
+
+HANDLER = '''
+import threading, time
+import numpy as np
+from modelfleet import Model
+
+LOADS = []
+
+class Weights(Model):
+    """Weights live on the "device" or the "host"; moving copies them, like module.to()."""
+
+    def load(self, ctx):
+        LOADS.append(ctx.model_id)
+        time.sleep({load_s})
+        rng = np.random.default_rng(len(ctx.model_id))
+        # Real bytes, so the load's measured size (resident-memory delta) matches the estimate.
+        self.w = rng.standard_normal(int({size_mb} * 1024 * 1024 / 8))
+        self.where = "device"
+
+    def to_host(self):
+        self.w = self.w.copy(); self.where = "host"
+
+    def to_device(self):
+        self.w = self.w.copy(); self.where = "device"
+
+    async def preprocess(self, request):
+        return np.asarray(request.json()["x"], dtype=float)
+
+    def predict(self, batch):
+        assert self.where == "device", "predict on a demoted model"
+        return [(x @ self.w[:256].reshape(64, 4)).tolist() for x in batch]
+'''
+
+
+def package(root: Path, name: str, estimate_mb: float, load_s: float = 0.0,
+            pinned: bool = False, broken: bool = False) -> None:
+    folder = root / name / "1"
+    folder.mkdir(parents=True)
+    (folder / "model.toml").write_text(textwrap.dedent(f'''
+        name = "{name}"
+        entrypoint = "handler:Weights"
+        memory_estimate_mb = {estimate_mb}
+        [fanout]
+        pinned = {"true" if pinned else "false"}
+    '''))
+    source = HANDLER.replace("{load_s}", str(load_s)).replace("{size_mb}", str(estimate_mb))
+    if broken:
+        source = source.replace("LOADS.append", "raise RuntimeError('weights corrupt'); LOADS.append")
+    (folder / "handler.py").write_text(source)
+
+
+def host_for(root: Path, device_mb: float, host_mb: float) -> ModelHost:
+    settings = RuntimeSettings(device_budget_bytes=int(device_mb * MiB),
+                               host_budget_bytes=int(host_mb * MiB), max_concurrent_loads=2)
+    return ModelHost(settings, LocalStore(root))
+
+
+async def infer(host: ModelHost, model_id: str, x: list[float]) -> list[float]:
+    loaded, _ = await host.ensure(model_id, "1")
+    request = Request(f'{{"x": {x}}}'.encode(), "application/json")
+    result, _ = await handle_request(loaded.handler, loaded.batcher, request)
+    return list(result)
+
+
+async def test_concurrent_requests_for_a_cold_model_cause_one_load(tmp_path: Path) -> None:
+    package(tmp_path, "slow", 1, load_s=0.3)
+    host = host_for(tmp_path, 64, 0)
+    results = await asyncio.gather(*(host.ensure("slow", "1") for _ in range(10)))
+    assert len({id(loaded) for loaded, _ in results}) == 1
+    stats = host.stats()
+    assert [load[0] for load in stats["loads"]] == ["slow"]  # one load, ten waiters
+
+
+async def test_demote_then_promote_keeps_outputs_identical(tmp_path: Path) -> None:
+    for name in ("a", "b"):
+        package(tmp_path, name, 3)
+    # Room on the device for one model at a time, on the host for both.
+    host = host_for(tmp_path, 5, 10)
+    x = [0.5] * 64
+    before = await infer(host, "a", x)
+    await infer(host, "b", x)  # evicts a from the device: demoted, not dropped
+    assert host.cache.tier_of("a") == "host"
+    after = await infer(host, "a", x)  # promoted back: a copy, not a reload
+    assert after == before
+    sources = [load[1] for load in host.stats()["loads"]]
+    assert sources == ["repository", "repository", "host"]
+
+
+async def test_without_host_room_eviction_drops_and_reloads(tmp_path: Path) -> None:
+    for name in ("a", "b"):
+        package(tmp_path, name, 3)
+    host = host_for(tmp_path, 5, 0)
+    await infer(host, "a", [1.0] * 64)
+    await infer(host, "b", [1.0] * 64)
+    assert host.cache.tier_of("a") is None
+    await infer(host, "a", [1.0] * 64)
+    assert [load[1] for load in host.stats()["loads"]] == ["repository"] * 3
+
+
+async def test_pinned_model_survives_pressure(tmp_path: Path) -> None:
+    package(tmp_path, "core", 2, pinned=True)
+    for name in ("x", "y", "z"):
+        package(tmp_path, name, 2)
+    host = host_for(tmp_path, 4.5, 0)
+    await host.ensure("core", "1", pinned=True)
+    for name in ("x", "y", "z", "x"):
+        await infer(host, name, [1.0] * 64)
+    assert host.cache.tier_of("core") == "device"
+
+
+async def test_a_model_larger_than_the_budget_fails_at_once(tmp_path: Path) -> None:
+    package(tmp_path, "huge", 100)
+    host = host_for(tmp_path, 10, 10)
+    with pytest.raises(ModelTooLarge, match="huge"):
+        await host.ensure("huge", "1")
+    with pytest.raises(ModelTooLarge):  # and again, without a load attempt in between
+        await host.ensure("huge", "1")
+    assert host.stats()["loads"] == []
+
+
+async def test_a_failed_load_leaves_nothing_and_is_retried(tmp_path: Path) -> None:
+    package(tmp_path, "bad", 1, broken=True)
+    host = host_for(tmp_path, 10, 0)
+    for _ in range(2):
+        with pytest.raises(ModelLoadFailed, match="weights corrupt"):
+            await host.ensure("bad", "1")
+    stats = host.stats()
+    assert stats["load_failures"] == 2
+    assert stats["device_used_bytes"] == 0 and host.loading == []
