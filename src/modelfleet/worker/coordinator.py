@@ -13,6 +13,17 @@ One asyncio process per worker. Its loops:
   gateways' ``/v1/fleet`` and for the other workers.
 - one *consume* task per subscription: take a delivery, take a permit, run it.
 
+Why queue discovery works this way (demand announcements + exact counts): the
+RabbitMQ management API is off by default on Debian's package, lists 2,000 queues in
+0.2-0.5 s and reports counts several seconds stale; the event-exchange plugin is off
+by default too and says a queue exists, not what is waiting in it. Gateways already
+know exactly which models have requests waiting, so they announce it on a fanout
+event (once per model per second while requests wait, so a worker that starts late
+learns of a backlog within a second), and workers ask for exact counts for just those
+candidates (a passive declare, ~0.6 ms each, on a channel of its own because a
+missing queue closes the channel). It works identically on the embedded broker, and
+its cost grows with the models in demand, not with the catalog.
+
 A task is acked only after its reply is published (at-least-once). Expired tasks are
 acked and dropped unrun. A task whose runtime crashed under it goes back to the
 broker (``reject(requeue=True)``), or to the dead-letter queue once it has used up
