@@ -162,6 +162,71 @@ def test_digits_reads_16_bit_grayscale(digits: LocalModel) -> None:
     assert digits.infer(out.getvalue(), "image/png")["digit"] == 0
 
 
+def _encoded(img: Image.Image, fmt: str) -> bytes:
+    out = io.BytesIO()
+    img.save(out, fmt)
+    return out.getvalue()
+
+
+def _zero() -> Image.Image:
+    return Image.open(FIXTURES / "zero_png_gray_dark_on_light.png").convert("L")
+
+
+def _white_ink_on_transparent() -> Image.Image:
+    img = Image.new("RGBA", (64, 64), (255, 255, 255, 0))
+    img.putalpha(Image.eval(_zero(), lambda v: 255 - v))
+    return img
+
+
+def _small_digit_on_big_page() -> Image.Image:
+    page = Image.new("L", (3000, 2000), 255)
+    page.paste(_zero().resize((120, 120)), (1700, 300))
+    return page
+
+
+@pytest.mark.parametrize(
+    ("make", "fmt"),
+    [
+        (lambda: _zero().convert("CMYK"), "JPEG"),
+        (lambda: _zero().convert("1"), "PNG"),
+        (lambda: _zero().convert("LA"), "PNG"),
+        (_white_ink_on_transparent, "PNG"),
+        (_small_digit_on_big_page, "PNG"),
+        (_small_digit_on_big_page, "JPEG"),
+    ],
+    ids=["cmyk-jpeg", "bilevel-png", "gray-alpha-png", "white-ink-on-transparent",
+         "small-digit-big-png", "small-digit-big-jpeg"],
+)
+def test_digits_reads_other_modes_and_layouts(digits: LocalModel, make: Any, fmt: str) -> None:
+    body = _encoded(make(), fmt)
+    assert digits.infer(body, f"image/{fmt.lower()}")["digit"] == 0
+
+
+def test_digits_answers_or_rejects_every_mangled_image(digits: LocalModel) -> None:
+    """Flipped, cut and inserted bytes: a digit or InvalidInput, never another error."""
+    rng = np.random.default_rng(5)
+    files = sorted(FIXTURES.glob("*.[pj][np]g"))
+    features_of = handler_module(digits).features_of
+    outcomes = {"answer": 0, "invalid": 0}
+    for _ in range(300):
+        data = bytearray(files[rng.integers(len(files))].read_bytes())
+        kind = rng.integers(3)
+        if kind == 0:
+            for at in rng.integers(0, len(data), size=rng.integers(1, 9)):
+                data[at] = rng.integers(256)
+        elif kind == 1:
+            data = data[: rng.integers(len(data))]
+        else:
+            at = int(rng.integers(len(data)))
+            data[at:at] = rng.integers(0, 256, size=rng.integers(1, 50)).astype(np.uint8).tobytes()
+        try:
+            assert features_of(bytes(data)).shape == (64,)
+            outcomes["answer"] += 1
+        except InvalidInput:
+            outcomes["invalid"] += 1
+    assert outcomes["answer"] and outcomes["invalid"]
+
+
 def test_digits_batch_isolates_a_corrupt_image(digits: LocalModel) -> None:
     good = (FIXTURES / "three_jpeg_light_on_dark.jpg").read_bytes()
     requests = [Request(good, "image/jpeg"), Request(b"\x89PNG garbage", "image/png"),
@@ -259,10 +324,8 @@ def test_digits_builds_the_same_artifact_at_first_load(digits: LocalModel, tmp_p
         shutil.copy(MODELS / "digits" / "1" / name, package / name)
     fresh = LocalModel.from_package(package)  # no artifact here: load builds it
     assert [p.name for p in (package / "artifacts").iterdir()] == ["model.joblib"]
-    features = np.stack([
-        handler_module(digits).canonical_digit(handler_module(digits).decode_image(
-            (FIXTURES / name).read_bytes())) for name in sorted(LABELS)
-    ])
+    features_of = handler_module(digits).features_of
+    features = np.stack([features_of((FIXTURES / name).read_bytes()) for name in sorted(LABELS)])
     assert np.array_equal(fresh.handler.clf.predict_proba(features),
                           digits.handler.clf.predict_proba(features))
 

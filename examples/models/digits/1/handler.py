@@ -64,7 +64,7 @@ def split_indices() -> tuple[np.ndarray, np.ndarray]:
 
 
 def decode_image(body: bytes, max_pixels: int = MAX_PIXELS) -> np.ndarray:
-    """Decode a PNG or JPEG into a 2-D float luminance array (any scale).
+    """Decode a PNG or JPEG into a 2-D float luminance array on the 0-255 scale.
 
     Raises ``InvalidInput`` for anything that is not a readable PNG or JPEG, and
     for an image whose header claims more than ``max_pixels`` pixels; that check
@@ -73,8 +73,11 @@ def decode_image(body: bytes, max_pixels: int = MAX_PIXELS) -> np.ndarray:
     if not body:
         raise InvalidInput("empty body; expected a PNG or JPEG image of one digit")
     try:
-        # formats=: only the two decoders we accept ever see the bytes.
-        img = Image.open(io.BytesIO(body), formats=["PNG", "JPEG"])
+        with warnings.catch_warnings():
+            # Pillow warns from 89 MP on; our own, lower limit is enforced just below.
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            # formats=: only the two decoders we accept ever see the bytes.
+            img = Image.open(io.BytesIO(body), formats=["PNG", "JPEG"])
     except Image.DecompressionBombError as exc:
         raise InvalidInput(f"image too large: {exc}") from exc
     except (OSError, SyntaxError, ValueError) as exc:
@@ -96,6 +99,11 @@ def decode_image(body: bytes, max_pixels: int = MAX_PIXELS) -> np.ndarray:
     except (OSError, SyntaxError, ValueError, EOFError) as exc:
         raise InvalidInput(f"image data is corrupt or truncated: {exc}") from exc
     return _luminance(img)
+
+
+def features_of(body: bytes) -> np.ndarray:
+    """The 64 classifier features of an encoded image; ``InvalidInput`` if it has none."""
+    return canonical_digit(decode_image(body))
 
 
 def _luminance(img: Image.Image) -> np.ndarray:
@@ -212,9 +220,7 @@ def load_or_build(path: Path) -> dict[str, Any]:
             and artifact.get("sklearn_version") == sklearn.__version__
         ):
             return artifact
-    except FileNotFoundError:
-        pass
-    except Exception:  # a damaged or foreign file: building costs two seconds
+    except Exception:  # missing, damaged or foreign: building it costs two seconds
         pass
     return build_artifact(path)
 
@@ -227,8 +233,7 @@ class DigitClassifier(Model):
 
     async def preprocess(self, request: Request) -> np.ndarray:
         # Decoding is CPU work; a thread keeps this event loop free for other requests.
-        lum = await asyncio.to_thread(decode_image, request.body)
-        return canonical_digit(lum)
+        return await asyncio.to_thread(features_of, request.body)
 
     def predict(self, batch: list[np.ndarray]) -> list[np.ndarray]:
         return list(self.clf.predict_proba(np.stack(batch)))
