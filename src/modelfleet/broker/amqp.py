@@ -1,0 +1,412 @@
+"""``AmqpBroker``: the Broker protocol on RabbitMQ (3.10+), through aio-pika.
+
+Topology (see ``amqp_topology`` for why each queue has the type it has):
+
+- one durable quorum queue per model, ``queue_prefix + model_id``, declared on first
+  publish or subscribe, expiring after ``queue_idle_expiry_s`` unused, with an
+  explicit delivery limit and the dead-letter queue as its dead-letter target;
+- the dead-letter queue (durable quorum, no expiry);
+- one classic exclusive inbox per gateway, and one classic exclusive queue per
+  ``events()`` iterator bound to the fanout exchange ``modelfleet.events``.
+
+Connections: one robust connection per broker. The *first* connect fails loudly
+(``BrokerUnavailable``, one line: URL without password, cause); later drops are
+repaired in the background by aio-pika, which reopens every channel, re-declares
+what was declared robustly and re-consumes, so subscriptions, inboxes and event
+iterators resume by themselves. While disconnected, every call raises
+``BrokerUnavailable`` at once instead of waiting; every RPC has a deadline
+(``declare_timeout_s``, also used for publish confirms).
+
+Channels: one for publishing (confirms, mandatory, returns raise), one for model
+queue declares and one for passive declares (``queue_stats``), because RabbitMQ
+answers some of those by closing the channel; one per subscription, inbox and event
+iterator, because prefetch and consumer recovery are per channel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Protocol
+
+import aio_pika
+from aio_pika import DeliveryMode, ExchangeType, RobustConnection
+from aio_pika.abc import (
+    AbstractExchange,
+    AbstractRobustChannel,
+    AbstractRobustConnection,
+)
+from aiormq.exceptions import (
+    ChannelClosed,
+    ChannelNotFoundEntity,
+    ChannelPreconditionFailed,
+    PublishError,
+)
+from yarl import URL
+
+from modelfleet.broker.amqp_consumers import AmqpInbox, AmqpSubscription, EventListener
+from modelfleet.broker.amqp_errors import rpc
+from modelfleet.broker.amqp_topology import (
+    DEATH_COUNT_HEADER,
+    DEATH_REASON_HEADER,
+    ChannelSlot,
+    QueueLeases,
+    dead_letter_queue_arguments,
+    model_queue_arguments,
+)
+from modelfleet.broker.base import DEAD_LETTER_QUEUE, QueueStats
+from modelfleet.errors import BrokerError, BrokerUnavailable, ConfigError
+from modelfleet.messages import Reply, Task, encode_event, encode_reply, encode_task, now_ms
+from modelfleet.settings import BrokerSettings
+
+log = logging.getLogger(__name__)
+
+EVENTS_EXCHANGE = "modelfleet.events"
+MSGPACK = "application/msgpack"
+
+
+class _Returned(Exception):  # an internal signal: never leaves this module
+    """RabbitMQ returned a mandatory message: no queue by that name."""
+
+
+class _Stoppable(Protocol):
+    def stop(self) -> None: ...
+
+
+def redacted(url: str) -> str:
+    """The URL without its password, fit for logs and error messages."""
+    parsed = URL(url)
+    return str(parsed.with_password(None)) if parsed.password else url
+
+
+class AmqpBroker:
+    """The Broker protocol on RabbitMQ. Connect once, share it across the process.
+
+    ``dead_letter_queue``, ``events_exchange`` and ``connection_name`` exist so that
+    several deployments (or test runs) can share one vhost without seeing each
+    other's dead letters and events; production leaves the defaults.
+    """
+
+    def __init__(self, settings: BrokerSettings, *, dead_letter_queue: str = DEAD_LETTER_QUEUE,
+                 events_exchange: str = EVENTS_EXCHANGE, connection_name: str = "",
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if URL(settings.url).scheme not in ("amqp", "amqps"):
+            raise ConfigError(f"broker url {redacted(settings.url)!r} is not amqp:// or amqps://")
+        self._settings = settings
+        self._url = redacted(settings.url)
+        self._dead_letter_queue = dead_letter_queue
+        self._events_exchange_name = events_exchange
+        self._connection_name = (
+            connection_name or f"modelfleet {socket.gethostname()} pid {os.getpid()}")
+        self._timeout_s = settings.declare_timeout_s
+        self._leases = QueueLeases(settings.queue_idle_expiry_s, clock)
+        self._declaring: dict[str, asyncio.Future[None]] = {}
+        self._warned_short_expiry = False
+        self._connection: AbstractRobustConnection | None = None
+        self._publisher: AbstractRobustChannel | None = None
+        self._events_exchange: AbstractExchange | None = None
+        self._declares: ChannelSlot | None = None
+        self._stats: ChannelSlot | None = None
+        self._stats_lock = asyncio.Lock()
+        self._consumers: set[_Stoppable] = set()
+        self._connected = False
+        self._closed = False
+
+    @property
+    def connected(self) -> bool:
+        return self._connected
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    async def connect(self) -> None:
+        """Connect and declare the shared topology; BrokerUnavailable if that fails."""
+        if self._connection is not None:
+            return
+        settings = self._settings
+        connection = RobustConnection(
+            URL(settings.url),
+            client_properties={"connection_name": self._connection_name},
+            # aio-pika retries at a fixed interval (first retry at once): the max backoff.
+            reconnect_interval=settings.reconnect_max_backoff_s,
+        )
+        try:
+            async with asyncio.timeout(settings.connect_timeout_s):
+                await connection.connect(timeout=settings.connect_timeout_s)
+        except Exception as exc:
+            # Also stops aio-pika's reconnect loop, which would otherwise keep trying.
+            with contextlib.suppress(Exception):
+                await connection.close()
+            cause = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            password = URL(settings.url).password
+            if password:
+                cause = cause.replace(password, "***")
+            raise BrokerUnavailable(f"cannot connect to RabbitMQ at {self._url}: {cause}") from exc
+        try:
+            async with rpc(f"declare topology on {self._url}", self._timeout_s):
+                self._publisher = connection.channel(publisher_confirms=True,
+                                                     on_return_raises=True)
+                await self._publisher.initialize()
+                # Declared robustly on the publishing channel: re-declared on every reconnect,
+                # before any consumer channel could need them.
+                await self._publisher.declare_queue(self._dead_letter_queue, durable=True,
+                                                    arguments=dead_letter_queue_arguments())
+                self._events_exchange = await self._publisher.declare_exchange(
+                    self._events_exchange_name, ExchangeType.FANOUT, durable=True)
+        except BaseException:
+            await connection.close()
+            raise
+        self._declares = ChannelSlot(connection, publisher_confirms=False)
+        self._stats = ChannelSlot(connection, publisher_confirms=False)
+        connection.close_callbacks.add(self._on_connection_lost)
+        connection.reconnect_callbacks.add(self._on_reconnected)
+        self._connection = connection
+        self._connected = True
+
+    def _on_connection_lost(self, _sender: object, exc: BaseException | None = None) -> None:
+        if self._closed:
+            return
+        self._connected = False
+        # A queue may expire or vanish while we cannot see it: re-declare before trusting it.
+        self._leases.clear()
+        log.warning("lost the connection to RabbitMQ at %s (%r); reconnecting", self._url, exc)
+
+    def _on_reconnected(self, _sender: object) -> None:
+        # aio-pika calls this after every channel, queue and consumer was restored.
+        self._connected = True
+        log.info("reconnected to RabbitMQ at %s", self._url)
+
+    async def close(self) -> None:
+        """Stop every iterator, then close the connection.
+
+        Settle or finish deliveries first: closing returns unacked ones to their queues
+        (RabbitMQ counts that as a delivery).
+        """
+        if self._closed:
+            return
+        # 1. From now on every call raises BrokerUnavailable and drops are not repaired.
+        self._closed = True
+        self._connected = False
+        # 2. End subscription, inbox and event iterators so consumer loops return.
+        for consumer in list(self._consumers):
+            consumer.stop()
+        # 3. Close the connection with all its channels.
+        if self._connection is not None:
+            with contextlib.suppress(Exception):
+                await self._connection.close()
+
+    def _require(self, what: str) -> AbstractRobustConnection:
+        """The connection, or BrokerUnavailable at once (never wait on an outage)."""
+        if self._closed:
+            raise BrokerUnavailable(f"{what}: the broker is closed")
+        if self._connection is None:
+            raise BrokerUnavailable(f"{what}: not connected yet (call connect() first)")
+        if not self._connected:
+            raise BrokerUnavailable(f"{what}: RabbitMQ at {self._url} is unreachable; "
+                                    "reconnecting in the background")
+        return self._connection
+
+    def _track(self, consumer: _Stoppable) -> None:
+        self._consumers.add(consumer)
+
+    def _untrack(self, consumer: _Stoppable) -> None:
+        self._consumers.discard(consumer)
+
+    # -- publishing --------------------------------------------------------------------
+
+    def _queue_name(self, model_id: str) -> str:
+        return self._settings.queue_prefix + model_id
+
+    async def _publish(self, body: bytes, routing_key: str, what: str, *, persistent: bool,
+                       headers: dict[str, Any] | None = None) -> None:
+        """Publish through the default exchange, mandatory, and wait for the confirm.
+
+        Raises ``_Returned`` when no queue has that name.
+        """
+        self._require(what)
+        assert self._publisher is not None
+        message = aio_pika.Message(
+            body, headers=headers, content_type=MSGPACK,
+            delivery_mode=DeliveryMode.PERSISTENT if persistent else DeliveryMode.NOT_PERSISTENT)
+        async with rpc(what, self._timeout_s):
+            try:
+                await self._publisher.default_exchange.publish(message, routing_key,
+                                                               mandatory=True)
+            except PublishError as exc:
+                raise _Returned(routing_key) from exc
+
+    async def publish_task(self, task: Task) -> None:
+        """Durably enqueue ``task``: persistent, confirmed, onto a queue whose lease
+        outlasts the task's deadline."""
+        name = self._queue_name(task.model_id)
+        what = f"publish task {task.request_id} to {name}"
+        self._require(what)
+        remaining_s = (task.deadline_ms - now_ms()) / 1000
+        if not self._leases.covers(remaining_s) and not self._warned_short_expiry:
+            self._warned_short_expiry = True
+            log.warning("queue_idle_expiry_s=%s is shorter than a task deadline (%.0f s): an "
+                        "idle queue may expire with that task in it; raise the expiry",
+                        self._settings.queue_idle_expiry_s, remaining_s)
+        if self._leases.needs_declare(name, remaining_s):
+            await self._declare_model_queue(name)
+        body = encode_task(task)
+        try:
+            await self._publish(body, name, what, persistent=True)
+        except _Returned:
+            # The queue vanished although our lease said otherwise (deleted by hand,
+            # expired while we were away): declare it again and publish once more.
+            self._leases.forget(name)
+            await self._declare_model_queue(name)
+            try:
+                await self._publish(body, name, what, persistent=True)
+            except _Returned as exc:
+                raise BrokerError(f"{what}: RabbitMQ returned it twice (queue deleted "
+                                  "as soon as declared?)") from exc
+
+    async def _declare_model_queue(self, name: str) -> None:
+        """Declare (or renew the lease of) one model queue; concurrent callers share one RPC."""
+        pending = self._declaring.get(name)
+        if pending is None:
+            pending = asyncio.ensure_future(self._declare_now(name))
+            self._declaring[name] = pending
+            pending.add_done_callback(lambda _: self._declaring.pop(name, None))
+            # Retrieved here too, so an exception nobody awaited is not reported as lost.
+            pending.add_done_callback(lambda f: f.cancelled() or f.exception())
+        # Shielded: one cancelled publisher must not cancel the declare others wait for.
+        await asyncio.shield(pending)
+
+    async def _declare_now(self, name: str) -> None:
+        assert self._declares is not None
+        started = self._leases.now()
+        arguments = model_queue_arguments(self._settings, self._dead_letter_queue)
+        async with rpc(f"declare queue {name}", self._timeout_s):
+            channel = await self._declares.get()
+            try:
+                await channel.declare_queue(name, durable=True, arguments=arguments,
+                                            robust=False)
+            except ChannelPreconditionFailed as exc:
+                await self._declares.discard()
+                raise BrokerError(
+                    f"declare queue {name}: it exists with other arguments ({exc}); keep "
+                    "delivery_limit/queue_idle_expiry_s as they were or delete the queue"
+                ) from exc
+            except ChannelClosed:
+                await self._declares.discard()
+                raise
+        self._leases.declared(name, started)
+
+    async def republish(self, task: Task) -> None:
+        """A new message: RabbitMQ's delivery count starts again from zero."""
+        await self.publish_task(task.with_delivery_count(0))
+
+    async def publish_reply(self, address: str, reply: Reply) -> bool:
+        """True once RabbitMQ confirmed it; False when no inbox has that address.
+
+        Transient: the inbox is not durable either, and dies with its gateway.
+        """
+        try:
+            await self._publish(encode_reply(reply), address,
+                                f"publish reply {reply.request_id} to {address}",
+                                persistent=False)
+        except _Returned:
+            return False
+        return True
+
+    async def _publish_dead_letter(self, body: bytes, reason: str, delivery_count: int,
+                                   source: str) -> None:
+        headers = {DEATH_REASON_HEADER: reason, DEATH_COUNT_HEADER: delivery_count,
+                   "x-modelfleet-source-queue": source}
+        try:
+            await self._publish(body, self._dead_letter_queue,
+                                f"dead-letter a task from {source}", persistent=True,
+                                headers=headers)
+        except _Returned as exc:
+            raise BrokerError(f"the dead-letter queue {self._dead_letter_queue} is missing"
+                              ) from exc
+
+    async def publish_event(self, event: dict[str, Any]) -> None:
+        """Broadcast, transient, confirmed; nobody listening is not an error."""
+        what = f"publish event {event.get('kind', '?')}"
+        self._require(what)
+        assert self._events_exchange is not None
+        message = aio_pika.Message(encode_event(event), content_type=MSGPACK,
+                                   delivery_mode=DeliveryMode.NOT_PERSISTENT)
+        async with rpc(what, self._timeout_s):
+            await self._events_exchange.publish(message, routing_key="", mandatory=False)
+
+    # -- consuming ---------------------------------------------------------------------
+
+    async def subscribe(self, model_id: str, prefetch: int) -> AmqpSubscription:
+        name = self._queue_name(model_id)
+        connection = self._require(f"subscribe to {name}")
+        started = self._leases.now()
+        sub = await AmqpSubscription.open(
+            connection, arguments=model_queue_arguments(self._settings, self._dead_letter_queue),
+            model_id=model_id, queue_name=name, prefetch=max(1, prefetch),
+            timeout_s=self._timeout_s, publish_dead_letter=self._publish_dead_letter,
+            on_closed=self._untrack)
+        self._leases.declared(name, started)  # subscribing declared it: a fresh lease
+        self._track(sub)
+        return sub
+
+    async def subscribe_dead_letters(self, prefetch: int) -> AmqpSubscription:
+        connection = self._require("subscribe to the dead-letter queue")
+        sub = await AmqpSubscription.open(
+            connection, arguments=dead_letter_queue_arguments(), model_id="",
+            queue_name=self._dead_letter_queue, prefetch=max(1, prefetch),
+            timeout_s=self._timeout_s, publish_dead_letter=self._publish_dead_letter,
+            dead_letters=True, delivery_limit=self._settings.delivery_limit,
+            on_closed=self._untrack)
+        self._track(sub)
+        return sub
+
+    async def open_inbox(self) -> AmqpInbox:
+        connection = self._require("open a reply inbox")
+        inbox = await AmqpInbox.open(connection, self._timeout_s, self._untrack)
+        self._track(inbox)
+        return inbox
+
+    async def events(self) -> AsyncIterator[dict[str, Any]]:
+        """Events published after the first ``__anext__`` (that is when the queue gets
+        bound; earlier ones are missed, as with the embedded broker) until close."""
+        connection = self._require("listen to events")
+        listener = await EventListener.open(connection, self._events_exchange_name,
+                                            self._timeout_s, self._untrack)
+        self._track(listener)
+        try:
+            async for event in listener:
+                yield event
+        finally:
+            await listener.close()
+
+    # -- inspection --------------------------------------------------------------------
+
+    async def queue_stats(self, model_ids: list[str]) -> dict[str, QueueStats]:
+        """Exact ready-message and consumer counts by passive declare (which, unlike a
+        real declare, does not renew a queue's expiry); missing queues are left out."""
+        self._require("queue_stats")
+        assert self._stats is not None
+        stats: dict[str, QueueStats] = {}
+        # One at a time: a 404 closes the shared channel under any concurrent caller.
+        async with self._stats_lock:
+            for model_id in model_ids:
+                name = self._queue_name(model_id)
+                self._require(f"queue_stats({name})")
+                async with rpc(f"queue_stats({name})", self._timeout_s):
+                    channel = await self._stats.get()
+                    try:
+                        queue = await channel.declare_queue(name, passive=True, robust=False)
+                    except ChannelNotFoundEntity:
+                        await self._stats.discard()
+                        continue
+                    except ChannelClosed:
+                        await self._stats.discard()
+                        raise
+                result = queue.declaration_result
+                stats[model_id] = QueueStats(model_id, result.message_count or 0,
+                                             result.consumer_count or 0)
+        return stats

@@ -1,0 +1,119 @@
+"""RabbitMQ topology for modelfleet: queue arguments, declare leases, replaceable channels.
+
+Model queues and the dead-letter queue are durable *quorum* queues: replicated,
+with a broker-side delivery count and delivery limit, which is what the Task
+contract needs. Reply inboxes and event queues are *classic* by necessity: they
+are exclusive to one connection (a gateway's inbox dies with its gateway), and
+quorum queues cannot be exclusive or auto-delete.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from aio_pika.abc import AbstractRobustChannel, AbstractRobustConnection
+
+from modelfleet.settings import BrokerSettings
+
+# Headers we write on dead letters we route ourselves (``Delivery.dead_letter``).
+DEATH_REASON_HEADER = "x-modelfleet-death-reason"
+DEATH_COUNT_HEADER = "x-modelfleet-delivery-count"
+# RabbitMQ's own headers.
+DELIVERY_COUNT_HEADER = "x-delivery-count"  # quorum queues; absent or 0 on first delivery
+FIRST_DEATH_REASON_HEADER = "x-first-death-reason"  # set when RabbitMQ dead-letters
+
+# A lease must outlive the task it protects by this much: publish-to-broker latency,
+# clock granularity, and the gap between our monotonic clock and RabbitMQ's timer.
+LEASE_MARGIN_S = 5.0
+
+
+def model_queue_arguments(settings: BrokerSettings, dead_letter_queue: str) -> dict[str, Any]:
+    """Arguments of every model queue. Changing any of them for an existing queue makes
+    RabbitMQ refuse the declare (PRECONDITION_FAILED), hence one function for all."""
+    return {
+        "x-queue-type": "quorum",
+        # Explicit: RabbitMQ 4.x defaults to 20, 3.x to unlimited; the contract says ours.
+        "x-delivery-limit": settings.delivery_limit,
+        "x-expires": int(settings.queue_idle_expiry_s * 1000),
+        # The default exchange routes by queue name straight to the dead-letter queue.
+        "x-dead-letter-exchange": "",
+        "x-dead-letter-routing-key": dead_letter_queue,
+    }
+
+
+def dead_letter_queue_arguments() -> dict[str, Any]:
+    """The dead-letter queue: durable quorum, no expiry (it is an archive), no delivery
+    limit (a DLQ consumer that keeps failing must not lose the evidence)."""
+    return {"x-queue-type": "quorum"}
+
+
+class QueueLeases:
+    """When each model queue we declared may expire, as far as this process knows.
+
+    RabbitMQ's ``x-expires`` counts from the last declare (or the last consumer or
+    ``basic.get``); publishing does NOT renew it, and a quorum queue that expires
+    takes its messages with it, silently. So before publishing a task we make sure
+    the queue's lease outlasts the task's deadline, re-declaring (idempotent, well
+    under a millisecond) when it might not. A queue that expired anyway (e.g. another
+    process's view of time, a broker restart) is caught by the mandatory publish.
+    """
+
+    def __init__(self, expiry_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self._expiry_s = expiry_s
+        self._clock = clock
+        self._lease_end: dict[str, float] = {}
+
+    def needs_declare(self, queue: str, task_remaining_s: float) -> bool:
+        """True unless a declare we made still covers ``task_remaining_s`` from now."""
+        end = self._lease_end.get(queue)
+        needed_until = self._clock() + max(task_remaining_s, 0.0) + LEASE_MARGIN_S
+        return end is None or end < needed_until
+
+    def declared(self, queue: str, at: float) -> None:
+        """Record a declare that *started* at ``at`` (the server saw it after that)."""
+        self._lease_end[queue] = at + self._expiry_s
+
+    def now(self) -> float:
+        return self._clock()
+
+    def forget(self, queue: str) -> None:
+        self._lease_end.pop(queue, None)
+
+    def clear(self) -> None:
+        self._lease_end.clear()
+
+    def covers(self, task_remaining_s: float) -> bool:
+        """Whether any lease can cover a task that lives this long (expiry long enough)."""
+        return self._expiry_s >= task_remaining_s + LEASE_MARGIN_S
+
+
+class ChannelSlot:
+    """One channel for RPCs that RabbitMQ answers by closing the channel.
+
+    A passive declare of a missing queue (404) or a declare with other arguments
+    (406) kills the channel it was sent on. Such RPCs go through a slot of their
+    own, so the error cannot break publishes or consumers elsewhere; after one,
+    ``discard`` drops the dead channel and the next ``get`` opens a fresh one.
+    (A robust channel would also reopen itself, but in the background and only after
+    the caller already saw the error, so the next RPC could still meet the dead one.)
+    """
+
+    def __init__(self, connection: AbstractRobustConnection, publisher_confirms: bool) -> None:
+        self._connection = connection
+        self._confirms = publisher_confirms
+        self._channel: AbstractRobustChannel | None = None
+
+    async def get(self) -> AbstractRobustChannel:
+        if self._channel is None or self._channel.is_closed:
+            channel = self._connection.channel(publisher_confirms=self._confirms)
+            await channel.initialize()
+            self._channel = channel
+        return self._channel
+
+    async def discard(self) -> None:
+        channel, self._channel = self._channel, None
+        if channel is not None:
+            # close() marks it closed-on-purpose, so aio-pika does not restore it.
+            await channel.close()

@@ -1,0 +1,87 @@
+"""What the broker contract tests share: a task with every field set, a background
+collector for async iterators, a poll for server-side timers, RabbitMQ cleanup."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any, Generic, TypeVar
+
+import aio_pika
+
+from modelfleet.messages import PayloadRef, Task, now_ms
+from tests.conftest import rabbitmq_url
+
+MODEL_IDS = ("m1", "m2", "m3")  # the only model ids tests use; teardown deletes their queues
+T = TypeVar("T")
+
+
+async def delete_amqp_names(prefix: str) -> None:
+    """Best effort: what a test declared under ``prefix`` (expiry would get it later)."""
+    with contextlib.suppress(Exception):
+        connection = await aio_pika.connect(rabbitmq_url(), timeout=5)
+        async with connection:
+            channel = await connection.channel()
+            for name in [prefix + m for m in MODEL_IDS] + [prefix + "dead-letters"]:
+                await channel.queue_delete(name)
+            await channel.exchange_delete(prefix + "events")
+
+
+def make_task(model_id: str = "m1", *, request_id: str = "", deadline_s: float = 60,
+              **overrides: Any) -> Task:
+    """A task with every field set to something other than its default."""
+    fields: dict[str, Any] = {
+        "request_id": request_id or uuid.uuid4().hex,
+        "model_id": model_id,
+        "version": "3",
+        "deadline_ms": now_ms() + int(deadline_s * 1000),
+        "reply_to": "inbox.somewhere",
+        "payload": PayloadRef("inline", data=b"\x00\xffpayload", url="", size_bytes=9),
+        "content_type": "image/png",
+        "enqueued_ms": now_ms(),
+        "tenant": "acme",
+        "plan": "pro",
+        "params": {"top_k": "5", "lang": "fr"},
+    }
+    fields.update(overrides)
+    return Task(**fields)
+
+
+class Collector(Generic[T]):
+    """Drains an async iterator in the background so tests can await items one by one."""
+
+    def __init__(self, iterable: Any) -> None:
+        self.items: asyncio.Queue[T] = asyncio.Queue()
+        self.ended = asyncio.Event()
+        self._task = asyncio.create_task(self._drain(iterable))
+
+    async def _drain(self, iterable: Any) -> None:
+        try:
+            async for item in iterable:
+                self.items.put_nowait(item)
+        finally:
+            self.ended.set()
+
+    async def next(self, timeout_s: float = 10) -> T:
+        async with asyncio.timeout(timeout_s):
+            return await self.items.get()
+
+    async def take(self, n: int, timeout_s: float = 10) -> list[T]:
+        return [await self.next(timeout_s) for _ in range(n)]
+
+    async def stop(self) -> None:
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await self._task
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], timeout_s: float = 10,
+                     every_s: float = 0.1) -> None:
+    """Await until ``check`` holds; for states a broker reaches without telling anyone
+    (a queue expiring on the server's own timer)."""
+    async with asyncio.timeout(timeout_s):
+        # Polling on purpose: nothing tells us when RabbitMQ's own timers fire.
+        while not await check():  # noqa: ASYNC110
+            await asyncio.sleep(every_s)
