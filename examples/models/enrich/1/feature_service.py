@@ -85,11 +85,12 @@ class FeatureService:
         if not self._thread.is_alive():
             self._loop.close()
 
-    def reset_stats(self) -> None:
-        """Zero the counters (between test cases that share one service)."""
-        self._loop.call_soon_threadsafe(self._reset_stats)
+    def reset_stats(self, timeout_s: float = 5.0) -> None:
+        """Zero the counters (between test cases that share one service); returns once done."""
+        asyncio.run_coroutine_threadsafe(self._reset_stats(), self._loop).result(timeout_s)
 
-    def _reset_stats(self) -> None:
+    async def _reset_stats(self) -> None:
+        # On the service's loop, like every other change to the counters.
         self.max_in_flight = self.in_flight
         self.served = 0
 
