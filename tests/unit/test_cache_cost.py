@@ -60,3 +60,14 @@ def test_ignores_nonsense_durations() -> None:
     assert model.observations("disk") == 0.0
     with pytest.raises(ValueError):
         LoadCostModel(half_life_loads=0)
+
+
+def test_reload_cost_uses_the_models_own_loads_smoothed() -> None:
+    model = LoadCostModel()
+    assert model.reload_cost("never-loaded", 100 * MB) == model.estimate("repository", 100 * MB)
+    model.observe("disk", 100 * MB, 8.0, model_id="heavy-pickle")
+    assert model.reload_cost("heavy-pickle", 100 * MB) == 8.0
+    model.observe("disk", 100 * MB, 4.0, model_id="heavy-pickle")
+    assert model.reload_cost("heavy-pickle", 100 * MB) == 6.0  # halfway, not jumping
+    model.observe("host", 100 * MB, 0.01, model_id="heavy-pickle")  # a promotion
+    assert model.reload_cost("heavy-pickle", 100 * MB) == 6.0

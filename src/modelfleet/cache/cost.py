@@ -74,13 +74,33 @@ class LoadCostModel:
         if defaults:
             self._defaults.update(defaults)
         self._fits: dict[LoadSource, _Fit] = {}
+        self._model_s: dict[str, float] = {}  # smoothed full loads, by model id
+        self._model_source: dict[str, LoadSource] = {}
 
-    def observe(self, source: LoadSource, size_bytes: int, seconds: float) -> None:
-        """Record one measured load. Negative or non-finite durations are ignored."""
+    def observe(
+        self, source: LoadSource, size_bytes: int, seconds: float, model_id: str | None = None
+    ) -> None:
+        """Record one measured load (of ``model_id`` if given). Negative or
+        non-finite durations are ignored."""
         if not (seconds >= 0.0 and seconds != float("inf")) or size_bytes < 0:
             return
         fit = self._fits.setdefault(source, _Fit())
         fit.add(size_bytes / _MB, seconds, self._decay)
+        if model_id is not None and source != "host":  # a promotion is no reload
+            # Halfway to the new value: one load that waited on a busy disk
+            # should not make a model look precious for the rest of its life.
+            previous = self._model_s.get(model_id, seconds)
+            self._model_s[model_id] = 0.5 * previous + 0.5 * seconds
+            self._model_source[model_id] = source
+
+    def reload_cost(self, model_id: str, size_bytes: int) -> float:
+        """Seconds to load ``model_id`` again from where it came from: its own
+        measured full loads if any (models differ beyond their size: formats,
+        layer counts), else ``estimate`` for a repository fetch."""
+        measured = self._model_s.get(model_id)
+        if measured is not None:
+            return max(_MIN_COST_S, measured)
+        return self.estimate(self._model_source.get(model_id, "repository"), size_bytes)
 
     def line(self, source: LoadSource) -> tuple[float, float]:
         """The current ``(fixed_s, seconds_per_byte)`` for ``source``."""

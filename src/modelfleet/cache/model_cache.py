@@ -67,8 +67,6 @@ class ModelCache:
         self._reserved_bytes = 0
         self._pinned: set[str] = set()
         self._measured: dict[str, int] = {}
-        self._full_load_s: dict[str, float] = {}  # last full reload, not promotions
-        self._full_source: dict[str, LoadSource] = {}
         self._loads: Counter[str] = Counter()
         self._drops = 0
 
@@ -97,12 +95,8 @@ class ModelCache:
         return model_id in self._pinned
 
     def reload_cost_s(self, model_id: str, size_bytes: int) -> float:
-        """What getting ``model_id`` back would cost if it were dropped: its last
-        measured full load if any, else the cost model's estimate."""
-        measured = self._full_load_s.get(model_id)
-        if measured is not None:
-            return measured
-        return self.cost_model.estimate(self._full_source.get(model_id, "repository"), size_bytes)
+        """Seconds to get ``model_id`` back if it were dropped (see ``LoadCostModel``)."""
+        return self.cost_model.reload_cost(model_id, size_bytes)
 
     def snapshot(self) -> CacheSnapshot:
         """An immutable view of every tier, budget and counter."""
@@ -185,15 +179,12 @@ class ModelCache:
         ``NoCapacity`` (pinned and no room): the model is then not resident and
         the caller must unload it. ``ValueError`` if nothing was reserved.
         """
-        reservation = self._pop_reservation(model_id)
         if measured_bytes < 0:
             raise ValueError(f"measured_bytes must be >= 0, got {measured_bytes} for {model_id!r}")
+        reservation = self._pop_reservation(model_id)
         self._measured[model_id] = measured_bytes
-        self.cost_model.observe(source, measured_bytes, load_seconds)
+        self.cost_model.observe(source, measured_bytes, load_seconds, model_id)
         self._loads[source] += 1
-        if source != "host":
-            self._full_load_s[model_id] = load_seconds
-            self._full_source[model_id] = source
         if reservation.promotion:
             self.host.forget(model_id)
         if measured_bytes > self.device_budget_bytes:
