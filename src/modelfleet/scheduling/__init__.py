@@ -8,7 +8,7 @@ same code; time and randomness come in as arguments (``now``, ``rng_seed``).
 """
 
 from modelfleet.scheduling.scoring import (
-    backlog_per_consumer,
+    QueueScorer,
     choose_queues,
     cold_budget,
     is_starving,
@@ -20,11 +20,11 @@ from modelfleet.scheduling.views import Decision, QueueView, Reason, WorkerView
 
 __all__ = [
     "Decision",
+    "QueueScorer",
     "QueueView",
     "Reason",
     "ScoringSettings",
     "WorkerView",
-    "backlog_per_consumer",
     "choose_queues",
     "cold_budget",
     "is_starving",

@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Sequence
+from typing import Any
 
 from modelfleet.scheduling.settings import ScoringSettings
 from modelfleet.scheduling.views import Decision, QueueView, Reason, WorkerView
@@ -35,55 +36,109 @@ _Scored = tuple[float, str]
 
 def held_uniform(rng_seed: int, worker_id: str, model_id: str, bucket: int, salt: str) -> float:
     """A uniform number in [0, 1) fixed by its arguments (no hidden state, no salted hash)."""
-    key = f"{rng_seed}\x1f{worker_id}\x1f{model_id}\x1f{bucket}\x1f{salt}".encode()
-    digest = hashlib.blake2b(key, digest_size=8).digest()
-    return int.from_bytes(digest, "big") / 2.0**64
+    digest = _prefix(rng_seed, worker_id, bucket, salt)
+    digest.update(model_id.encode())
+    return int.from_bytes(digest.digest(), "big") / 2.0**64
+
+
+def _prefix(rng_seed: int, worker_id: str, bucket: int, salt: str) -> Any:
+    return hashlib.blake2b(f"{rng_seed}\x1f{worker_id}\x1f{bucket}\x1f{salt}\x1f".encode(),
+                           digest_size=8)
+
+
+class QueueScorer:
+    """Scores queues for one worker at one instant. Built once per decision: the
+    settings are read and the noise hash is keyed once, not once per queue."""
+
+    __slots__ = (
+        "_device",
+        "_device_w",
+        "_host",
+        "_host_w",
+        "_loading",
+        "_noise_amplitude",
+        "_noise_key",
+        "_now",
+        "_pinned_w",
+        "_pressure_scale",
+        "_pressure_w",
+        "_served",
+        "_starvation",
+        "_sticky_w",
+        "_sticky_window",
+        "_subscriptions",
+    )
+
+    def __init__(self, worker: WorkerView, settings: ScoringSettings, now: float,
+                 rng_seed: int) -> None:
+        self._now = now
+        self._device = worker.resident_device
+        self._host = worker.resident_host
+        self._loading = worker.loading
+        self._subscriptions = worker.subscriptions
+        self._served = worker.last_served
+        self._device_w = settings.device_warmth_weight
+        self._host_w = settings.host_warmth_weight
+        self._pinned_w = settings.pinned_warmth_weight
+        self._pressure_w = settings.pressure_weight
+        self._pressure_scale = settings.pressure_scale
+        self._sticky_w = settings.stickiness_weight
+        self._sticky_window = settings.stickiness_window_s
+        self._starvation = settings.starvation_score
+        self._noise_amplitude = settings.noise_amplitude
+        bucket = math.floor(now / settings.noise_hold_s)
+        self._noise_key = _prefix(rng_seed, worker.worker_id, bucket, "noise")
+
+    def warmth(self, queue: QueueView) -> float:
+        """Device tier over host tier; pinned or loading here count as device-warm; else 0."""
+        model_id = queue.model_id
+        if model_id in self._device or model_id in self._loading:
+            tier = self._device_w
+        elif model_id in self._host:
+            tier = self._host_w
+        else:
+            tier = 0.0
+        return max(tier, self._pinned_w) if queue.pinned else tier
+
+    def backlog_per_consumer(self, queue: QueueView) -> float:
+        """Backlog divided among the consumers, counting this worker as one of them."""
+        held = queue.model_id in self._subscriptions
+        others = queue.consumers - 1 if held else queue.consumers
+        return queue.backlog / (max(others, 0) + 1)
+
+    def pressure(self, queue: QueueView) -> float:
+        if queue.backlog <= 0:
+            return 0.0
+        return self._pressure_w * math.log1p(self.backlog_per_consumer(queue)
+                                             / self._pressure_scale)
+
+    def stickiness(self, queue: QueueView) -> float:
+        served = self._served.get(queue.model_id)
+        if served is None:
+            return 0.0
+        age = max(self._now - served, 0.0)
+        return self._sticky_w * max(0.0, 1.0 - age / self._sticky_window)
+
+    def noise(self, model_id: str) -> float:
+        if self._noise_amplitude == 0:
+            return 0.0
+        digest = self._noise_key.copy()
+        digest.update(model_id.encode())
+        u = int.from_bytes(digest.digest(), "big") / 2.0**64
+        return self._noise_amplitude * (2.0 * u - 1.0)
+
+    def score(self, queue: QueueView, warmth: float) -> float:
+        """The score of ``queue`` given its ``warmth`` (the starvation override included)."""
+        base = self.pressure(queue) + self.noise(queue.model_id)
+        if queue.backlog > 0 and queue.consumers == 0:
+            return self._starvation + base
+        return warmth + self.stickiness(queue) + base
 
 
 def noise(settings: ScoringSettings, rng_seed: int, worker_id: str, model_id: str,
           now: float) -> float:
     """The noise term of (worker, queue): in [-amplitude, amplitude), fixed per hold window."""
-    if settings.noise_amplitude == 0:
-        return 0.0
-    bucket = math.floor(now / settings.noise_hold_s)
-    u = held_uniform(rng_seed, worker_id, model_id, bucket, "noise")
-    return settings.noise_amplitude * (2.0 * u - 1.0)
-
-
-def warmth(queue: QueueView, worker: WorkerView, settings: ScoringSettings) -> float:
-    """Device tier over host tier; pinned or loading here count as device-warm; else cold."""
-    if queue.pinned:
-        return max(settings.pinned_warmth_weight, _tier_warmth(queue, worker, settings))
-    return _tier_warmth(queue, worker, settings)
-
-
-def _tier_warmth(queue: QueueView, worker: WorkerView, settings: ScoringSettings) -> float:
-    if queue.model_id in worker.resident_device or queue.model_id in worker.loading:
-        return settings.device_warmth_weight
-    if queue.model_id in worker.resident_host:
-        return settings.host_warmth_weight
-    return 0.0
-
-
-def backlog_per_consumer(queue: QueueView, worker: WorkerView) -> float:
-    """Backlog divided among the consumers, counting this worker as one of them."""
-    held = queue.model_id in worker.subscriptions
-    others = max(queue.consumers - (1 if held else 0), 0)
-    return queue.backlog / (others + 1)
-
-
-def pressure(queue: QueueView, worker: WorkerView, settings: ScoringSettings) -> float:
-    per_consumer = backlog_per_consumer(queue, worker)
-    return settings.pressure_weight * math.log1p(per_consumer / settings.pressure_scale)
-
-
-def stickiness(queue: QueueView, worker: WorkerView, settings: ScoringSettings,
-               now: float) -> float:
-    served = worker.last_served.get(queue.model_id)
-    if served is None:
-        return 0.0
-    age = max(now - served, 0.0)
-    return settings.stickiness_weight * max(0.0, 1.0 - age / settings.stickiness_window_s)
+    return QueueScorer(WorkerView(worker_id), settings, now, rng_seed).noise(model_id)
 
 
 def is_starving(queue: QueueView) -> bool:
@@ -94,11 +149,8 @@ def is_starving(queue: QueueView) -> bool:
 def score_queue(queue: QueueView, worker: WorkerView, settings: ScoringSettings, now: float,
                 rng_seed: int) -> float:
     """The score of one queue for one worker (the starvation override included)."""
-    base = (pressure(queue, worker, settings)
-            + noise(settings, rng_seed, worker.worker_id, queue.model_id, now))
-    if is_starving(queue):
-        return settings.starvation_score + base
-    return warmth(queue, worker, settings) + stickiness(queue, worker, settings, now) + base
+    scorer = QueueScorer(worker, settings, now, rng_seed)
+    return scorer.score(queue, scorer.warmth(queue))
 
 
 def cold_budget(worker: WorkerView, settings: ScoringSettings, now: float) -> int:
@@ -143,13 +195,15 @@ def choose_queues(queues: Sequence[QueueView], worker: WorkerView, settings: Sco
     take_starving: list[_Scored] = []
     unsubscribe: set[str] = set()
     bucket = math.floor(now / settings.noise_hold_s)
+    scorer = QueueScorer(worker, settings, now, rng_seed)
 
     for queue in queues:
         model_id = queue.model_id
         held = model_id in worker.subscriptions
-        score = score_queue(queue, worker, settings, now, rng_seed)
+        heat = scorer.warmth(queue)
+        score = scorer.score(queue, heat)
         scores[model_id] = score
-        warm = warmth(queue, worker, settings) > 0
+        warm = heat > 0
         cap = None if queue.pinned else settings.fanout_cap(queue.fanout_max_workers, queue.plan)
 
         if held:

@@ -1,0 +1,137 @@
+"""``modelfleet sim``: compare routers on one simulated fleet and trace.
+
+    python -m modelfleet.sim --models 2000 --workers 40 --zipf 1.0 --seed 1
+    python -m modelfleet.sim --json --no-plot
+    python -m modelfleet.sim --scoring noise_amplitude=0 --routers pull-affinity,round-robin
+
+Every field of ``ScenarioConfig`` is an option (``--duration-s`` has the
+shorter alias ``--duration``). The table goes to stdout (or the JSON form with
+``--json``), the progress bar to stderr, the plot to ``--plot``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from collections.abc import Callable
+
+from pydantic import ValidationError
+
+from modelfleet.scheduling import ScoringSettings
+from modelfleet.sim.compare import ABLATIONS, ROUTER_NAMES, compare
+from modelfleet.sim.report import format_table, plot, summarise, to_json
+from modelfleet.sim.scenario import ScenarioConfig
+
+HELP = {
+    "models": "catalog size",
+    "zipf": "Zipf exponent of model popularity",
+    "workers": "fleet size",
+    "duration_s": "simulated seconds of arrivals",
+    "warmup_s": "seconds at the start not counted (caches start empty)",
+    "seed": "one seed for catalog, trace and scoring noise",
+    "rate": "requests per second (default: rate-per-worker x workers)",
+    "shift": "permute popularity ranks at the middle of the run",
+    "device_gib": "device memory budget per worker",
+    "host_gib": "host memory budget per worker (pull-affinity only; push runs device-only LRU)",
+    "permits": "concurrent tasks per worker",
+    "loaders": "concurrent model loads per worker",
+    "pinned": "most popular models preloaded and pinned on every worker",
+    "rescore_s": "pull-affinity re-scoring period per worker",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="modelfleet sim", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    for field in dataclasses.fields(ScenarioConfig):
+        flag = "--" + field.name.replace("_", "-")
+        flags = [flag, "--duration"] if field.name == "duration_s" else [flag]
+        default = field.default
+        if isinstance(default, bool):
+            parser.add_argument(*flags, action=argparse.BooleanOptionalAction, default=default,
+                                help=HELP.get(field.name))
+            continue
+        kind: Callable[[str], object] = float if default is None else type(default)
+        parser.add_argument(*flags, dest=field.name, type=kind, default=default,
+                            help=f"{HELP.get(field.name, '')} (default: {default})".strip())
+    parser.add_argument("--routers", default=",".join(ROUTER_NAMES),
+                        help=f"comma-separated, from: {', '.join(ROUTER_NAMES + ABLATIONS)}")
+    parser.add_argument("--scoring", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a ScoringSettings field (JSON value), repeatable")
+    parser.add_argument("--json", action="store_true", help="print the table as JSON")
+    parser.add_argument("--plot", default=None, metavar="PATH",
+                        help="PNG path (default: sim-<seed>.png in the current directory)")
+    parser.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    return parser
+
+
+def scoring_settings(pairs: list[str]) -> ScoringSettings:
+    values: dict[str, object] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep:
+            raise ValueError(f"--scoring wants KEY=VALUE, got {pair!r}")
+        try:
+            values[key.strip()] = json.loads(raw)
+        except json.JSONDecodeError:
+            values[key.strip()] = raw
+    return ScoringSettings.model_validate(values)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    config = ScenarioConfig(**{f.name: getattr(args, f.name)
+                               for f in dataclasses.fields(ScenarioConfig)})
+    routers = [r.strip() for r in args.routers.split(",") if r.strip()]
+    unknown = [r for r in routers if r not in ROUTER_NAMES + ABLATIONS]
+    if unknown:
+        parser.error(f"unknown router(s) {', '.join(unknown)}; "
+                     f"choose from {', '.join(ROUTER_NAMES + ABLATIONS)}")
+    try:
+        scoring = scoring_settings(args.scoring)
+    except (ValueError, ValidationError) as exc:
+        parser.error(f"--scoring: {exc}")
+
+    bars = [] if args.no_progress else _progress_bars()
+    started = time.perf_counter()
+    results = compare(config, routers, scoring, bars[0] if bars else None)
+    elapsed = time.perf_counter() - started
+    summaries = [summarise(r) for r in results]
+
+    if args.json:
+        print(to_json(summaries))
+    else:
+        print(f"# {config.models} models, {config.workers} workers, zipf {config.zipf}, "
+              f"{config.total_rate:g} req/s, {config.duration_s:g} s, seed {config.seed} "
+              f"({len(results[0].latency_s) if results else 0} requests; "
+              f"{elapsed:.1f} s wall)")
+        print(format_table(summaries))
+    if not args.no_plot and results:
+        path = args.plot or f"sim-{config.seed}.png"
+        title = (f"{config.models} models, {config.workers} workers, zipf {config.zipf}, "
+                 f"seed {config.seed}")
+        plot(results, path, title, config.duration_s / 2 if config.shift else None)
+        print(f"plot: {path}", file=sys.stderr)
+    return 0
+
+
+def _progress_bars() -> list[Callable[[str, int], Callable[[int], None]]]:
+    from tqdm import tqdm
+
+    def start(router: str, total: int) -> Callable[[int], None]:
+        bar = tqdm(total=total, desc=f"{router:>17}", unit="req", file=sys.stderr,
+                   leave=True, mininterval=0.5)
+
+        def advance(n: int) -> None:
+            bar.update(n)
+            if bar.n >= total:
+                bar.close()
+        return advance
+
+    return [start]
