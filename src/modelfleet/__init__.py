@@ -5,9 +5,9 @@ The model author's API lives here::
     from modelfleet import Model, Request
 """
 
-from modelfleet.errors import InvalidInput, ModelfleetError
+from modelfleet.errors import InvalidInput, ModelfleetError, ModelFailed
 from modelfleet.model import Context, LocalModel, Model, Output, Request
 
-__all__ = ["Context", "InvalidInput", "LocalModel", "Model", "ModelfleetError", "Output",
-           "Request"]
+__all__ = ["Context", "InvalidInput", "LocalModel", "Model", "ModelFailed", "ModelfleetError",
+           "Output", "Request"]
 __version__ = "0.1.0"

@@ -44,7 +44,8 @@ Plan = Literal["free", "pro", "enterprise"]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: `pinned = "yes"` or `timeout_s = true` is an error, not silently coerced.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class Batching(_Strict):
@@ -53,7 +54,7 @@ class Batching(_Strict):
 
 
 class Isolation(_Strict):
-    requirements: tuple[str, ...] = ()
+    requirements: tuple[str, ...] = Field(default=(), strict=False)  # TOML arrays are lists
     memory_limit_mb: int | None = Field(default=None, ge=16)
 
 
@@ -66,7 +67,7 @@ class Manifest(_Strict):
     name: str
     version: str = "1"
     entrypoint: str
-    accepts: tuple[str, ...] = ("application/json",)
+    accepts: tuple[str, ...] = Field(default=("application/json",), strict=False)
     device: Literal["cpu", "cuda"] = "cpu"
     memory_estimate_mb: float = Field(default=64, gt=0)
     timeout_s: float = Field(default=30, gt=0)
@@ -135,7 +136,9 @@ def parse_manifest(text: str, path: str) -> Manifest:
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "(root)"
-        problem = first["msg"]
+        problem = first["msg"].removeprefix("Value error, ")
+        if where == "version" and first["type"] == "string_type":
+            problem += ' (quote it: version = "1")'
         if first["type"] == "extra_forbidden":
             problem = "unknown field (check the spelling against the manifest reference)"
         raise ManifestError(path, where, problem) from exc

@@ -6,6 +6,7 @@ import asyncio
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from modelfleet.errors import ModelLoadFailed, ModelTooLarge
@@ -28,9 +29,7 @@ class Weights(Model):
     def load(self, ctx):
         LOADS.append(ctx.model_id)
         time.sleep({load_s})
-        rng = np.random.default_rng(len(ctx.model_id))
-        # Real bytes, so the load's measured size (resident-memory delta) matches the estimate.
-        self.w = rng.standard_normal(int({size_mb} * 1024 * 1024 / 8))
+        self.w = np.fromfile(ctx.artifact("weights.bin"), dtype=np.float64)
         self.where = "device"
 
     def to_host(self):
@@ -59,7 +58,10 @@ def package(root: Path, name: str, estimate_mb: float, load_s: float = 0.0,
         [fanout]
         pinned = {"true" if pinned else "false"}
     '''))
-    source = HANDLER.replace("{load_s}", str(load_s)).replace("{size_mb}", str(estimate_mb))
+    source = HANDLER.replace("{load_s}", str(load_s))
+    if estimate_mb <= 16:  # real artifact bytes, so the measured size matches the estimate
+        rng = np.random.default_rng(len(name))
+        rng.standard_normal(int(estimate_mb * MiB / 8)).tofile(folder / "weights.bin")
     if broken:
         source = source.replace("LOADS.append", "raise RuntimeError('weights corrupt'); LOADS.append")
     (folder / "handler.py").write_text(source)

@@ -83,3 +83,8 @@ class Enrich(Model):
     def predict(self, batch: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
         return [{"entity": entity, "features": features, "score": score(features)}
                 for entity, features in batch]
+
+    async def postprocess(self, output: dict[str, Any], request: Request) -> dict[str, Any]:
+        # The most lookups this runtime has had waiting at once: above 1 shows that a
+        # request awaiting its features does not hold the process for the others.
+        return {**output, "lookups_in_flight_max": self.service.max_in_flight}
