@@ -183,3 +183,17 @@ def test_commit_or_release_without_reserve_is_a_caller_bug() -> None:
         cache.commit("a", MB, 1.0, "disk")
     with pytest.raises(ValueError, match="call reserve first"):
         cache.release("a")
+
+
+def test_commit_refuses_what_cannot_stay_and_leaves_it_unaccounted() -> None:
+    cache = make_cache(device=100 * MB)
+    cache.reserve("liar", 10 * MB)  # the manifest said 10 MB
+    with pytest.raises(ModelTooLarge, match=r"'liar' needs 150000000 bytes"):
+        cache.commit("liar", 150 * MB, 1.0, "disk")
+    assert cache.tier_of("liar") is None and cache.snapshot().device_reserved_bytes == 0
+    load(cache, "pinned", 60 * MB, pinned=True)
+    cache.reserve("pinned-too", 30 * MB, pinned=True)
+    with pytest.raises(NoCapacity, match="'pinned-too'"):
+        cache.commit("pinned-too", 50 * MB, 1.0, "disk")
+    snap = cache.snapshot()
+    assert snap.device == {"pinned": 60 * MB} and snap.pinned == {"pinned"}

@@ -117,7 +117,8 @@ class ModelCache:
         )
 
     def hit(self, model_id: str) -> Tier | None:
-        """Record one use of ``model_id`` and say where it is (None: not resident)."""
+        """Record one use of ``model_id`` and say where it is. None: not resident
+        (it may be loading: see ``reservation``; a load's commit counts as one use)."""
         if model_id in self._device:
             self.policy.touch(model_id)
             return "device"
@@ -153,7 +154,8 @@ class ModelCache:
         size = (
             self.host.size_of(model_id) if promotion else self._measured.get(model_id, size_bytes)
         )
-        self._check_fits_budget(model_id, size)
+        if size > self.device_budget_bytes:
+            raise self._too_large(model_id, size)
         victims = self._plan_device_room(model_id, size)
         if promotion:
             # Before evicting: demotions must not push out the copy we promote.
@@ -189,7 +191,7 @@ class ModelCache:
             self.host.forget(model_id)
         if measured_bytes > self.device_budget_bytes:
             self._pinned.discard(model_id)
-            self._check_fits_budget(model_id, measured_bytes)
+            raise self._too_large(model_id, measured_bytes)
         try:
             victims = self._plan_device_room(model_id, measured_bytes)
         except NoCapacity:
@@ -242,13 +244,12 @@ class ModelCache:
         self._reserved_bytes -= reservation.size_bytes
         return reservation
 
-    def _check_fits_budget(self, model_id: str, size: int) -> None:
-        if size > self.device_budget_bytes:
-            raise ModelTooLarge(
-                f"model {model_id!r} needs {size} bytes but the whole device budget is "
-                f"{self.device_budget_bytes} bytes; serve it on a larger worker or raise "
-                "the device memory budget"
-            )
+    def _too_large(self, model_id: str, size: int) -> ModelTooLarge:
+        return ModelTooLarge(
+            f"model {model_id!r} needs {size} bytes but the whole device budget is "
+            f"{self.device_budget_bytes} bytes; serve it on a larger worker or raise "
+            "the device memory budget"
+        )
 
     def _plan_device_room(self, model_id: str, size: int) -> list[str]:
         """Device residents to evict, lowest priority first, so ``size`` fits. Changes nothing."""
