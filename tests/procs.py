@@ -110,3 +110,35 @@ def serve(tmp_path: Path, env: dict[str, str] | None = None, name: str = "serve"
         proc.kill()
         raise
     return proc, base
+
+
+def gateway(tmp_path: Path, broker: str, env: dict[str, str], name: str,
+            repo: Path = EXAMPLES) -> tuple[Proc, str]:
+    """Start ``modelfleet gateway``; returns (process, base URL). Caller stops it."""
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    proc = Proc(["gateway", "--repo", str(repo), "--port", str(port), "--broker", broker],
+                env, tmp_path / f"{name}.log", f"{base}/readyz")
+    try:
+        proc.wait_ready()
+    except BaseException:
+        proc.kill()
+        raise
+    return proc, base
+
+
+def worker(tmp_path: Path, broker: str, env: dict[str, str], name: str,
+           repo: Path = EXAMPLES, extra: list[str] | None = None) -> tuple[Proc, str]:
+    """Start ``modelfleet worker --worker-id NAME``; returns (process, probe URL)."""
+    port = free_port()
+    probes = f"http://127.0.0.1:{port}"
+    proc = Proc(["worker", "--repo", str(repo), "--broker", broker, "--worker-id", name,
+                 "--probe-port", str(port), *(extra or [])],
+                {"MODELFLEET_EXAMPLE_SLOWLOAD_S": "3", **env}, tmp_path / f"{name}.log",
+                f"{probes}/readyz")
+    try:
+        proc.wait_ready()
+    except BaseException:
+        proc.kill()
+        raise
+    return proc, probes

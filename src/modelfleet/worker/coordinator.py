@@ -39,7 +39,7 @@ import os
 import socket
 import time
 import zlib
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -84,6 +84,7 @@ class Coordinator:
         self._last_served: dict[str, float] = {}
         self._cold_subscribes: deque[float] = deque(maxlen=256)
         self._load_times: deque[float] = deque()
+        self._running: Counter[str] = Counter()  # model id -> tasks in flight here
         self._resident: dict[str, dict[str, list[str]]] = {}  # runtime -> tier -> model ids
         self._loops: list[asyncio.Task[None]] = []
         self._stopping = False
@@ -261,9 +262,11 @@ class Coordinator:
                                     manifest.fanout.max_workers, manifest.plan,
                                     manifest.fanout.pinned))
         free = self._cap - len(self._in_flight)
+        # A model with a task running here but not resident yet is being loaded for it.
+        loading = frozenset(self.loading) | (frozenset(self._running) - device)
         view = WorkerView(self.worker_id, frozenset(self._consumers), device, host,
                           dict(self._last_served), tuple(self._cold_subscribes),
-                          free, self._cap, frozenset(self.loading))
+                          free, self._cap, loading)
         decision = choose_queues(queues, view, self._settings.scheduling, now, self._seed)
         for model_id in decision.unsubscribe:
             metrics.SUBSCRIBE_EVENTS.labels("unsubscribe", "warm" if model_id in device
@@ -332,6 +335,7 @@ class Coordinator:
     async def _run(self, delivery: Delivery) -> None:
         task = delivery.task
         received_ms = now_ms()
+        self._running[task.model_id] += 1
         try:
             if task.expired(received_ms):
                 metrics.EXPIRED_TASKS.labels(task.model_id).inc()
@@ -356,6 +360,10 @@ class Coordinator:
             with contextlib.suppress(BrokerUnavailable, RuntimeError):
                 await delivery.reject(requeue=True)  # drained past the timeout: hand it back
             raise
+        finally:
+            self._running[task.model_id] -= 1
+            if not self._running[task.model_id]:
+                del self._running[task.model_id]
 
     async def _infer(self, runtime: RuntimeProcess, model_id: str, delivery: Delivery) -> Reply:
         task = delivery.task

@@ -1,0 +1,148 @@
+"""Gateways and workers as separate processes, joined only by a real RabbitMQ."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import rabbitmq_url, require_rabbitmq
+from tests.procs import ROOT, Proc, gateway, worker
+
+pytestmark = pytest.mark.rabbitmq
+SEVEN = (ROOT / "examples" / "seven.png").read_bytes()
+
+
+@pytest.fixture
+def env() -> dict[str, str]:
+    require_rabbitmq()
+    # A queue prefix of our own: nothing from another test or deployment interferes.
+    return {"MODELFLEET_BROKER__QUEUE_PREFIX": f"e2e{uuid.uuid4().hex[:8]}.",
+            "MODELFLEET_WORKER__RESCORE_INTERVAL_S": "0.5"}
+
+
+@pytest.fixture
+def procs() -> Iterator[list[Proc]]:
+    started: list[Proc] = []
+    yield started
+    for proc in started:
+        proc.stop()
+
+
+def start_gateway(tmp_path: Path, env: dict[str, str], procs: list[Proc], name: str) -> str:
+    proc, base = gateway(tmp_path, rabbitmq_url(), env, name)
+    procs.append(proc)
+    return base
+
+
+def start_worker(tmp_path: Path, env: dict[str, str], procs: list[Proc], name: str) -> Proc:
+    proc, _ = worker(tmp_path, rabbitmq_url(), env, name)
+    procs.append(proc)
+    return proc
+
+
+def late_replies(base: str) -> float:
+    for line in httpx.get(f"{base}/metrics").text.splitlines():
+        if line.startswith("modelfleet_gateway_late_replies_total "):
+            return float(line.split()[1])
+    return 0.0
+
+
+def test_two_gateways_two_workers(tmp_path: Path, env: dict[str, str],
+                                  procs: list[Proc]) -> None:
+    gateways = [start_gateway(tmp_path, env, procs, f"gw{i}") for i in range(2)]
+    for i in range(2):
+        start_worker(tmp_path, env, procs, f"w{i}")
+
+    async def burst() -> list[tuple[int, httpx.Response]]:
+        async with httpx.AsyncClient(timeout=60) as client:
+            calls = []
+            for i in range(60):
+                base = gateways[i % 2]
+                if i % 2:
+                    calls.append(client.post(f"{base}/v1/models/digits/infer", content=SEVEN,
+                                             headers={"content-type": "image/png"}))
+                else:
+                    calls.append(client.post(f"{base}/v1/models/iris/infer",
+                                             json={"features": [5.1, 3.5, 1.4, 0.2]}))
+            return list(enumerate(await asyncio.gather(*calls)))
+
+    for i, response in asyncio.run(burst()):
+        assert response.status_code == 200, response.text
+        assert (response.json()["digit"] == 7) if i % 2 else \
+            (response.json()["class"] == "setosa")
+    # Every reply reached the gateway holding its request: none arrived anywhere else.
+    assert [late_replies(base) for base in gateways] == [0.0, 0.0]
+    workers = {w["worker_id"] for w in httpx.get(f"{gateways[0]}/v1/fleet").json()["workers"]}
+    assert workers == {"w0", "w1"}
+
+
+def test_killed_worker_mid_request_is_redelivered(tmp_path: Path, env: dict[str, str],
+                                                  procs: list[Proc]) -> None:
+    base = start_gateway(tmp_path, env, procs, "gw")
+    doomed = start_worker(tmp_path, env, procs, "doomed")
+
+    async def scenario() -> httpx.Response:
+        async with httpx.AsyncClient(timeout=60) as client:
+            # slowload takes 3 s to load: the request is in flight on "doomed" meanwhile.
+            pending = asyncio.ensure_future(client.post(
+                f"{base}/v1/models/slowload/infer", json={"n": 1},
+                headers={"x-request-timeout": "40"}))
+            for _ in range(100):
+                fleet = (await client.get(f"{base}/v1/fleet")).json()["workers"]
+                if any(w["permits_in_use"] for w in fleet):
+                    break
+                await asyncio.sleep(0.1)
+            else:
+                raise AssertionError("the request never reached the worker")
+            await asyncio.to_thread(start_worker, tmp_path, env, procs, "survivor")
+            doomed.kill()  # kill -9, mid-load, unacked
+            return await pending
+
+    response = asyncio.run(scenario())
+    assert response.status_code == 200, response.text
+    assert response.json() == {"echo": {"n": 1}}
+    assert response.headers["x-worker-id"] == "survivor"
+
+
+def rabbitmqctl(*args: str) -> None:
+    subprocess.run(["rabbitmqctl", "-q", *args], check=True, timeout=120,
+                   capture_output=True)
+
+
+def test_rabbitmq_restart_is_survived(tmp_path: Path, env: dict[str, str],
+                                      procs: list[Proc]) -> None:
+    base = start_gateway(tmp_path, env, procs, "gw")
+    start_worker(tmp_path, env, procs, "w")
+    ok = httpx.post(f"{base}/v1/models/iris/infer", json={"features": [5.1, 3.5, 1.4, 0.2]},
+                    timeout=30)
+    assert ok.status_code == 200
+    rabbitmqctl("stop_app")
+    try:
+        # At once, not a hang: a gateway that waited for the broker would time out here.
+        during = httpx.post(f"{base}/v1/models/iris/infer",
+                            json={"features": [5.1, 3.5, 1.4, 0.2]}, timeout=5)
+        assert during.status_code == 503, during.text
+        assert during.headers["retry-after"]
+        assert httpx.get(f"{base}/readyz").status_code == 503
+    finally:
+        rabbitmqctl("start_app")
+        rabbitmqctl("await_startup")
+    # No modelfleet process was restarted: they reconnect and serve again.
+    deadline = time.monotonic() + 60
+    status = 0
+    while time.monotonic() < deadline:
+        response = httpx.post(f"{base}/v1/models/iris/infer",
+                              json={"features": [5.1, 3.5, 1.4, 0.2]}, timeout=30)
+        status = response.status_code
+        if status == 200:
+            break
+        time.sleep(0.5)
+    assert status == 200
+    assert all(p.popen.poll() is None for p in procs)
