@@ -1,0 +1,119 @@
+"""The dead-letter archive in PostgreSQL (``psycopg`` 3), for archivers on several machines.
+
+``psycopg`` is optional: importing this module without it is fine, opening an
+archive raises ConfigError saying what to install. One connection per archive,
+in autocommit mode (every statement is its own transaction), used under a lock.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+from modelfleet.dlq import sql
+from modelfleet.dlq.archive import (
+    DEFAULT_TABLE,
+    ArchiveError,
+    ArchiveUnavailable,
+    check_table_name,
+)
+from modelfleet.dlq.records import DeadLetterRecord, Selection, SignatureCount
+from modelfleet.errors import ConfigError
+
+_T = TypeVar("_T")
+CONNECT_TIMEOUT_S = 10
+
+
+def _psycopg() -> Any:
+    try:
+        import psycopg
+    except ImportError as exc:
+        raise ConfigError("a postgresql:// dead-letter archive needs psycopg 3: "
+                          "pip install 'psycopg[binary]>=3.1'") from exc
+    return psycopg
+
+
+def redacted(url: str) -> str:
+    """The URL without its password, fit for messages."""
+    scheme, sep, rest = url.partition("://")
+    userinfo, at, host = rest.rpartition("@")
+    if not at or ":" not in userinfo:
+        return url
+    return f"{scheme}{sep}{userinfo.split(':', 1)[0]}:***@{host}"
+
+
+class PostgresArchive:
+    def __init__(self, url: str, table: str = DEFAULT_TABLE) -> None:
+        self._psycopg = _psycopg()
+        self._where = redacted(url)
+        self._table = check_table_name(table)
+        self._lock = threading.Lock()
+        try:
+            self._db: Any = self._psycopg.connect(url, autocommit=True,
+                                                  connect_timeout=CONNECT_TIMEOUT_S)
+        except self._psycopg.Error as exc:
+            raise ArchiveUnavailable(f"cannot connect to the dead-letter archive {self._where}: "
+                                     f"{exc}".strip()) from exc
+        try:
+            with self._guard("create the archive table"):
+                for statement in sql.create_table(self._table, "postgres"):
+                    self._db.execute(statement)
+        except ArchiveError:
+            self._db.close()
+            raise
+
+    @property
+    def location(self) -> str:
+        return f"{self._where} (table {self._table})"
+
+    @contextmanager
+    def _guard(self, what: str) -> Iterator[None]:
+        """Serialise access, and turn psycopg's errors into ours (the boundary)."""
+        with self._lock:
+            try:
+                yield
+            except self._psycopg.OperationalError as exc:
+                # Server gone, connection lost, out of resources: retrying later may work.
+                raise ArchiveUnavailable(f"{what} in {self._where}: {exc}".strip()) from exc
+            except self._psycopg.Error as exc:
+                raise ArchiveError(f"{what} in {self._where}: {exc}".strip()) from exc
+
+    def _run(self, what: str, body: Callable[[Any], _T]) -> _T:
+        with self._guard(what):
+            return body(self._db)
+
+    def get(self, request_id: str) -> DeadLetterRecord | None:
+        row = self._run(f"read {request_id}", lambda db: db.execute(
+            sql.get(self._table, "postgres"), (request_id,)).fetchone())
+        return None if row is None else sql.from_row(row)
+
+    def put(self, record: DeadLetterRecord) -> None:
+        self._run(f"store {record.request_id}", lambda db: db.execute(
+            sql.upsert(self._table, "postgres"), sql.to_row(record)))
+
+    def select(self, selection: Selection) -> list[DeadLetterRecord]:
+        query, params = sql.select(self._table, selection, "postgres")
+        rows: list[Any] = self._run("list dead letters",
+                                    lambda db: db.execute(query, params).fetchall())
+        return [sql.from_row(row) for row in rows]
+
+    def signature_counts(self, selection: Selection) -> list[SignatureCount]:
+        query, params = sql.signature_counts(self._table, selection, "postgres")
+        rows: list[Any] = self._run("count signatures",
+                                    lambda db: db.execute(query, params).fetchall())
+        return [sql.count_from_row(row) for row in rows]
+
+    def mark_replayed(self, request_id: str, at_ms: int) -> None:
+        self._run(f"mark {request_id} replayed", lambda db: db.execute(
+            sql.mark_replayed(self._table, "postgres"), (at_ms, request_id)))
+
+    def drop(self) -> None:
+        """Drop the table (tests, and tearing a deployment down)."""
+        self._run(f"drop {self._table}", lambda db: db.execute(
+            f"DROP TABLE IF EXISTS {self._table}"))
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
