@@ -119,7 +119,7 @@ def replay_task(record: DeadLetterRecord, at_ms: int, reply_to: str,
 
 async def replay(broker: Broker, archive: Archive, plan: ReplayPlan, *,
                  timeout_ms: int | None = None, wait: bool = True,
-                 clock_ms: Callable[[], int] = now_ms,
+                 clock_ms: Callable[[], int] = now_ms, grace_ms: int = REPLY_GRACE_MS,
                  on_outcome: Callable[[ReplayOutcome], None] = lambda outcome: None,
                  ) -> list[ReplayOutcome]:
     """Republish the plan's tasks; with ``wait``, collect each reply until the deadlines.
@@ -143,7 +143,7 @@ async def replay(broker: Broker, archive: Archive, plan: ReplayPlan, *,
                 on_outcome(ReplayOutcome(record.request_id, record.model_id, "sent"))
         if inbox is None:
             return [ReplayOutcome(r.request_id, r.model_id, "sent") for r, _ in sent.values()]
-        return await _collect(inbox, sent, last_deadline_ms + REPLY_GRACE_MS, clock_ms,
+        return await _collect(inbox, sent, last_deadline_ms + grace_ms, clock_ms,
                               on_outcome)
     finally:
         if inbox is not None:
