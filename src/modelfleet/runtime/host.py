@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from modelfleet.cache import POLICIES, Eviction, ModelCache
-from modelfleet.errors import ModelfleetError, ModelLoadFailed
+from modelfleet.errors import ModelfleetError, ModelLoadFailed, NoCapacity
 from modelfleet.manifest import Manifest, load_manifest
 from modelfleet.model import Context, Model, import_handler
 from modelfleet.repository import ModelStore
@@ -89,6 +89,10 @@ class ModelHost:
                 self.cache.hit(model_id)
                 return loaded, False
         pending = self._loading.get(model_id)
+        if pending is not None:  # single flight: wait on the load already under way
+            loaded = await asyncio.shield(pending)
+            self.cache.hit(model_id)  # a use, for the eviction policy's frequency count
+            return loaded, True
         if pending is None:
             pending = asyncio.get_running_loop().create_future()
             self._loading[model_id] = pending
@@ -151,10 +155,18 @@ class ModelHost:
             raise
         loaded = LoadedModel(manifest, handler, self._batcher(manifest, handler), device)
         self._models[model_id] = loaded
-        more = self.cache.commit(model_id, measured.size_bytes, measured.seconds, source)
+        try:
+            more = self.cache.commit(model_id, measured.size_bytes, measured.seconds, source)
+        except ModelfleetError:  # measured bigger than the budget, or than what can be freed
+            await self._unload(model_id)
+            raise
         self.events.loads.append(LoadEvent(model_id, source, measured.seconds,
                                            measured.size_bytes))
         await self._carry_out(more)
+        if self.cache.tier_of(model_id) != "device":
+            raise NoCapacity(f"model '{model_id}' measured {measured.size_bytes} bytes at load, "
+                             "more than this runtime can hold next to its pinned models and "
+                             "loads in flight; it was unloaded again")
         log.info("loaded %s v%s from %s in %.2fs (%d bytes)", model_id, version, source,
                  measured.seconds, measured.size_bytes)
         return loaded

@@ -36,6 +36,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import random
 import socket
 import time
 import zlib
@@ -89,6 +90,7 @@ class Coordinator:
         self._loops: list[asyncio.Task[None]] = []
         self._stopping = False
         self._seed = zlib.crc32(self.worker_id.encode())
+        self._jitter = random.Random(self._seed)
         self._pinned = [e.model_id for e in catalog if e.manifest.fanout.pinned]
 
     # -- lifecycle -----------------------------------------------------------------
@@ -188,9 +190,13 @@ class Coordinator:
             except Exception:
                 log.exception("rescore failed")
             self._supervisor.changed.clear()
+            interval = self._settings.worker.rescore_interval_s
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._supervisor.changed.wait(),
-                                       self._settings.worker.rescore_interval_s)
+                await asyncio.wait_for(self._supervisor.changed.wait(), interval)
+                # Woken by an event that every worker saw at once (a model's first demand):
+                # a random pause keeps the fleet from re-scoring in lockstep, so the first
+                # worker to take a starving queue is seen by the others before they decide.
+                await asyncio.sleep(self._jitter.uniform(0, interval / 2))
 
     async def _state_loop(self) -> None:
         while True:
@@ -274,12 +280,34 @@ class Coordinator:
             await self._unsubscribe(model_id)
         for model_id in decision.subscribe:
             cold = model_id in decision.cold
+            if cold and model_id not in await self._still_open(frozenset({model_id}), queues):
+                continue
             if cold:
                 self._cold_subscribes.append(now)
             metrics.SUBSCRIBE_EVENTS.labels("subscribe", "cold" if cold else "warm").inc()
             await self._subscribe(model_id)
         await self._resize_prefetch(free)
         metrics.SUBSCRIPTIONS.set(len(self._consumers))
+
+    async def _still_open(self, cold: frozenset[str], queues: list[QueueView]) -> set[str]:
+        """Cold queues that still have room under their fan-out cap, by a fresh count.
+
+        Another worker may have taken the queue since the snapshot; a cold load is
+        expensive enough to be worth one more exact count (~1 ms) first.
+        """
+        if not cold:
+            return set()
+        fresh = await self._broker.queue_stats(sorted(cold))
+        views = {q.model_id: q for q in queues}
+        open_ = set()
+        for model_id in cold:
+            view, stats = views.get(model_id), fresh.get(model_id)
+            if view is None or stats is None:
+                continue
+            cap = self._settings.scheduling.fanout_cap(view.fanout_max_workers, view.plan)
+            if view.pinned or stats.consumers < cap:
+                open_.add(model_id)
+        return open_
 
     def _catalog_ids(self) -> list[str]:
         return [entry.model_id for entry in self._catalog]

@@ -1,0 +1,136 @@
+"""Three workers, six models, skewed traffic over RabbitMQ: workers pull what they are warm for."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import textwrap
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from modelfleet.broker.amqp import AmqpBroker
+from modelfleet.settings import BrokerSettings
+from tests.conftest import rabbitmq_url, require_rabbitmq
+from tests.procs import Proc, gateway, worker
+
+pytestmark = pytest.mark.rabbitmq
+MODELS = [f"m{i}" for i in range(6)]
+CAP = {"m0": 2, "m1": 1, "m2": 1, "m3": 1, "m4": 1, "m5": 1}  # [fanout] max_workers
+WEIGHTS = [0.5, 0.2, 0.12, 0.08, 0.06, 0.04]  # m0 is hot, m5 is the tail
+
+
+def write_repo(root: Path) -> Path:
+    for model_id in MODELS:
+        folder = root / model_id / "1"
+        folder.mkdir(parents=True)
+        (folder / "model.toml").write_text(textwrap.dedent(f'''
+            name = "{model_id}"
+            entrypoint = "handler:Echo"
+            accepts = ["application/json"]
+            memory_estimate_mb = 1
+            [batching]
+            max_batch_size = 4
+            [fanout]
+            max_workers = {CAP[model_id]}
+        '''))
+        (folder / "handler.py").write_text(textwrap.dedent(f'''
+            import time
+            from modelfleet import Model
+
+            class Echo(Model):
+                def load(self, ctx):
+                    time.sleep(0.3)  # a cold load costs something
+
+                async def preprocess(self, request):
+                    return request.json()
+
+                def predict(self, batch):
+                    time.sleep(0.01 * len(batch))
+                    return [{{"model": "{model_id}", "n": x["n"]}} for x in batch]
+        '''))
+    return root
+
+
+@pytest.fixture
+def fleet(tmp_path: Path) -> Iterator[tuple[str, str, list[Proc]]]:
+    require_rabbitmq()
+    prefix = f"aff{uuid.uuid4().hex[:8]}."
+    env = {"MODELFLEET_BROKER__QUEUE_PREFIX": prefix,
+           "MODELFLEET_WORKER__RESCORE_INTERVAL_S": "0.5",
+           "MODELFLEET_WORKER__STATE_INTERVAL_S": "0.5",
+           "MODELFLEET_WORKER__PERMITS": "4"}
+    repo = write_repo(tmp_path / "repo")
+    procs: list[Proc] = []
+    try:
+        gw, base = gateway(tmp_path, rabbitmq_url(), env, "gw", repo=repo)
+        procs.append(gw)
+        for i in range(3):
+            procs.append(worker(tmp_path, rabbitmq_url(), env, f"w{i}", repo=repo)[0])
+        yield base, prefix, procs
+    finally:
+        for proc in procs:
+            proc.stop()
+
+
+def test_hot_models_stay_within_their_cap_and_nothing_is_left(
+        fleet: tuple[str, str, list[Proc]]) -> None:
+    base, prefix, _ = fleet
+    rng = random.Random(7)
+    plan = rng.choices(MODELS, WEIGHTS, k=240)
+    over_cap: list[tuple[str, list[str]]] = []
+
+    async def watch(stop: asyncio.Event, client: httpx.AsyncClient) -> None:
+        while not stop.is_set():
+            workers = (await client.get(f"{base}/v1/fleet")).json()["workers"]
+            consumers = Counter(m for w in workers for m in w["subscriptions"])
+            for model_id, n in consumers.items():
+                if n > CAP[model_id]:
+                    over_cap.append((model_id, [w["worker_id"] for w in workers
+                                                if model_id in w["subscriptions"]]))
+            await asyncio.sleep(0.25)
+
+    async def run() -> list[httpx.Response]:
+        async with httpx.AsyncClient(timeout=60,
+                                     limits=httpx.Limits(max_connections=40)) as client:
+            stop = asyncio.Event()
+            watcher = asyncio.create_task(watch(stop, client))
+            sem = asyncio.Semaphore(24)
+
+            async def one(i: int, model_id: str) -> httpx.Response:
+                async with sem:
+                    return await client.post(f"{base}/v1/models/{model_id}/infer",
+                                             json={"n": i})
+
+            responses = await asyncio.gather(*(one(i, m) for i, m in enumerate(plan)))
+            await asyncio.sleep(1.5)  # let the workers re-score once the burst is over
+            stop.set()
+            await watcher
+            return list(responses)
+
+    responses = asyncio.run(run())
+    for i, (model_id, response) in enumerate(zip(plan, responses, strict=True)):
+        assert response.status_code == 200, response.text
+        assert response.json() == {"model": model_id, "n": i}
+    assert not over_cap, f"fan-out cap exceeded: {over_cap[:5]}"
+
+    async def leftovers() -> dict[str, int]:
+        broker = AmqpBroker(BrokerSettings(url=rabbitmq_url(), queue_prefix=prefix))
+        await broker.connect()
+        try:
+            stats = await broker.queue_stats(MODELS)
+        finally:
+            await broker.close()
+        return {m: s.backlog for m, s in stats.items() if s.backlog}
+
+    assert asyncio.run(leftovers()) == {}
+    # Affinity: each model was answered mostly by the workers warm for it.
+    served: dict[str, Counter[str]] = {m: Counter() for m in MODELS}
+    for model_id, response in zip(plan, responses, strict=True):
+        served[model_id][response.headers["x-worker-id"]] += 1
+    for model_id in MODELS:
+        assert len(served[model_id]) <= CAP[model_id] + 1, (model_id, served[model_id])
