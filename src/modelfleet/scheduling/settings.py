@@ -55,7 +55,7 @@ class ScoringSettings(BaseModel):
     cold_subscribes_per_minute: int = Field(default=6, ge=0)
     # A worker does not take new cold work while this many models are loading
     # on it (the new model would only wait behind them) or without a free permit.
-    max_loads_for_cold: int = Field(default=1, ge=1)
+    max_loads_for_cold: int = Field(default=2, ge=1)
 
     max_subscriptions: int = Field(default=64, ge=1)
 

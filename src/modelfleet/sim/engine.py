@@ -243,7 +243,10 @@ class Simulation:
     def _inference_done(self, worker: SimWorker, task: Task) -> None:
         worker.mark_busy(self.now, -1)
         worker.in_flight -= 1
-        self.latency[task[0]] = self.now - task[2]
+        if self.expired(task):  # finished, but the gateway answered the caller at the deadline
+            self.time_out(task)
+        else:
+            self.latency[task[0]] = self.now - task[2]
         worker.last_served[self.catalog.names[task[1]]] = self.now
         self.router.on_free(worker)
 
