@@ -114,7 +114,8 @@ def test_starving_queue_wins_outright_even_with_cold_budget_spent() -> None:
 def test_starved_queues_are_claimed_one_per_decision_and_only_with_a_free_loader() -> None:
     queues = [QueueView(f"s{i}", backlog=1, consumers=0) for i in range(5)]
     assert len(choose_queues(queues, worker(), QUIET, NOW, SEED).subscribe) == 1
-    loading = choose_queues(queues, worker(loading=frozenset({"other"})), QUIET, NOW, SEED)
+    busy = frozenset(f"other{i}" for i in range(QUIET.max_loads_for_cold))
+    loading = choose_queues(queues, worker(loading=busy), QUIET, NOW, SEED)
     assert loading.subscribe == frozenset()
     assert set(loading.reasons.values()) == {"no-capacity"}
 
@@ -122,7 +123,7 @@ def test_starved_queues_are_claimed_one_per_decision_and_only_with_a_free_loader
 def test_starved_queue_is_taken_promptly_by_some_worker_of_the_fleet() -> None:
     # Every worker but one is busy loading: the idle one takes it at its next re-score.
     queue = [QueueView("tail", backlog=1, consumers=0)]
-    busy = frozenset({"other"})
+    busy = frozenset(f"other{i}" for i in range(QUIET.max_loads_for_cold))
     takers = [i for i in range(10)
               if choose_queues(queue, worker(worker_id=f"w{i}", free_permits=0,
                                              loading=busy if i != 3 else frozenset()),
