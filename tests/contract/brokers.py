@@ -85,3 +85,56 @@ async def eventually(check: Callable[[], Awaitable[bool]], timeout_s: float = 10
         # Polling on purpose: nothing tells us when RabbitMQ's own timers fire.
         while not await check():  # noqa: ASYNC110
             await asyncio.sleep(every_s)
+
+
+class TcpProxy:
+    """A TCP relay in front of RabbitMQ whose link the test can cut and restore.
+
+    Cutting closes both sides of every relayed connection (RabbitMQ sees its client
+    go, so it requeues unacked messages and drops exclusive queues) and refuses new
+    ones until ``restore``: to the client, exactly a RabbitMQ that went down.
+    """
+
+    def __init__(self, upstream_host: str, upstream_port: int) -> None:
+        self._upstream = (upstream_host, upstream_port)
+        self._server: asyncio.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+        self.port = 0
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._relay, "127.0.0.1", self.port)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            up_reader, up_writer = await asyncio.open_connection(*self._upstream)
+        except OSError:
+            writer.transport.abort()
+            return
+        self._writers |= {writer, up_writer}
+        await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer),
+                             return_exceptions=True)
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        finally:
+            writer.transport.abort()
+            self._writers.discard(writer)
+
+    async def cut(self) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()  # stop accepting first, so nothing slips in while we cut
+        for writer in list(self._writers):
+            writer.transport.abort()
+        if server is not None:
+            await server.wait_closed()
+
+    async def restore(self) -> None:
+        await self.start()  # same port: the client reconnects to the address it knows
+
+    async def stop(self) -> None:
+        await self.cut()

@@ -4,7 +4,10 @@ Topology (see ``amqp_topology`` for why each queue has the type it has):
 
 - one durable quorum queue per model, ``queue_prefix + model_id``, declared on first
   publish or subscribe, expiring after ``queue_idle_expiry_s`` unused, with an
-  explicit delivery limit and the dead-letter queue as its dead-letter target;
+  explicit delivery limit and the dead-letter queue as its dead-letter target.
+  Publishing does not keep a quorum queue alive, so a publisher renews the lease
+  of a queue its task waits in (``amqp_keeper``): no accepted task is lost to expiry
+  as long as ``queue_idle_expiry_s`` exceeds the longest deadline (plus 5 s);
 - the dead-letter queue (durable quorum, no expiry);
 - one classic exclusive inbox per gateway, and one classic exclusive queue per
   ``events()`` iterator bound to the fanout exchange ``modelfleet.events``.
@@ -18,8 +21,8 @@ iterators resume by themselves. While disconnected, every call raises
 (``declare_timeout_s``, also used for publish confirms).
 
 Channels: one for publishing (confirms, mandatory, returns raise), one for model
-queue declares and one for passive declares (``queue_stats``), because RabbitMQ
-answers some of those by closing the channel; one per subscription, inbox and event
+queue declares and lease renewals and one for passive declares (``queue_stats``),
+because RabbitMQ answers some of those by closing the channel; one per subscription, inbox and event
 iterator, because prefetch and consumer recovery are per channel.
 """
 
@@ -41,19 +44,17 @@ from aio_pika.abc import (
     AbstractRobustChannel,
     AbstractRobustConnection,
 )
-from aiormq.exceptions import (
-    ChannelClosed,
-    ChannelNotFoundEntity,
-    ChannelPreconditionFailed,
-    PublishError,
-)
+from aiormq.exceptions import ChannelClosed, ChannelNotFoundEntity, PublishError
 from yarl import URL
 
-from modelfleet.broker.amqp_consumers import AmqpInbox, AmqpSubscription, EventListener
+from modelfleet.broker.amqp_consumers import AmqpSubscription
 from modelfleet.broker.amqp_errors import rpc
+from modelfleet.broker.amqp_keeper import QueueKeeper
+from modelfleet.broker.amqp_listeners import AmqpInbox, EventListener
 from modelfleet.broker.amqp_topology import (
     DEATH_COUNT_HEADER,
     DEATH_REASON_HEADER,
+    LEASE_MARGIN_S,
     ChannelSlot,
     QueueLeases,
     dead_letter_queue_arguments,
@@ -105,12 +106,12 @@ class AmqpBroker:
             connection_name or f"modelfleet {socket.gethostname()} pid {os.getpid()}")
         self._timeout_s = settings.declare_timeout_s
         self._leases = QueueLeases(settings.queue_idle_expiry_s, clock)
-        self._declaring: dict[str, asyncio.Future[None]] = {}
+        self._keeper = QueueKeeper(settings, dead_letter_queue, self._leases,
+                                   self._republish_copy)
         self._warned_short_expiry = False
         self._connection: AbstractRobustConnection | None = None
         self._publisher: AbstractRobustChannel | None = None
         self._events_exchange: AbstractExchange | None = None
-        self._declares: ChannelSlot | None = None
         self._stats: ChannelSlot | None = None
         self._stats_lock = asyncio.Lock()
         self._consumers: set[_Stoppable] = set()
@@ -160,7 +161,7 @@ class AmqpBroker:
         except BaseException:
             await connection.close()
             raise
-        self._declares = ChannelSlot(connection, publisher_confirms=False)
+        self._keeper.attach(connection)
         self._stats = ChannelSlot(connection, publisher_confirms=False)
         connection.close_callbacks.add(self._on_connection_lost)
         connection.reconnect_callbacks.add(self._on_reconnected)
@@ -248,11 +249,11 @@ class AmqpBroker:
         remaining_s = (task.deadline_ms - now_ms()) / 1000
         if not self._leases.covers(remaining_s) and not self._warned_short_expiry:
             self._warned_short_expiry = True
-            log.warning("queue_idle_expiry_s=%s is shorter than a task deadline (%.0f s): an "
-                        "idle queue may expire with that task in it; raise the expiry",
-                        self._settings.queue_idle_expiry_s, remaining_s)
-        if self._leases.needs_declare(name, remaining_s):
-            await self._declare_model_queue(name)
+            log.warning("queue_idle_expiry_s=%s does not cover a task deadline of %.0f s "
+                        "plus %.0f s: an idle queue may expire with such a task in it; "
+                        "raise the expiry", self._settings.queue_idle_expiry_s, remaining_s,
+                        LEASE_MARGIN_S)
+        await self._keeper.ensure(name, remaining_s)
         body = encode_task(task)
         try:
             await self._publish(body, name, what, persistent=True)
@@ -260,44 +261,19 @@ class AmqpBroker:
             # The queue vanished although our lease said otherwise (deleted by hand,
             # expired while we were away): declare it again and publish once more.
             self._leases.forget(name)
-            await self._declare_model_queue(name)
+            await self._keeper.ensure(name, remaining_s)
             try:
                 await self._publish(body, name, what, persistent=True)
             except _Returned as exc:
                 raise BrokerError(f"{what}: RabbitMQ returned it twice (queue deleted "
                                   "as soon as declared?)") from exc
 
-    async def _declare_model_queue(self, name: str) -> None:
-        """Declare (or renew the lease of) one model queue; concurrent callers share one RPC."""
-        pending = self._declaring.get(name)
-        if pending is None:
-            pending = asyncio.ensure_future(self._declare_now(name))
-            self._declaring[name] = pending
-            pending.add_done_callback(lambda _: self._declaring.pop(name, None))
-            # Retrieved here too, so an exception nobody awaited is not reported as lost.
-            pending.add_done_callback(lambda f: f.cancelled() or f.exception())
-        # Shielded: one cancelled publisher must not cancel the declare others wait for.
-        await asyncio.shield(pending)
-
-    async def _declare_now(self, name: str) -> None:
-        assert self._declares is not None
-        started = self._leases.now()
-        arguments = model_queue_arguments(self._settings, self._dead_letter_queue)
-        async with rpc(f"declare queue {name}", self._timeout_s):
-            channel = await self._declares.get()
-            try:
-                await channel.declare_queue(name, durable=True, arguments=arguments,
-                                            robust=False)
-            except ChannelPreconditionFailed as exc:
-                await self._declares.discard()
-                raise BrokerError(
-                    f"declare queue {name}: it exists with other arguments ({exc}); keep "
-                    "delivery_limit/queue_idle_expiry_s as they were or delete the queue"
-                ) from exc
-            except ChannelClosed:
-                await self._declares.discard()
-                raise
-        self._leases.declared(name, started)
+    async def _republish_copy(self, body: bytes, queue: str, headers: dict[str, Any]) -> None:
+        try:
+            await self._publish(body, queue, f"re-publish a task to {queue}", persistent=True,
+                                headers=headers)
+        except _Returned as exc:
+            raise BrokerUnavailable(f"re-publish a task to {queue}: the queue vanished") from exc
 
     async def republish(self, task: Task) -> None:
         """A new message: RabbitMQ's delivery count starts again from zero."""
@@ -348,8 +324,9 @@ class AmqpBroker:
             connection, arguments=model_queue_arguments(self._settings, self._dead_letter_queue),
             model_id=model_id, queue_name=name, prefetch=max(1, prefetch),
             timeout_s=self._timeout_s, publish_dead_letter=self._publish_dead_letter,
-            on_closed=self._untrack)
-        self._leases.declared(name, started)  # subscribing declared it: a fresh lease
+            delivery_limit=self._settings.delivery_limit, on_closed=self._untrack)
+        # A consumer keeps the queue alive, and its leaving renews the lease.
+        self._leases.renewed(name, started)
         self._track(sub)
         return sub
 

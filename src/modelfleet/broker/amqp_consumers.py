@@ -1,4 +1,5 @@
-"""The consuming side of ``AmqpBroker``: deliveries, subscriptions, inboxes, event listeners.
+"""The consuming side of ``AmqpBroker``: subscriptions to model queues (and to the
+dead-letter queue) and the deliveries they hand out.
 
 Each consumer owns one robust channel and one ``asyncio.Queue`` fed by an aio-pika
 callback; its async iterator reads that buffer. Across a reconnect aio-pika reopens
@@ -18,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -36,13 +36,12 @@ from modelfleet.broker.amqp_topology import (
     DEATH_REASON_HEADER,
     DELIVERY_COUNT_HEADER,
     FIRST_DEATH_REASON_HEADER,
+    PRIOR_DELIVERIES_HEADER,
 )
-from modelfleet.errors import BrokerUnavailable
-from modelfleet.messages import Reply, Task, decode_event, decode_reply, decode_task
+from modelfleet.errors import BrokerError, BrokerUnavailable
+from modelfleet.messages import Task, decode_task
 
 log = logging.getLogger(__name__)
-
-EVENT_BUFFER = 1024  # per listener; a slow listener loses the oldest events (as in memory)
 
 # (body, reason, delivery count, source queue) -> published to the dead-letter queue.
 DeadLetterPublisher = Callable[[bytes, str, int, str], Awaitable[None]]
@@ -143,7 +142,7 @@ class AmqpSubscription:
 
     def __init__(self, *, model_id: str, queue_name: str, channel: AbstractRobustChannel,
                  prefetch: int, timeout_s: float, publish_dead_letter: DeadLetterPublisher,
-                 dead_letters: bool = False, delivery_limit: int = 0,
+                 delivery_limit: int, dead_letters: bool = False,
                  on_closed: Callable[[AmqpSubscription], None] = lambda _: None) -> None:
         self._model_id = model_id
         self.queue_name = queue_name
@@ -201,7 +200,8 @@ class AmqpSubscription:
         headers = dict(message.headers or {})
         count = _header_int(headers, DELIVERY_COUNT_HEADER)
         if not self._dead_letters:
-            return count, ""
+            # A task that QueueKeeper.touch re-published carries its earlier deliveries.
+            return count + _header_int(headers, PRIOR_DELIVERIES_HEADER), ""
         reason = str(headers.get(DEATH_REASON_HEADER) or "")
         if reason:
             return count + _header_int(headers, DEATH_COUNT_HEADER), reason
@@ -230,9 +230,24 @@ class AmqpSubscription:
                 with contextlib.suppress(Exception):
                     await message.reject(requeue=False)
                 continue
+            if not self._dead_letters and count > self._delivery_limit:
+                # Only a re-published copy gets here (RabbitMQ's own limit restarted with
+                # it): enforce the limit ourselves, as RabbitMQ would have.
+                await self._dead_letter_over_limit(message, count)
+                continue
             delivery = AmqpDelivery(self, message, task, reason)
             self._held.add(delivery)
             yield delivery
+
+    async def _dead_letter_over_limit(self, message: AbstractIncomingMessage, count: int) -> None:
+        try:
+            await self.publish_dead_letter(message.body, "delivery_limit", count, self.queue_name)
+            with translated(f"ack a dead-lettered task on {self.queue_name}"):
+                await message.ack()
+        except BrokerError:
+            # Mostly a dropped connection, which hands the message back by itself.
+            log.warning("could not dead-letter an over-limit task on %s; it stays unacked "
+                        "until its channel closes", self.queue_name, exc_info=True)
 
     def settled(self, delivery: AmqpDelivery) -> None:
         self._held.discard(delivery)
@@ -304,136 +319,3 @@ class AmqpSubscription:
         self._closing = asyncio.ensure_future(self._channel.close())
         # Best effort: a failure here only means the connection went first.
         self._closing.add_done_callback(lambda f: f.cancelled() or f.exception())
-
-
-class AmqpInbox:
-    """A gateway's reply queue: classic, exclusive to our connection, auto-delete.
-
-    Named by us (``modelfleet.inbox.<uuid>``) rather than by the server, so that after a
-    reconnect aio-pika re-declares it under the *same* name and the reply address that
-    rides in tasks already queued stays valid. Replies published while we were
-    disconnected are returned to their publisher (``publish_reply`` -> False).
-    Consumed with auto-ack: the queue dies with the gateway, so there is nothing to
-    redeliver to.
-    """
-
-    def __init__(self, channel: AbstractRobustChannel, address: str, timeout_s: float,
-                 on_closed: Callable[[AmqpInbox], None]) -> None:
-        self._channel = channel
-        self._address = address
-        self._timeout_s = timeout_s
-        self._on_closed = on_closed
-        self._queue: AbstractQueue | None = None
-        self._replies: asyncio.Queue[Reply | None] = asyncio.Queue()
-
-    @classmethod
-    async def open(cls, connection: AbstractRobustConnection, timeout_s: float,
-                   on_closed: Callable[[AmqpInbox], None]) -> AmqpInbox:
-        channel = connection.channel(publisher_confirms=False)
-        inbox = cls(channel, f"modelfleet.inbox.{uuid.uuid4().hex}", timeout_s, on_closed)
-        try:
-            async with rpc("open a reply inbox", timeout_s):
-                await channel.initialize()
-                inbox._queue = await channel.declare_queue(
-                    inbox._address, exclusive=True, auto_delete=True)
-                await inbox._queue.consume(inbox._on_message, no_ack=True)
-        except BaseException:
-            with contextlib.suppress(Exception):
-                await channel.close()
-            raise
-        return inbox
-
-    @property
-    def address(self) -> str:
-        return self._address
-
-    async def _on_message(self, message: AbstractIncomingMessage) -> None:
-        try:
-            self._replies.put_nowait(decode_reply(message.body))
-        except Exception:
-            log.exception("undecodable reply on %s dropped", self._address)
-
-    async def __aiter__(self) -> AsyncIterator[Reply]:
-        while True:
-            reply = await self._replies.get()
-            if reply is None:
-                self._replies.put_nowait(None)
-                return
-            yield reply
-
-    def stop(self) -> None:
-        self._replies.put_nowait(None)
-        self._on_closed(self)
-
-    async def close(self) -> None:
-        """Delete the queue (later replies are returned to their publishers) and end iteration."""
-        self.stop()
-        if self._channel.is_closed:
-            return
-        with contextlib.suppress(BrokerUnavailable):
-            async with rpc(f"close inbox {self._address}", self._timeout_s):
-                if self._queue is not None:
-                    await self._queue.delete(if_unused=False, if_empty=False)
-                await self._channel.close()
-
-
-class EventListener:
-    """One ``events()`` iterator: an exclusive auto-delete classic queue bound to the
-    fanout exchange, consumed with auto-ack into a bounded buffer."""
-
-    def __init__(self, channel: AbstractRobustChannel, timeout_s: float,
-                 on_closed: Callable[[EventListener], None]) -> None:
-        self._channel = channel
-        self._timeout_s = timeout_s
-        self._on_closed = on_closed
-        self._events: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue(EVENT_BUFFER)
-
-    @classmethod
-    async def open(cls, connection: AbstractRobustConnection, exchange: str, timeout_s: float,
-                   on_closed: Callable[[EventListener], None]) -> EventListener:
-        channel = connection.channel(publisher_confirms=False)
-        listener = cls(channel, timeout_s, on_closed)
-        try:
-            async with rpc("listen to events", timeout_s):
-                await channel.initialize()
-                queue = await channel.declare_queue(
-                    f"modelfleet.events.{uuid.uuid4().hex}", exclusive=True, auto_delete=True)
-                await queue.bind(exchange, routing_key="")
-                await queue.consume(listener._on_message, no_ack=True)
-        except BaseException:
-            with contextlib.suppress(Exception):
-                await channel.close()
-            raise
-        return listener
-
-    async def _on_message(self, message: AbstractIncomingMessage) -> None:
-        try:
-            event = decode_event(message.body)
-        except Exception:
-            log.warning("undecodable event dropped", exc_info=True)
-            return
-        if self._events.full():
-            self._events.get_nowait()  # a slow listener loses the oldest event, not the newest
-        self._events.put_nowait(event)
-
-    async def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
-        while True:
-            event = await self._events.get()
-            if event is None:
-                return
-            yield event
-
-    def stop(self) -> None:
-        if self._events.full():
-            self._events.get_nowait()
-        self._events.put_nowait(None)
-        self._on_closed(self)
-
-    async def close(self) -> None:
-        self._on_closed(self)
-        if not self._channel.is_closed:
-            # The queue is exclusive and auto-delete: closing the channel cancels the
-            # consumer and RabbitMQ deletes it.
-            with contextlib.suppress(BrokerUnavailable):
-                async with rpc("stop listening to events", self._timeout_s):
-                    await self._channel.close()

@@ -20,6 +20,8 @@ from modelfleet.settings import BrokerSettings
 # Headers we write on dead letters we route ourselves (``Delivery.dead_letter``).
 DEATH_REASON_HEADER = "x-modelfleet-death-reason"
 DEATH_COUNT_HEADER = "x-modelfleet-delivery-count"
+# Deliveries a task had before ``QueueKeeper.touch`` re-published it as a new message.
+PRIOR_DELIVERIES_HEADER = "x-modelfleet-prior-deliveries"
 # RabbitMQ's own headers.
 DELIVERY_COUNT_HEADER = "x-delivery-count"  # quorum queues; absent or 0 on first delivery
 FIRST_DEATH_REASON_HEADER = "x-first-death-reason"  # set when RabbitMQ dead-letters
@@ -50,14 +52,15 @@ def dead_letter_queue_arguments() -> dict[str, Any]:
 
 
 class QueueLeases:
-    """When each model queue we declared may expire, as far as this process knows.
+    """Until when each model queue is sure to exist, as far as this process knows.
 
-    RabbitMQ's ``x-expires`` counts from the last declare (or the last consumer or
-    ``basic.get``); publishing does NOT renew it, and a quorum queue that expires
-    takes its messages with it, silently. So before publishing a task we make sure
-    the queue's lease outlasts the task's deadline, re-declaring (idempotent, well
-    under a millisecond) when it might not. A queue that expired anyway (e.g. another
-    process's view of time, a broker restart) is caught by the mandatory publish.
+    RabbitMQ's ``x-expires`` on a quorum queue counts from the last ``basic.get`` or
+    the last consumer leaving; publishing does NOT renew it, and neither does a
+    re-declare (measured on 3.10: a re-declared queue still expires, with its
+    messages, and the next declare silently creates an empty one). So before
+    publishing a task we make sure the lease outlasts the task's deadline, and
+    renew it (``QueueKeeper.touch``) when it might not. Pure bookkeeping, clock
+    injected; a queue that vanished anyway is caught by the mandatory publish.
     """
 
     def __init__(self, expiry_s: float, clock: Callable[[], float] = time.monotonic) -> None:
@@ -65,14 +68,18 @@ class QueueLeases:
         self._clock = clock
         self._lease_end: dict[str, float] = {}
 
-    def needs_declare(self, queue: str, task_remaining_s: float) -> bool:
-        """True unless a declare we made still covers ``task_remaining_s`` from now."""
+    def known(self, queue: str) -> bool:
+        """Whether we declared it since the last reconnect (so its arguments match ours)."""
+        return queue in self._lease_end
+
+    def needs_renewal(self, queue: str, task_remaining_s: float) -> bool:
+        """True unless a renewal we made still covers ``task_remaining_s`` from now."""
         end = self._lease_end.get(queue)
         needed_until = self._clock() + max(task_remaining_s, 0.0) + LEASE_MARGIN_S
         return end is None or end < needed_until
 
-    def declared(self, queue: str, at: float) -> None:
-        """Record a declare that *started* at ``at`` (the server saw it after that)."""
+    def renewed(self, queue: str, at: float) -> None:
+        """Record a renewal that *started* at ``at`` (the server saw it after that)."""
         self._lease_end[queue] = at + self._expiry_s
 
     def now(self) -> float:
