@@ -80,7 +80,10 @@ def test_select_filters_orders_and_limits(archive: Archive) -> None:
     archive.put(record("a", "delivery_limit", "iris", at_ms=1))
     archive.put(record("b", "model_error: boom", "digits", at_ms=2))
     archive.put(record("d", "delivery_limit", "digits", at_ms=4))
-    ids = lambda selection: [r.request_id for r in archive.select(selection)]  # noqa: E731
+
+    def ids(selection: Selection) -> list[str]:
+        return [r.request_id for r in archive.select(selection)]
+
     assert ids(Selection()) == ["a", "b", "c", "d"]
     assert ids(Selection(failure_class="transient")) == ["a", "c", "d"]
     assert ids(Selection(failure_class="deterministic")) == ["b"]

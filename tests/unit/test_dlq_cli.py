@@ -112,9 +112,9 @@ def test_dry_run_lists_what_would_be_replayed_and_replays_nothing(
         capsys: pytest.CaptureFixture[str], db: str) -> None:
     assert main(["replay", "--class", "transient", "--dry-run", "--db", db,
                  "--broker", UNREACHABLE]) == 0
-    out = capsys.readouterr().out.splitlines()
-    assert [line.split()[:2] for line in out] == [["would", "replay"]] * 2
-    assert [line.split()[2] for line in out] == ["t1", "t2"]
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[:2] for line in lines] == [["would", "replay"]] * 2
+    assert [line.split()[2] for line in lines] == ["t1", "t2"]
     assert main(["replay", "--class", "deterministic", "--force", "--request-id", "d2",
                  "--request-id", "t1", "--dry-run", "--db", db, "--broker", UNREACHABLE]) == 0
     out = capsys.readouterr().out

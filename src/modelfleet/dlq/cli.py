@@ -149,9 +149,8 @@ def main(argv: list[str]) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     # Check the broker URL before opening anything, so a wrong one costs nothing.
-    settings = broker_settings(args.broker) if "broker" in args else None
-    if args.command == "replay" and args.dry_run:
-        settings = None
+    needs_broker = args.command == "archive" or (args.command == "replay" and not args.dry_run)
+    settings = broker_settings(args.broker) if needs_broker else None
     archive = open_archive(args.db)
     try:
         if args.command == "archive":
@@ -183,8 +182,8 @@ async def _archive(broker: Broker, archive: Archive, args: argparse.Namespace) -
                                            idle_s=args.idle_s if args.once else None)
     finally:
         await broker.close()
-    print(f"{stats.archived} archived, {stats.duplicates} already in {archive.location}",
-          flush=True)
+    print(f"{stats.archived} archived, {stats.duplicates} already there, in "
+          f"{archive.location}", flush=True)
     return 0
 
 
