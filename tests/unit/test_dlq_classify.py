@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from modelfleet.dlq.classify import (
@@ -142,3 +144,9 @@ def test_signatures_are_bounded() -> None:
     signature = failure_signature("model_error: " + "word " * 200, task())
     assert len(signature) <= 240
     assert signature.endswith("…")
+
+
+def test_docs_describe_every_rule() -> None:
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "dlq.md").read_text()
+    for rule in [*RULES, DIED_AFTER_REPLAY, UNRECOGNISED]:
+        assert f"| `{rule.name}` |" in docs, f"docs/dlq.md misses rule {rule.name}"
