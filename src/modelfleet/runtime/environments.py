@@ -51,7 +51,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import modelfleet
-from modelfleet.errors import ManifestError, ModelLoadFailed
+from modelfleet.errors import ConfigError, ManifestError, ModelLoadFailed
 from modelfleet.manifest import Manifest
 
 log = logging.getLogger("modelfleet.runtime.environments")
@@ -335,8 +335,8 @@ def find_uv() -> str:
         return str(uv.find_uv_bin())
     on_path = shutil.which("uv")
     if on_path is None:
-        raise EnvironmentBuildFailed("uv is not installed: install it (pip install uv) "
-                                     "or pass the path of its binary")
+        raise ConfigError("uv is not installed: install it (pip install uv) "
+                          "or pass the path of its binary")
     return on_path
 
 
@@ -346,7 +346,7 @@ class EnvironmentBuilder:
     def __init__(self, venv_root: Path, uv: str | None = None, python: str = sys.executable,
                  index_url: str | None = None, *, index: IndexConfig | None = None,
                  build_timeout_s: float = 900.0) -> None:
-        self.venv_root = Path(venv_root)
+        self.venv_root = Path(venv_root).absolute()  # interpreters are spawned from anywhere
         self._uv = uv or find_uv()
         self._python = python
         index = IndexConfig.from_pip() if index is None else index
