@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from modelfleet.broker.memory import MemoryBroker
-from modelfleet.dlq.archive import Archive, open_archive
+from modelfleet.dlq.archive import Archive, ArchiveUnavailable, open_archive
 from modelfleet.dlq.archiver import archive_dead_letters
-from modelfleet.dlq.records import Selection
+from modelfleet.dlq.records import DeadLetterRecord, Selection, SignatureCount
 from modelfleet.dlq.replay import (
     ReplayOutcome,
     ReplayRefused,
@@ -30,7 +30,7 @@ LIMIT = 1  # the embedded broker's delivery limit in these tests
 def make_task(request_id: str, model_id: str = "digits", kind: PayloadKind = "inline",
               timeout_ms: int = 20_000) -> Task:
     payload = PayloadRef("inline", b"pixels", size_bytes=6) if kind == "inline" else \
-        PayloadRef(kind, url=f"http://gw1:8000/payloads/{request_id}?sig=x", size_bytes=9e5)
+        PayloadRef(kind, url=f"http://gw1:8000/payloads/{request_id}?sig=x", size_bytes=900_000)
     start = now_ms() - 60_000  # its deadline passed long ago, as a dead letter's has
     return Task(request_id=request_id, model_id=model_id, version="1",
                 deadline_ms=start + timeout_ms, reply_to="inbox.gone", payload=payload,
@@ -251,3 +251,40 @@ async def test_a_replayed_task_gets_a_fresh_deadline_of_its_original_length(
     assert task.delivery_count == 0
     assert before <= task.enqueued_ms and task.deadline_ms - task.enqueued_ms == 7_000
     assert task.payload == make_task("t1").payload
+
+
+class BrokenArchive:
+    """Reads work, writes fail: the database went away mid-run."""
+
+    def __init__(self, inner: Archive) -> None:
+        self.inner = inner
+        self.location = inner.location
+
+    def get(self, request_id: str) -> DeadLetterRecord | None:
+        return self.inner.get(request_id)
+
+    def put(self, record: DeadLetterRecord) -> None:
+        raise ArchiveUnavailable("disk I/O error")
+
+    def select(self, selection: Selection) -> list[DeadLetterRecord]:
+        return self.inner.select(selection)
+
+    def signature_counts(self, selection: Selection) -> list[SignatureCount]:
+        return self.inner.signature_counts(selection)
+
+    def mark_replayed(self, request_id: str, at_ms: int) -> None:
+        self.inner.mark_replayed(request_id, at_ms)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+async def test_an_archive_failure_stops_the_archiver_without_acking(
+        broker: MemoryBroker, archive: Archive) -> None:
+    await dead_letter(broker, make_task("t1"), "delivery_limit")
+    seen: list[object] = []
+    with pytest.raises(ArchiveUnavailable, match="disk I/O"):
+        await archive_dead_letters(broker, BrokenArchive(archive), asyncio.Event(),
+                                   idle_s=IDLE_S, on_record=lambda r, new: seen.append(r))
+    assert seen == []
+    assert archive.get("t1") is None

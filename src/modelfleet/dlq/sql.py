@@ -21,9 +21,18 @@ _TYPES: dict[Dialect, dict[str, str]] = {
                  "int | None": "BIGINT"},
 }
 
+# One column per DeadLetterRecord field, in field order (rows are built with astuple).
+_KINDS: dict[str, str] = {
+    "request_id": "str", "model_id": "str", "version": "str", "tenant": "str", "plan": "str",
+    "delivery_count": "int", "death_reason": "str", "signature": "str",
+    "failure_class": "str", "rule": "str", "content_type": "str", "payload_kind": "str",
+    "payload_inline": "bytes", "payload_url": "str", "payload_size_bytes": "int",
+    "task_bytes": "bytes", "timeout_ms": "int", "first_seen_ms": "int", "last_seen_ms": "int",
+    "deaths": "int", "replay_count": "int", "replayed_at_ms": "int | None",
+}
 COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(DeadLetterRecord))
-_KINDS: dict[str, str] = {f.name: "str" if f.type in ("FailureClass", "PayloadKind")
-                          else str(f.type) for f in fields(DeadLetterRecord)}
+if tuple(_KINDS) != COLUMNS:  # a field was added to the record but not here, or the reverse
+    raise RuntimeError(f"archive columns {tuple(_KINDS)} do not match the record {COLUMNS}")
 
 
 def _mark(dialect: Dialect) -> str:
