@@ -1,4 +1,4 @@
-"""``modelfleet dlq``: archive, list, show and replay dead letters.
+"""modelfleet dlq: archive, list, show and replay dead letters.
 
 The edge of the dlq package: settings are built here from flags and the
 environment, library code raises typed errors, and this is the one place that
