@@ -67,6 +67,7 @@ class RuntimeSettings(_Section):
     ping_interval_s: float = Field(default=2, gt=0)
     ping_timeout_s: float = Field(default=10, gt=0)
     start_timeout_s: float = Field(default=60, gt=0)
+    load_timeout_s: float = Field(default=600, gt=0)  # a load running longer is hung
 
 
 class WorkerSettings(_Section):

@@ -73,12 +73,18 @@ class ModelHost:
         self._models: dict[str, LoadedModel] = {}
         self._loading: dict[str, asyncio.Future[LoadedModel]] = {}
         self._load_tasks: set[asyncio.Task[None]] = set()
+        self._load_started: dict[str, float] = {}
         self._load_slots = asyncio.Semaphore(settings.max_concurrent_loads)
         self.events = HostEvents()
 
     @property
     def loading(self) -> list[str]:
         return sorted(self._loading)
+
+    def load_ages_s(self) -> dict[str, float]:
+        """Seconds each load under way has been running (or waiting for a load slot)."""
+        now = time.monotonic()
+        return {m: now - started for m, started in self._load_started.items()}
 
     async def ensure(self, model_id: str, version: str, pinned: bool = False
                      ) -> tuple[LoadedModel, bool]:
@@ -96,6 +102,7 @@ class ModelHost:
         if pending is None:
             pending = asyncio.get_running_loop().create_future()
             self._loading[model_id] = pending
+            self._load_started[model_id] = time.monotonic()
             load = asyncio.create_task(self._load(model_id, version, pinned, pending),
                                        name=f"load-{model_id}")
             self._load_tasks.add(load)
@@ -116,6 +123,7 @@ class ModelHost:
             done.set_exception(ModelLoadFailed(f"model '{model_id}' failed to load: {exc!r}"))
         finally:
             self._loading.pop(model_id, None)
+            self._load_started.pop(model_id, None)
             if done.done() and not done.cancelled():
                 done.exception()  # mark retrieved: a load nobody awaited is not an error
 

@@ -120,7 +120,8 @@ class RuntimeServer:
             return await self.infer(decode_task(args["task"], args.get("delivery_count", 0)),
                                     args.get("accepts", []))
         if op == "health":
-            return {"pid": os.getpid(), "loading": self.host.loading}
+            return {"pid": os.getpid(), "loading": self.host.loading,
+                    "load_ages_s": self.host.load_ages_s()}
         if op == "stats":
             return self.host.stats()
         if op == "load":

@@ -52,6 +52,7 @@ from modelfleet.messages import Reply, decode_reply, encode_task, now_ms
 from modelfleet.repository import Catalog
 from modelfleet.scheduling import QueueView, WorkerView, choose_queues
 from modelfleet.settings import Settings
+from modelfleet.worker.gate import SuspectGate
 from modelfleet.worker.supervisor import RuntimeProcess, RuntimeSupervisor
 
 log = logging.getLogger("modelfleet.worker")
@@ -85,6 +86,7 @@ class Coordinator:
         self._last_served: dict[str, float] = {}
         self._cold_subscribes: deque[float] = deque(maxlen=256)
         self._load_times: deque[float] = deque()
+        self._gates: dict[str, SuspectGate] = {}  # runtime name -> its gate
         self._running: Counter[str] = Counter()  # model id -> tasks in flight here
         self._resident: dict[str, dict[str, list[str]]] = {}  # runtime -> tier -> model ids
         self._loops: list[asyncio.Task[None]] = []
@@ -370,9 +372,25 @@ class Coordinator:
                 await delivery.ack()
                 return
             runtime = self._supervisor.runtime_for(task.model_id)
+            if not await runtime.wait_ready((task.deadline_ms - now_ms()) / 1000):
+                # Its runtime is restarting and the deadline passed meanwhile: nobody waits.
+                metrics.EXPIRED_TASKS.labels(task.model_id).inc()
+                await delivery.ack()
+                return
+            gate = self._gates.setdefault(runtime.name, SuspectGate())
             try:
-                reply = await self._infer(runtime, task.model_id, delivery)
+                # A redelivered task may be the one that crashed a runtime: it runs alone.
+                async with asyncio.timeout(max(0.0, (task.deadline_ms - now_ms()) / 1000)):
+                    async with gate.slot(suspect=task.delivery_count > 0):
+                        reply = await self._infer(runtime, task.model_id, delivery)
+            except TimeoutError:
+                metrics.EXPIRED_TASKS.labels(task.model_id).inc()
+                await delivery.ack()
+                return
             except RuntimeCrashed as exc:
+                # Stop pulling this runtime's queues first, so the task handed back goes to
+                # another worker or waits for the restart instead of bouncing straight back.
+                await self._stop_pulling(runtime)
                 await self._hand_back(delivery, exc)
                 return
             reply = replace(reply, worker_id=self.worker_id, timings_ms={
@@ -392,6 +410,14 @@ class Coordinator:
             self._running[task.model_id] -= 1
             if not self._running[task.model_id]:
                 del self._running[task.model_id]
+
+    async def _stop_pulling(self, runtime: RuntimeProcess) -> None:
+        affected = [m for m in self._consumers if self._supervisor.runtime_for(m) is runtime]
+        for model_id in affected:
+            await self._unsubscribe(model_id)
+        if affected:
+            log.warning("runtime %s is down: stopped pulling %s", runtime.name,
+                        ", ".join(affected))
 
     async def _infer(self, runtime: RuntimeProcess, model_id: str, delivery: Delivery) -> Reply:
         task = delivery.task

@@ -58,6 +58,7 @@ class RuntimeProcess:
         self.loading: list[str] = []
         self._watch: asyncio.Task[None] | None = None
         self._started = asyncio.Event()
+        self._ready = asyncio.Event()
 
     @property
     def ready(self) -> bool:
@@ -76,7 +77,21 @@ class RuntimeProcess:
     def _set(self, state: State) -> None:
         if self.state != state:
             self.state = state
+            if state == "ready":
+                self._ready.set()
+            else:
+                self._ready.clear()
             self._on_change()
+
+    async def wait_ready(self, timeout_s: float) -> bool:
+        """Wait until this runtime is ready (True), or give up after ``timeout_s`` (False)."""
+        if self.ready:
+            return True
+        try:
+            await asyncio.wait_for(self._ready.wait(), max(timeout_s, 0))
+        except TimeoutError:
+            return False
+        return self.ready
 
     async def _run(self) -> None:
         backoff = 0.2
@@ -95,7 +110,7 @@ class RuntimeProcess:
                 return
             self._set("down")
             await self._kill()
-            metrics.RUNTIME_RESTARTS.labels(reason).inc()
+            metrics.RUNTIME_RESTARTS.labels(reason.split(" ")[0]).inc()
             self.restarts += 1
             log.warning("runtime %s %s; restarting in %.1fs", self.name, reason, backoff)
             await asyncio.sleep(backoff)
@@ -135,11 +150,20 @@ class RuntimeProcess:
                 interval = self._settings.runtime.ping_interval_s
                 done, _ = await asyncio.wait({exited}, timeout=interval)
                 if done:
-                    return f"exited with code {self.process.returncode}"
+                    return f"exited (code {self.process.returncode})"
                 try:
                     health = await self.client.call(
                         "health", timeout_s=self._settings.runtime.ping_timeout_s)
                     self.loading = list(health.get("loading", []))
+                    ages = health.get("load_ages_s", {})
+                    stuck = [m for m, age in ages.items()
+                             if age > self._settings.runtime.load_timeout_s]
+                    if stuck:
+                        # A thread cannot be killed: restarting the process is the only
+                        # way to get the load slot and the memory back.
+                        log.error("runtime %s: load of %s exceeded %.0fs", self.name,
+                                  ", ".join(stuck), self._settings.runtime.load_timeout_s)
+                        return "load_hung"
                 except TimeoutError:
                     return "hung"
                 except RuntimeCrashed:

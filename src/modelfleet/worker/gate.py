@@ -1,0 +1,63 @@
+"""Suspects run alone: attributing a runtime crash to the task that caused it.
+
+When a runtime dies, every task in flight on it is handed back, the innocent with
+the guilty: nobody knows which one killed it. If they were simply retried together,
+a poison pill would keep taking its neighbours down with it, and they would reach
+the delivery limit and be dead-lettered beside it. So a redelivered task (a
+*suspect*) runs alone on its runtime: it waits for the tasks in flight there to
+finish, and holds new ones back while it runs. An innocent suspect then succeeds; a
+guilty one crashes the runtime with nothing else in flight, so only it is charged.
+Suspects are rare (they exist only after a crash or a worker's death), so the cost
+is a brief pause for one runtime, not a slower path for everyone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+
+class SuspectGate:
+    """A readers-writer lock: ordinary tasks share the runtime, a suspect has it alone.
+
+    Suspects waiting take precedence over new ordinary tasks, so a stream of
+    ordinary traffic cannot keep a suspect waiting forever.
+    """
+
+    def __init__(self) -> None:
+        self._shared = 0
+        self._alone = False
+        self._suspects_waiting = 0
+        self._changed = asyncio.Condition()
+
+    @contextlib.asynccontextmanager
+    async def shared(self) -> AsyncIterator[None]:
+        async with self._changed:
+            await self._changed.wait_for(lambda: not self._alone and not self._suspects_waiting)
+            self._shared += 1
+        try:
+            yield
+        finally:
+            async with self._changed:
+                self._shared -= 1
+                self._changed.notify_all()
+
+    @contextlib.asynccontextmanager
+    async def alone(self) -> AsyncIterator[None]:
+        async with self._changed:
+            self._suspects_waiting += 1
+            try:
+                await self._changed.wait_for(lambda: not self._alone and not self._shared)
+            finally:
+                self._suspects_waiting -= 1
+            self._alone = True
+        try:
+            yield
+        finally:
+            async with self._changed:
+                self._alone = False
+                self._changed.notify_all()
+
+    def slot(self, suspect: bool) -> contextlib.AbstractAsyncContextManager[None]:
+        return self.alone() if suspect else self.shared()

@@ -1,0 +1,132 @@
+"""Chaos with real processes: runtimes killed mid-request, hung loads, poison pills.
+
+In each, every accepted request is answered or gets 504 at its deadline, the
+numbers show up in metrics, and the fleet recovers with no manual step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+
+from tests.procs import Proc, serve
+
+IRIS = {"features": [5.1, 3.5, 1.4, 0.2]}
+
+
+def metric_sum(base: str, name: str, **labels: str) -> float:
+    total = 0.0
+    for line in httpx.get(f"{base}/metrics").text.splitlines():
+        match = re.match(rf"^{re.escape(name)}(\{{.*\}})? (\S+)$", line)
+        if match and all(f'{k}="{v}"' in (match.group(1) or "") for k, v in labels.items()):
+            total += float(match.group(2))
+    return total
+
+
+def runtimes(proc: Proc) -> list[psutil.Process]:
+    return [p for p in proc.descendants() if "modelfleet.runtime" in " ".join(p.cmdline())]
+
+
+def wait_for(check: object, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():  # type: ignore[operator]
+            return
+        time.sleep(0.1)
+    raise AssertionError("condition not reached")
+
+
+def test_runtime_killed_mid_request_is_handed_back_and_answered(tmp_path: Path) -> None:
+    proc, base = serve(tmp_path, env={"MODELFLEET_RUNTIME__PING_INTERVAL_S": "0.5"})
+    try:
+        async def scenario() -> httpx.Response:
+            async with httpx.AsyncClient(timeout=60) as client:
+                pending = asyncio.ensure_future(client.post(
+                    f"{base}/v1/models/slowload/infer", json={"v": 1},
+                    headers={"x-request-timeout": "45"}))
+                # slowload takes 3 s to load: kill its runtime in the middle of it.
+                for _ in range(100):
+                    fleet = (await client.get(f"{base}/v1/fleet")).json()["workers"]
+                    if fleet and fleet[0]["permits_in_use"]:
+                        break
+                    await asyncio.sleep(0.1)
+                victims = runtimes(proc)
+                assert victims
+                for victim in victims:
+                    os.kill(victim.pid, signal.SIGKILL)
+                return await pending
+
+        response = asyncio.run(scenario())
+        assert response.status_code == 200, response.text
+        assert response.json() == {"echo": {"v": 1}}
+        assert metric_sum(base, "modelfleet_runtime_restarts_total") >= 1
+        assert metric_sum(base, "modelfleet_worker_tasks_handed_back_total",
+                          model="slowload") >= 1
+        assert httpx.post(f"{base}/v1/models/iris/infer", json=IRIS,
+                          timeout=30).status_code == 200
+    finally:
+        proc.stop()
+
+
+def test_hung_load_gets_504_then_the_runtime_is_replaced(tmp_path: Path) -> None:
+    proc, base = serve(tmp_path, env={
+        "MODELFLEET_EXAMPLE_SLOWLOAD_S": "600",  # never finishes within the test
+        "MODELFLEET_RUNTIME__LOAD_TIMEOUT_S": "3",
+        "MODELFLEET_RUNTIME__PING_INTERVAL_S": "0.5",
+    })
+    try:
+        hung = httpx.post(f"{base}/v1/models/slowload/infer", json={"v": 1},
+                          headers={"x-request-timeout": "2"}, timeout=30)
+        assert hung.status_code == 504
+        assert hung.json()["error"]["code"] == "deadline_exceeded"
+        # /livez stays healthy while the load hangs: liveness is not the load's business.
+        assert httpx.get(f"{base}/livez").status_code == 200
+        wait_for(lambda: metric_sum(base, "modelfleet_runtime_restarts_total",
+                                    reason="load_hung") >= 1)
+        # The task came back after the restart with its deadline gone: dropped unrun.
+        wait_for(lambda: metric_sum(base, "modelfleet_worker_expired_tasks_total",
+                                    model="slowload") >= 1)
+        ok = httpx.post(f"{base}/v1/models/iris/infer", json=IRIS, timeout=30)
+        assert ok.status_code == 200
+    finally:
+        proc.stop()
+
+
+def test_poison_pill_is_dead_lettered_and_others_keep_serving(tmp_path: Path) -> None:
+    proc, base = serve(tmp_path, env={"MODELFLEET_RUNTIME__PING_INTERVAL_S": "0.5",
+                                      "MODELFLEET_WORKER__RESTART_BACKOFF_MAX_S": "0.5"})
+    try:
+        async def scenario() -> tuple[httpx.Response, list[httpx.Response]]:
+            async with httpx.AsyncClient(timeout=60) as client:
+                poison = asyncio.ensure_future(client.post(
+                    f"{base}/v1/models/crasher/infer", content=b"CRASH",
+                    headers={"content-type": "text/plain", "x-request-timeout": "60"}))
+                others = []
+                while not poison.done():
+                    others.append(await client.post(f"{base}/v1/models/iris/infer",
+                                                    json=IRIS))
+                    await asyncio.sleep(0.2)
+                return await poison, others
+
+        poison, others = asyncio.run(scenario())
+        assert poison.status_code == 500
+        error = poison.json()["error"]
+        assert error["code"] == "runtime_crashed"
+        assert "dead-lettered" in error["message"] and "crasher" in error["message"]
+        # delivery_limit (3) redeliveries, then the dead-letter queue: 4 crashes, not more.
+        assert metric_sum(base, "modelfleet_worker_dead_lettered_total", model="crasher") == 1
+        assert metric_sum(base, "modelfleet_runtime_restarts_total") == 4
+        # Every request for another model was answered (some waited out a restart).
+        assert others and all(r.status_code == 200 for r in others)
+        fine = httpx.post(f"{base}/v1/models/crasher/infer", content=b"hello",
+                          headers={"content-type": "text/plain"}, timeout=30)
+        assert fine.status_code == 200 and fine.json() == {"echo": "hello"}
+    finally:
+        proc.stop()
