@@ -95,6 +95,7 @@ async def _drop_and_resume(broker: AmqpBroker, proxy: TcpProxy) -> None:
     doomed = await broker.subscribe("m2", prefetch=1)  # cancelled during the outage
     inbox = await broker.open_inbox()
     replies: Collector[Reply] = Collector(inbox)
+    doomed_inbox = await broker.open_inbox()  # closed during the outage
     events: Collector[dict[str, Any]] = Collector(broker.events())
     await heard(events, broker)
     in_hand = make_task("m1")
@@ -117,7 +118,10 @@ async def _drop_and_resume(broker: AmqpBroker, proxy: TcpProxy) -> None:
         # The delivery in hand died with its channel; RabbitMQ will deliver it again.
         with pytest.raises(BrokerUnavailable):
             await held.ack()
+        with pytest.raises(BrokerUnavailable):
+            await sub.set_prefetch(2)
         await doomed.cancel()
+        await doomed_inbox.close()
 
     await proxy.restore()
     await eventually(lambda: is_connected(broker, True), timeout_s=20)
@@ -135,10 +139,11 @@ async def _drop_and_resume(broker: AmqpBroker, proxy: TcpProxy) -> None:
     reply = Reply("r1", "ok", body=b"after")
     assert await broker.publish_reply(inbox.address, reply) is True
     assert await replies.next() == reply
-    # Events flow again, and the subscription cancelled while down stayed cancelled.
+    # Events flow again; what was cancelled or closed while down stayed so.
     await heard(events, broker)
     stats = await broker.queue_stats(["m1", "m2"])
     assert (stats["m1"].consumers, stats["m2"].consumers) == (1, 0)
+    assert await broker.publish_reply(doomed_inbox.address, reply) is False
     for collector in (deliveries, replies, events):
         await collector.stop()
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from modelfleet.broker import Broker, Delivery
+from modelfleet.broker import Broker, Delivery, QueueStats
 from modelfleet.errors import BrokerUnavailable
 from modelfleet.messages import Reply
 from tests.contract.brokers import Collector, eventually, make_task
@@ -20,7 +20,8 @@ from tests.contract.conftest import BrokerFactory
 
 
 async def backlog(broker: Broker, model_id: str) -> int:
-    return (await broker.queue_stats([model_id]))[model_id].backlog
+    stats: QueueStats = (await broker.queue_stats([model_id]))[model_id]
+    return stats.backlog
 
 
 async def test_round_trip_preserves_every_task_field(broker: Broker) -> None:
@@ -304,7 +305,9 @@ async def test_publishing_after_idleness_loses_no_task(make_broker: BrokerFactor
     await deliveries.stop()
 
     # Idle, but not long enough to expire; then a task that will outlive the queue's
-    # first lease. Publishing does not renew a RabbitMQ lease: the broker must.
+    # first lease. Publishing does not renew a RabbitMQ lease: the broker must. (RabbitMQ
+    # checks expiry on a ~5 s tick, so this catches a missing renewal only sometimes;
+    # test_amqp_broker.py has the slow, deterministic version.)
     await asyncio.sleep(expiry_s * 0.75)
     task = make_task("m1", deadline_s=expiry_s * 0.75)
     await broker.publish_task(task)

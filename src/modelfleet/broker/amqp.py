@@ -126,6 +126,8 @@ class AmqpBroker:
 
     async def connect(self) -> None:
         """Connect and declare the shared topology; BrokerUnavailable if that fails."""
+        if self._closed:
+            raise BrokerUnavailable("connect: this broker was closed; make a new one")
         if self._connection is not None:
             return
         settings = self._settings
@@ -169,10 +171,11 @@ class AmqpBroker:
         self._connected = True
 
     def _on_connection_lost(self, _sender: object, exc: BaseException | None = None) -> None:
-        if self._closed:
+        # Also called for every failed reconnect attempt: log the transition only.
+        if self._closed or not self._connected:
             return
         self._connected = False
-        # A queue may expire or vanish while we cannot see it: re-declare before trusting it.
+        # A queue may expire or vanish while we cannot see it: check before trusting it.
         self._leases.clear()
         log.warning("lost the connection to RabbitMQ at %s (%r); reconnecting", self._url, exc)
 
@@ -284,6 +287,8 @@ class AmqpBroker:
 
         Transient: the inbox is not durable either, and dies with its gateway.
         """
+        if len(address.encode()) > 255:  # not a queue name AMQP can route to
+            return False
         try:
             await self._publish(encode_reply(reply), address,
                                 f"publish reply {reply.request_id} to {address}",

@@ -37,6 +37,7 @@ from modelfleet.broker.amqp_topology import (
     DELIVERY_COUNT_HEADER,
     FIRST_DEATH_REASON_HEADER,
     PRIOR_DELIVERIES_HEADER,
+    close_for_good,
 )
 from modelfleet.errors import BrokerError, BrokerUnavailable
 from modelfleet.messages import Task, decode_task
@@ -178,8 +179,7 @@ class AmqpSubscription:
                                                          arguments=arguments)
                 sub._tag = await sub._queue.consume(sub._on_message)
         except BaseException:
-            with contextlib.suppress(Exception):
-                await channel.close()
+            await close_for_good(channel)
             raise
         return sub
 
@@ -266,6 +266,8 @@ class AmqpSubscription:
         prefetch = max(1, prefetch)
         if prefetch == self._prefetch or self._cancelled or self._queue is None:
             return
+        if self._channel.is_closed:  # disconnected: say so now rather than at the timeout
+            raise BrokerUnavailable(f"set prefetch on {self.queue_name}: not connected")
         async with rpc(f"set prefetch on {self.queue_name}", self._timeout_s):
             await self._channel.set_qos(prefetch_count=prefetch)
             old, self._tag = self._tag, await self._queue.consume(self._on_message)
@@ -289,8 +291,7 @@ class AmqpSubscription:
             # Disconnected: the consumer died with the channel. Closing the robust channel
             # on purpose keeps aio-pika from restoring it (and the consumer) on reconnect;
             # what it had handed out is stale already.
-            with contextlib.suppress(Exception):
-                await self._channel.close()
+            await close_for_good(self._channel)
         elif self._queue is not None:
             # aio-pika forgets the consumer before the RPC, so a reconnect won't restore it
             # even if the RPC fails half-way.
@@ -316,6 +317,4 @@ class AmqpSubscription:
             return
         if any(not delivery.stale for delivery in self._held):
             return
-        self._closing = asyncio.ensure_future(self._channel.close())
-        # Best effort: a failure here only means the connection went first.
-        self._closing.add_done_callback(lambda f: f.cancelled() or f.exception())
+        self._closing = asyncio.ensure_future(close_for_good(self._channel))

@@ -23,6 +23,7 @@ from aio_pika.abc import (
 )
 
 from modelfleet.broker.amqp_errors import rpc
+from modelfleet.broker.amqp_topology import close_for_good
 from modelfleet.errors import BrokerUnavailable
 from modelfleet.messages import Reply, decode_event, decode_reply
 
@@ -49,6 +50,7 @@ class AmqpInbox:
         self._timeout_s = timeout_s
         self._on_closed = on_closed
         self._queue: AbstractQueue | None = None
+        self._tag = ""
         self._replies: asyncio.Queue[Reply | None] = asyncio.Queue()
 
     @classmethod
@@ -61,10 +63,9 @@ class AmqpInbox:
                 await channel.initialize()
                 inbox._queue = await channel.declare_queue(
                     inbox._address, exclusive=True, auto_delete=True)
-                await inbox._queue.consume(inbox._on_message, no_ack=True)
+                inbox._tag = await inbox._queue.consume(inbox._on_message, no_ack=True)
         except BaseException:
-            with contextlib.suppress(Exception):
-                await channel.close()
+            await close_for_good(channel)
             raise
         return inbox
 
@@ -93,13 +94,16 @@ class AmqpInbox:
     async def close(self) -> None:
         """Delete the queue (later replies are returned to their publishers) and end iteration."""
         self.stop()
-        if self._channel.is_closed:
-            return
-        with contextlib.suppress(BrokerUnavailable):
-            async with rpc(f"close inbox {self._address}", self._timeout_s):
-                if self._queue is not None:
+        if not self._channel.is_closed and self._queue is not None:
+            with contextlib.suppress(BrokerUnavailable):
+                async with rpc(f"close inbox {self._address}", self._timeout_s):
+                    # Our consumer first (else RabbitMQ cancels it and aiormq logs that),
+                    # then the queue, explicitly: auto-delete happens after the fact, and a
+                    # reply published in between would be taken as delivered.
+                    await self._queue.cancel(self._tag)
                     await self._queue.delete(if_unused=False, if_empty=False)
-                await self._channel.close()
+        # Also when disconnected (the queue died with the connection): never restore it.
+        await close_for_good(self._channel, self._timeout_s)
 
 
 class EventListener:
@@ -126,8 +130,7 @@ class EventListener:
                 await queue.bind(exchange, routing_key="")
                 await queue.consume(listener._on_message, no_ack=True)
         except BaseException:
-            with contextlib.suppress(Exception):
-                await channel.close()
+            await close_for_good(channel)
             raise
         return listener
 
@@ -156,9 +159,6 @@ class EventListener:
 
     async def close(self) -> None:
         self._on_closed(self)
-        if not self._channel.is_closed:
-            # The queue is exclusive and auto-delete: closing the channel cancels the
-            # consumer and RabbitMQ deletes it.
-            with contextlib.suppress(BrokerUnavailable):
-                async with rpc("stop listening to events", self._timeout_s):
-                    await self._channel.close()
+        # The queue is exclusive and auto-delete: closing the channel cancels the consumer
+        # and RabbitMQ deletes it (or it died with the connection already).
+        await close_for_good(self._channel, self._timeout_s)

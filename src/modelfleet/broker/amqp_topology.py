@@ -9,6 +9,8 @@ quorum queues cannot be exclusive or auto-delete.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from typing import Any
@@ -122,5 +124,15 @@ class ChannelSlot:
     async def discard(self) -> None:
         channel, self._channel = self._channel, None
         if channel is not None:
-            # close() marks it closed-on-purpose, so aio-pika does not restore it.
+            await close_for_good(channel)
+
+
+async def close_for_good(channel: AbstractRobustChannel, timeout_s: float = 5.0) -> None:
+    """Close a robust channel so that aio-pika never restores it; best effort.
+
+    Also for a channel already dead with its connection: without this, the reconnect
+    would re-open it and re-declare and re-consume what it had.
+    """
+    with contextlib.suppress(Exception):
+        async with asyncio.timeout(timeout_s):
             await channel.close()
