@@ -24,7 +24,7 @@ from aio_pika.abc import (
 
 from modelfleet.broker.amqp_errors import rpc
 from modelfleet.broker.amqp_topology import close_for_good
-from modelfleet.errors import BrokerUnavailable
+from modelfleet.errors import BrokerError
 from modelfleet.messages import Reply, decode_event, decode_reply
 
 log = logging.getLogger(__name__)
@@ -95,7 +95,8 @@ class AmqpInbox:
         """Delete the queue (later replies are returned to their publishers) and end iteration."""
         self.stop()
         if not self._channel.is_closed and self._queue is not None:
-            with contextlib.suppress(BrokerUnavailable):
+            # BrokerError too: the auto-delete may beat our delete (a 404 on some versions).
+            with contextlib.suppress(BrokerError):
                 async with rpc(f"close inbox {self._address}", self._timeout_s):
                     # Our consumer first (else RabbitMQ cancels it and aiormq logs that),
                     # then the queue, explicitly: auto-delete happens after the fact, and a
