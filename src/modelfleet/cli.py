@@ -26,7 +26,7 @@ EXIT_BROKER = 3
 def _common(parser: argparse.ArgumentParser, gateway: bool, worker: bool) -> None:
     parser.add_argument("--repo", default=os.environ.get("MODELFLEET_REPO", "examples/models"),
                         help="model repository: a folder or an fsspec URL (env MODELFLEET_REPO)")
-    parser.add_argument("--broker", default=os.environ.get("MODELFLEET_BROKER", "memory"),
+    parser.add_argument("--broker", default=None,
                         help="'memory' (embedded) or amqp://user:pass@host:port/ "
                              "(env MODELFLEET_BROKER)")
     parser.add_argument("--log-level", default=os.environ.get("MODELFLEET_LOG_LEVEL", "info"))
@@ -62,8 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
 def build_settings(args: argparse.Namespace) -> Settings:
     """Defaults < MODELFLEET_* environment < flags."""
     base = Settings()
-    overrides: dict[str, Any] = {"repo": args.repo, "log_level": args.log_level,
-                                 "broker": base.broker.model_copy(update={"url": args.broker})}
+    overrides: dict[str, Any] = {"repo": args.repo, "log_level": args.log_level}
+    if args.broker is not None:
+        overrides["broker"] = base.broker.model_copy(update={"url": args.broker})
     gateway: dict[str, Any] = {}
     if getattr(args, "host", None) is not None:
         gateway["host"] = args.host

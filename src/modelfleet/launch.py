@@ -25,7 +25,7 @@ import uvicorn
 from modelfleet.broker import Broker, create_broker
 from modelfleet.gateway.app import create_app
 from modelfleet.gateway.service import GatewayService
-from modelfleet.repository import Catalog, open_store
+from modelfleet.repository import Catalog, ModelStore, open_store
 from modelfleet.settings import Settings
 from modelfleet.worker.coordinator import Coordinator
 from modelfleet.worker.health import create_health_app
@@ -42,10 +42,10 @@ class _Server(uvicorn.Server):
         yield
 
 
-def load_catalog(settings: Settings) -> Catalog:
+def open_repository(settings: Settings) -> tuple[ModelStore, Catalog]:
     store = open_store(settings.repo, settings.state_dir / "disk-cache",
                        settings.runtime.disk_cache_bytes)
-    return Catalog.from_store(store)
+    return store, Catalog.from_store(store)
 
 
 def _http_server(app: Any, host: str, port: int, settings: Settings) -> _Server:
@@ -78,10 +78,11 @@ async def _connect(settings: Settings) -> Broker:
 
 
 async def serve(settings: Settings) -> None:
-    catalog = load_catalog(settings)
+    store, catalog = open_repository(settings)
     broker = await _connect(settings)
     try:
-        coordinator = Coordinator(settings, broker, catalog, RuntimeSupervisor(settings))
+        coordinator = Coordinator(settings, broker, catalog,
+                                  RuntimeSupervisor(settings, catalog, store))
         service = GatewayService(settings, broker, catalog)
         await service.start()
         await coordinator.start()
@@ -100,7 +101,7 @@ async def serve(settings: Settings) -> None:
 
 
 async def gateway(settings: Settings) -> None:
-    catalog = load_catalog(settings)
+    _, catalog = open_repository(settings)
     broker = await _connect(settings)
     try:
         service = GatewayService(settings, broker, catalog)
@@ -116,10 +117,11 @@ async def gateway(settings: Settings) -> None:
 
 
 async def worker(settings: Settings, host: str, port: int) -> None:
-    catalog = load_catalog(settings)
+    store, catalog = open_repository(settings)
     broker = await _connect(settings)
     try:
-        coordinator = Coordinator(settings, broker, catalog, RuntimeSupervisor(settings))
+        coordinator = Coordinator(settings, broker, catalog,
+                                  RuntimeSupervisor(settings, catalog, store))
         await coordinator.start()
         server = _http_server(create_health_app(coordinator), host, port, settings)
         log.info("modelfleet worker %s serving %d models (probes on http://%s:%d)",

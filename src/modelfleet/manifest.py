@@ -122,7 +122,8 @@ class Manifest(_Strict):
 
     @property
     def isolated(self) -> bool:
-        return bool(self.isolation.requirements)
+        """Own requirements or an own memory limit: the model gets a runtime process of its own."""
+        return bool(self.isolation.requirements) or self.isolation.memory_limit_mb is not None
 
 
 def parse_manifest(text: str, path: str) -> Manifest:

@@ -12,8 +12,16 @@ from __future__ import annotations
 import secrets
 from pathlib import Path
 
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict, Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic.fields import FieldInfo
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
 
 from modelfleet.scheduling.settings import ScoringSettings
 
@@ -33,6 +41,9 @@ class BrokerSettings(_Section):
     connect_timeout_s: float = Field(default=5, gt=0)
     reconnect_max_backoff_s: float = Field(default=5, gt=0)
     queue_prefix: str = "model."
+    # Names shared by one deployment; give each deployment on a vhost its own.
+    events_exchange: str = "modelfleet.events"
+    dead_letter_queue: str = "modelfleet.dead-letters"
 
 
 class GatewaySettings(_Section):
@@ -81,6 +92,15 @@ class WorkerSettings(_Section):
     demand_window_s: float = Field(default=60, gt=0)  # how long a demand announcement counts
 
 
+class _EnvSource(EnvSettingsSource):
+    """``MODELFLEET_BROKER=amqp://...`` is the broker's URL, not a JSON ``broker`` section."""
+
+    def decode_complex_value(self, field_name: str, field: FieldInfo, value: Any) -> Any:
+        if field_name == "broker" and isinstance(value, str) and not value.lstrip().startswith("{"):
+            return {"url": value}
+        return super().decode_complex_value(field_name, field, value)
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="MODELFLEET_", env_nested_delimiter="__", frozen=True, extra="ignore"
@@ -94,6 +114,14 @@ class Settings(BaseSettings):
     runtime: RuntimeSettings = RuntimeSettings()
     scheduling: ScoringSettings = ScoringSettings()
     log_level: str = "info"
+
+    @classmethod
+    def settings_customise_sources(
+        cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, _EnvSource(settings_cls), dotenv_settings, file_secret_settings)
 
     @property
     def state_dir(self) -> Path:

@@ -31,4 +31,5 @@ def create_broker(settings: BrokerSettings) -> Broker:
         return MemoryBroker(settings)
     from modelfleet.broker.amqp import AmqpBroker
 
-    return AmqpBroker(settings)
+    return AmqpBroker(settings, dead_letter_queue=settings.dead_letter_queue,
+                      events_exchange=settings.events_exchange)

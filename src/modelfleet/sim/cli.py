@@ -108,9 +108,10 @@ def main(argv: list[str] | None = None) -> int:
         print(to_json(summaries))
     else:
         print(f"# {config.models} models, {config.workers} workers, zipf {config.zipf}, "
-              f"{config.total_rate:g} req/s, {config.duration_s:g} s, seed {config.seed} "
-              f"({len(results[0].latency_s) if results else 0} requests; "
-              f"{elapsed:.1f} s wall)")
+              f"{config.total_rate:g} req/s, {config.duration_s:g} s (first "
+              f"{config.warmup_s:g} s not counted), seed {config.seed}: "
+              f"{len(results[0].latency_s) if results else 0} requests counted; "
+              f"{elapsed:.1f} s wall")
         print(format_table(summaries))
     if not args.no_plot and results:
         path = args.plot or f"sim-{config.seed}.png"

@@ -105,6 +105,7 @@ def plot(results: Sequence[SimResult], path: str, title: str,
             edges = np.arange(0.0, result.duration_s + step, step)
             counts, _ = np.histogram(result.load_times, bins=edges)
             bottom.plot(edges[:-1], counts * 60.0 / step, label=result.router)
+    bottom.set_ylim(bottom=0)
     top.set_ylabel("device-resident models (fleet)")
     bottom.set_ylabel("model loads per minute")
     bottom.set_xlabel("simulated seconds")

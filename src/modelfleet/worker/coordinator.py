@@ -254,8 +254,7 @@ class Coordinator:
         state = self.state()
         device = frozenset(state["resident"]["device"])
         host = frozenset(state["resident"]["host"])
-        serviceable = {m for m in self._catalog_ids()
-                       if self._supervisor.runtime_for(m).ready}
+        serviceable = {m for m in self._catalog_ids() if self._runtime_accepting(m)}
         for model_id in list(self._consumers):  # stop pulling what no runtime can run now
             if model_id not in serviceable:
                 await self._unsubscribe(model_id)
@@ -310,6 +309,13 @@ class Coordinator:
             if view.pinned or stats.consumers < cap:
                 open_.add(model_id)
         return open_
+
+    def _runtime_accepting(self, model_id: str) -> bool:
+        """Pull this model's queue? Isolated models' runtimes start only once in demand."""
+        if self._catalog.get(model_id).manifest.isolated and model_id not in self._demand \
+                and model_id not in self._consumers:
+            return False
+        return self._supervisor.runtime_for(model_id).accepting
 
     def _catalog_ids(self) -> list[str]:
         return [entry.model_id for entry in self._catalog]
@@ -372,10 +378,17 @@ class Coordinator:
                 await delivery.ack()
                 return
             runtime = self._supervisor.runtime_for(task.model_id)
-            if not await runtime.wait_ready((task.deadline_ms - now_ms()) / 1000):
-                # Its runtime is restarting and the deadline passed meanwhile: nobody waits.
+            if not await runtime.wait_settled((task.deadline_ms - now_ms()) / 1000):
+                # Its runtime is (re)starting and the deadline passed meanwhile: nobody waits.
                 metrics.EXPIRED_TASKS.labels(task.model_id).inc()
                 await delivery.ack()
+                return
+            if runtime.failure is not None:  # cannot start (e.g. its environment won't build)
+                runtime.request_retry()
+                await self._broker.publish_reply(task.reply_to, Reply.failure(
+                    task.request_id, runtime.failure, worker_id=self.worker_id))
+                await delivery.ack()
+                metrics.TASKS.labels(task.model_id, "error").inc()
                 return
             gate = self._gates.setdefault(runtime.name, SuspectGate())
             try:

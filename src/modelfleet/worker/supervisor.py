@@ -10,6 +10,15 @@ When a runtime goes down its socket closes, so every call in flight on it raises
 ``RuntimeCrashed`` at once: the coordinator hands those tasks back to the broker.
 ``changed`` is set on every state change so the coordinator can stop pulling the
 affected queues without polling.
+
+Models with their own requirements or a memory limit (``Manifest.isolated``) get a
+runtime process of their own, started the first time the model is needed: on the
+interpreter of a virtual environment built for their requirements (uv, once per
+requirements hash), with their memory limit enforced (cgroup v2 where the machine
+allows, else a resident-memory watchdog). A crash, hang or memory kill there costs
+that model a restart and nobody else anything. An environment that cannot be
+built is a deterministic failure: the runtime is ``failed`` and every task for it
+is answered with the build error (naming the package) until a retry succeeds.
 """
 
 from __future__ import annotations
@@ -24,17 +33,37 @@ import sys
 import tempfile
 import zlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from modelfleet import metrics
 from modelfleet.errors import ModelfleetError, RuntimeCrashed
+from modelfleet.repository import Catalog, ModelStore
+from modelfleet.runtime.environments import (
+    EnvironmentBuilder,
+    EnvironmentBuildFailed,
+    requirements_for,
+    venv_process_env,
+)
 from modelfleet.runtime.ipc import RuntimeClient
+from modelfleet.runtime.limits import LimitHandle, MemoryLimiter, choose_limiter, runtime_env
 from modelfleet.runtime.server import SETTINGS_ENV
 from modelfleet.settings import Settings
 
 log = logging.getLogger("modelfleet.worker")
-State = Literal["starting", "ready", "down", "stopped"]
+State = Literal["starting", "ready", "down", "failed", "stopped"]
+RETRY_FAILED_BUILD_S = 30.0
+
+
+@dataclass(frozen=True)
+class Isolation:
+    """What a dedicated runtime needs: its requirements, its limit, and the tools."""
+
+    requirements: tuple[str, ...]
+    memory_limit_bytes: int | None
+    builder: EnvironmentBuilder | None
+    limiter: MemoryLimiter | None
 
 
 def _die_with_parent() -> None:
@@ -44,13 +73,17 @@ def _die_with_parent() -> None:
 
 
 class RuntimeProcess:
-    def __init__(self, name: str, settings: Settings, socket_dir: Path, python: str,
-                 on_change: Callable[[], None]) -> None:
+    def __init__(self, name: str, settings: Settings, socket_dir: Path,
+                 on_change: Callable[[], None], isolation: Isolation | None = None) -> None:
         self.name = name
         self._settings = settings
         self._socket_path = str(socket_dir / f"{name}.sock")
-        self._python = python
+        self._isolation = isolation
         self._on_change = on_change
+        self._limit: LimitHandle | None = None
+        self.failure: ModelfleetError | None = None
+        self._failed_at = 0.0
+        self._retry = asyncio.Event()
         self.state: State = "starting"
         self.client: RuntimeClient | None = None
         self.process: asyncio.subprocess.Process | None = None
@@ -58,11 +91,22 @@ class RuntimeProcess:
         self.loading: list[str] = []
         self._watch: asyncio.Task[None] | None = None
         self._started = asyncio.Event()
-        self._ready = asyncio.Event()
+        self._settled = asyncio.Event()
 
     @property
     def ready(self) -> bool:
         return self.state == "ready"
+
+    @property
+    def accepting(self) -> bool:
+        """Whether its queues should be pulled: ready, starting up, or failing fast."""
+        return self.state in ("starting", "ready", "failed")
+
+    def request_retry(self) -> None:
+        """A task wants this failed runtime: try building it again, if it failed long ago."""
+        loop_time = asyncio.get_running_loop().time()
+        if self.state == "failed" and loop_time - self._failed_at >= RETRY_FAILED_BUILD_S:
+            self._retry.set()
 
     def start(self) -> None:
         self._watch = asyncio.create_task(self._run(), name=f"supervise-{self.name}")
@@ -77,25 +121,25 @@ class RuntimeProcess:
     def _set(self, state: State) -> None:
         if self.state != state:
             self.state = state
-            if state == "ready":
-                self._ready.set()
+            if state in ("ready", "failed"):
+                self._settled.set()
             else:
-                self._ready.clear()
+                self._settled.clear()
             self._on_change()
 
-    async def wait_ready(self, timeout_s: float) -> bool:
-        """Wait until this runtime is ready (True), or give up after ``timeout_s`` (False)."""
-        if self.ready:
+    async def wait_settled(self, timeout_s: float) -> bool:
+        """Wait until this runtime is ready or has failed (True); False after ``timeout_s``."""
+        if self.state in ("ready", "failed"):
             return True
         try:
-            await asyncio.wait_for(self._ready.wait(), max(timeout_s, 0))
+            await asyncio.wait_for(self._settled.wait(), max(timeout_s, 0))
         except TimeoutError:
             return False
-        return self.ready
+        return True
 
     async def _run(self) -> None:
         backoff = 0.2
-        while self.state != "stopped":
+        while not self.stopped:
             reason = "crashed"
             try:
                 await self._spawn()
@@ -103,12 +147,18 @@ class RuntimeProcess:
                 self._started.set()
                 backoff = 0.2
                 reason = await self._watch_until_down()
+            except EnvironmentBuildFailed as exc:
+                await self._fail(exc)
+                continue
             except ModelfleetError as exc:
                 log.error("runtime %s failed to start: %s", self.name, exc)
                 self._started.set()
             if self.stopped:
                 return
             self._set("down")
+            if self._limit is not None and self._limit.killed_for_memory():
+                reason = "memory"
+                log.warning("runtime %s: %s", self.name, self._limit.kill_reason)
             await self._kill()
             metrics.RUNTIME_RESTARTS.labels(reason.split(" ")[0]).inc()
             self.restarts += 1
@@ -116,14 +166,38 @@ class RuntimeProcess:
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, self._settings.worker.restart_backoff_max_s)
 
+    async def _fail(self, exc: ModelfleetError) -> None:
+        """Park in ``failed`` (tasks get ``exc`` at once) until a retry is asked for."""
+        log.error("runtime %s cannot start: %s", self.name, exc)
+        self.failure = exc
+        self._failed_at = asyncio.get_running_loop().time()
+        self._retry.clear()
+        self._set("failed")
+        self._started.set()
+        await self._retry.wait()
+        self.failure = None
+        self._set("starting")
+
     async def _spawn(self) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self._socket_path)
-        env = dict(os.environ, **{SETTINGS_ENV: self._settings.model_dump_json()})
+        python = sys.executable
+        limit = None
+        env = dict(os.environ)
+        if self._isolation is not None:
+            limit = self._isolation.memory_limit_bytes
+            if self._isolation.requirements and self._isolation.builder is not None:
+                python = str(await self._isolation.builder.ensure(
+                    self._isolation.requirements,
+                    lambda line: log.info("runtime %s: %s", self.name, line)))
+                env = venv_process_env(os.environ)
+        env.update({SETTINGS_ENV: self._settings.model_dump_json(), **runtime_env(limit)})
         self.process = await asyncio.create_subprocess_exec(
-            self._python, "-m", "modelfleet.runtime", "--socket", self._socket_path,
+            python, "-m", "modelfleet.runtime", "--socket", self._socket_path,
             "--name", self.name, env=env, preexec_fn=_die_with_parent,
         )
+        if limit is not None and self._isolation is not None and self._isolation.limiter:
+            self._limit = self._isolation.limiter.attach(self.process.pid, self.name, limit)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._settings.runtime.start_timeout_s
         delay = 0.02
@@ -174,6 +248,9 @@ class RuntimeProcess:
     async def _kill(self) -> None:
         if self.client is not None:
             await self.client.close()
+        if self._limit is not None:
+            await self._limit.close()
+            self._limit = None
         if self.process is not None and self.process.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 self.process.kill()
@@ -182,6 +259,7 @@ class RuntimeProcess:
     async def stop(self, timeout_s: float = 3.0) -> None:
         """Ask the runtime to exit; terminate, then kill, if it does not."""
         previous, self.state = self.state, "stopped"
+        self._retry.set()
         if self._watch is not None:
             self._watch.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -204,22 +282,27 @@ class RuntimeProcess:
 class RuntimeSupervisor:
     """All runtime processes of one worker: a shared pool, plus one per isolated model."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, catalog: Catalog | None = None,
+                 store: ModelStore | None = None) -> None:
         self._settings = settings
+        self._catalog = catalog
+        self._store = store
         self._socket_dir = Path(tempfile.mkdtemp(prefix="modelfleet-"))
         self.changed = asyncio.Event()
         self.shared = [
-            RuntimeProcess(f"runtime-{i}", settings, self._socket_dir, sys.executable,
-                           self._changed)
+            RuntimeProcess(f"runtime-{i}", settings, self._socket_dir, self._changed)
             for i in range(settings.worker.shared_runtimes)
         ]
+        self._dedicated: dict[str, RuntimeProcess] = {}
+        self._builder: EnvironmentBuilder | None = None
+        self._limiter: MemoryLimiter | None = None
 
     def _changed(self) -> None:
         self.changed.set()
         metrics.RUNTIMES_READY.set(sum(r.ready for r in self.all()))
 
     def all(self) -> list[RuntimeProcess]:
-        return list(self.shared)
+        return [*self.shared, *self._dedicated.values()]
 
     async def start(self) -> None:
         for runtime in self.shared:
@@ -227,8 +310,34 @@ class RuntimeSupervisor:
         await asyncio.gather(*(r.wait_started() for r in self.shared))
 
     def runtime_for(self, model_id: str) -> RuntimeProcess:
-        # A stable choice per model keeps its residency in one place.
-        return self.shared[zlib.crc32(model_id.encode()) % len(self.shared)]
+        """The runtime that runs ``model_id``; an isolated model's own is started on first use."""
+        entry = self._catalog.get(model_id) if self._catalog and model_id in self._catalog \
+            else None
+        if entry is None or not entry.manifest.isolated:
+            # A stable choice per model keeps its residency in one place.
+            return self.shared[zlib.crc32(model_id.encode()) % len(self.shared)]
+        runtime = self._dedicated.get(model_id)
+        if runtime is None:
+            runtime = RuntimeProcess(f"model-{model_id}", self._settings, self._socket_dir,
+                                     self._changed, self._isolation_for(model_id))
+            self._dedicated[model_id] = runtime
+            runtime.start()
+        return runtime
+
+    def _isolation_for(self, model_id: str) -> Isolation:
+        assert self._catalog is not None
+        manifest = self._catalog.get(model_id).manifest
+        requirements = tuple(manifest.isolation.requirements)
+        if self._store is not None:
+            package_dir, _ = self._store.materialize(model_id, manifest.version)
+            requirements = requirements_for(package_dir, manifest)
+        limit = manifest.memory_limit_bytes or self._settings.runtime.memory_limit_bytes
+        if requirements and self._builder is None:
+            venvs = self._settings.runtime.venv_dir or str(self._settings.state_dir / "venvs")
+            self._builder = EnvironmentBuilder(Path(venvs))
+        if limit and self._limiter is None:
+            self._limiter = choose_limiter()
+        return Isolation(requirements, limit, self._builder, self._limiter)
 
     async def stop(self) -> None:
         await asyncio.gather(*(r.stop() for r in self.all()))
