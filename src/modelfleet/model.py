@@ -48,6 +48,8 @@ class Request:
             return json.loads(self.body)
         except (ValueError, UnicodeDecodeError) as exc:
             raise InvalidInput(f"body is not valid JSON: {exc}") from exc
+        except RecursionError as exc:  # a few KiB of "[[[[..." must not be a server error
+            raise InvalidInput("body is JSON nested too deeply") from exc
 
     def text(self) -> str:
         try:

@@ -62,6 +62,7 @@ async def test_late_and_duplicate_replies_are_dropped() -> None:
     (b'{"url": "https://x"}', "text/plain", None),
     (b'{"features": [1, 2]}', "application/json", None),
     (b"not json", "application/json", None),
+    (b"[" * 4000 + b"]" * 4000, "application/json", None),
 ])
 def test_url_bodies(body: bytes, ctype: str, expected: str | None) -> None:
     assert url_payload(body, ctype) == expected

@@ -53,7 +53,7 @@ def url_payload(body: bytes, content_type: str) -> str | None:
         return None
     try:
         value = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         return None
     if isinstance(value, dict) and set(value) == {"url"} and isinstance(value["url"], str) \
             and value["url"].startswith(("http://", "https://")):

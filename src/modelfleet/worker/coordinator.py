@@ -347,9 +347,14 @@ class Coordinator:
         log.info("unsubscribed from %s", model_id)
 
     async def _resize_prefetch(self, free_permits: int) -> None:
+        """Keep each window near min(batch size, free permits), changing it only by 2x.
+
+        A prefetch change costs RabbitMQ a new consumer, so small swings of the free
+        permits (every task start and finish moves them) are not followed.
+        """
         for model_id, consumer in self._consumers.items():
             wanted = self._prefetch_for(model_id, free_permits)
-            if wanted != consumer.prefetch:
+            if wanted * 2 <= consumer.prefetch or wanted >= consumer.prefetch * 2:
                 with contextlib.suppress(BrokerUnavailable):
                     await consumer.subscription.set_prefetch(wanted)
                     consumer.prefetch = wanted
