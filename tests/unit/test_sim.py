@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -118,3 +120,11 @@ def test_pull_affinity_loads_fewer_models_than_round_robin_on_a_skewed_catalog()
                                     compare(skewed, ["pull-affinity", "round-robin"]))}
     assert results["pull-affinity"].loads_per_min < results["round-robin"].loads_per_min
     assert results["pull-affinity"].hit_rate > results["round-robin"].hit_rate
+
+
+def test_python_dash_m_runs_the_cli() -> None:
+    done = subprocess.run([sys.executable, "-m", "modelfleet.sim", *TINY_ARGS, "--json",
+                           "--no-plot", "--routers", "round-robin"],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert [row["router"] for row in json.loads(done.stdout)] == ["round-robin"]

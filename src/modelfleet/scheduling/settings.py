@@ -57,7 +57,11 @@ class ScoringSettings(BaseModel):
     # on it (the new model would only wait behind them) or without a free permit.
     max_loads_for_cold: int = Field(default=2, ge=1)
 
-    max_subscriptions: int = Field(default=64, ge=1)
+    # A cap on queues held at once. Keep it above the number of models a worker
+    # holds (device + host): a resident model whose queue nobody consumes gets
+    # starved, then loaded cold elsewhere (in the simulator a cap of 16 doubled
+    # the fleet's model loads). Warm idle subscriptions are cheap to keep.
+    max_subscriptions: int = Field(default=256, ge=1)
 
     # Fan-out cap: round(fanout_max_workers * multiplier), at least 1.
     plan_fanout_multiplier: dict[str, float] = Field(
