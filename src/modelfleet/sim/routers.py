@@ -96,8 +96,11 @@ class RayMultiplex(PushRouter):
     the fewest models loaded among those with room (ties: least busy); when
     every worker is full, the least busy holder, else the fewest-models worker.
 
-    The router's view of where models are is exact and instant, which is kinder
-    than Ray's periodically pushed model-id lists.
+    Two departures from Ray, both kinder to it: the router's view of where
+    models are is exact and instant (Ray's replicas push their model-id lists
+    periodically), and when every worker is full the request is placed at once
+    instead of waiting in the handle's queue; we ran that variant too, and at
+    Zipf 0.8 and 1.0 it timed out twice as many requests.
     """
 
     name = "ray-multiplex"
