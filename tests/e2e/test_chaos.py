@@ -13,12 +13,33 @@ import signal
 import time
 from pathlib import Path
 
+import json
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+
 import httpx
 import psutil
+import pytest
 
-from tests.procs import Proc, serve
+from tests.conftest import rabbitmq_url, require_rabbitmq
+from tests.procs import ROOT, Proc, serve
 
 IRIS = {"features": [5.1, 3.5, 1.4, 0.2]}
+
+
+@pytest.fixture(params=["memory", pytest.param("amqp", marks=pytest.mark.rabbitmq)])
+def broker(request: pytest.FixtureRequest) -> Iterator[tuple[str, dict[str, str]]]:
+    """The embedded broker, or RabbitMQ with names of this test's own."""
+    if request.param == "memory":
+        yield "memory", {}
+        return
+    require_rabbitmq()
+    tag = f"chaos{uuid.uuid4().hex[:8]}"
+    yield rabbitmq_url(), {"MODELFLEET_BROKER__QUEUE_PREFIX": f"{tag}.",
+                           "MODELFLEET_BROKER__EVENTS_EXCHANGE": f"{tag}.events",
+                           "MODELFLEET_BROKER__DEAD_LETTER_QUEUE": f"{tag}.dead-letters"}
 
 
 def metric_sum(base: str, name: str, **labels: str) -> float:
@@ -43,8 +64,11 @@ def wait_for(check: object, timeout_s: float = 30) -> None:
     raise AssertionError("condition not reached")
 
 
-def test_runtime_killed_mid_request_is_handed_back_and_answered(tmp_path: Path) -> None:
-    proc, base = serve(tmp_path, env={"MODELFLEET_RUNTIME__PING_INTERVAL_S": "0.5"})
+def test_runtime_killed_mid_request_is_handed_back_and_answered(
+        tmp_path: Path, broker: tuple[str, dict[str, str]]) -> None:
+    url, names = broker
+    proc, base = serve(tmp_path, broker=url,
+                       env={"MODELFLEET_RUNTIME__PING_INTERVAL_S": "0.5", **names})
     try:
         async def scenario() -> httpx.Response:
             async with httpx.AsyncClient(timeout=60) as client:
@@ -75,8 +99,10 @@ def test_runtime_killed_mid_request_is_handed_back_and_answered(tmp_path: Path) 
         proc.stop()
 
 
-def test_hung_load_gets_504_then_the_runtime_is_replaced(tmp_path: Path) -> None:
-    proc, base = serve(tmp_path, env={
+def test_hung_load_gets_504_then_the_runtime_is_replaced(
+        tmp_path: Path, broker: tuple[str, dict[str, str]]) -> None:
+    url, names = broker
+    proc, base = serve(tmp_path, broker=url, env={**names,
         "MODELFLEET_EXAMPLE_SLOWLOAD_S": "600",  # never finishes within the test
         "MODELFLEET_RUNTIME__LOAD_TIMEOUT_S": "3",
         "MODELFLEET_RUNTIME__PING_INTERVAL_S": "0.5",
@@ -99,9 +125,12 @@ def test_hung_load_gets_504_then_the_runtime_is_replaced(tmp_path: Path) -> None
         proc.stop()
 
 
-def test_poison_pill_is_dead_lettered_and_others_keep_serving(tmp_path: Path) -> None:
-    proc, base = serve(tmp_path, env={"MODELFLEET_RUNTIME__PING_INTERVAL_S": "0.5",
-                                      "MODELFLEET_WORKER__RESTART_BACKOFF_MAX_S": "0.5"})
+def test_poison_pill_is_dead_lettered_and_others_keep_serving(
+        tmp_path: Path, broker: tuple[str, dict[str, str]]) -> None:
+    url, names = broker
+    proc, base = serve(tmp_path, broker=url, env={
+        "MODELFLEET_RUNTIME__PING_INTERVAL_S": "0.5",
+        "MODELFLEET_WORKER__RESTART_BACKOFF_MAX_S": "0.5", **names})
     try:
         async def scenario() -> tuple[httpx.Response, list[httpx.Response]]:
             async with httpx.AsyncClient(timeout=60) as client:
@@ -130,3 +159,22 @@ def test_poison_pill_is_dead_lettered_and_others_keep_serving(tmp_path: Path) ->
         assert fine.status_code == 200 and fine.json() == {"echo": "hello"}
     finally:
         proc.stop()
+    if url != "memory":  # the dead letter went to RabbitMQ's dead-letter queue: archive it
+        archived = dlq(tmp_path, url, names, "archive", "--once")
+        assert archived.returncode == 0, archived.stderr
+        listed = dlq(tmp_path, url, names, "list", "--json")
+        records = [json.loads(line) for line in listed.stdout.splitlines() if line.strip()]
+        crashers = [r for r in records if r["model_id"] == "crasher"]
+        assert len(crashers) == 1
+        assert crashers[0]["failure_class"] == "deterministic"
+        assert "runtime_crashed" in crashers[0]["death_reason"]
+
+
+def dlq(tmp_path: Path, url: str, names: dict[str, str], *args: str
+        ) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "modelfleet", "dlq", *args, "--broker", url,
+                           "--db", str(tmp_path / "dlq.sqlite3")] if args[0] == "archive" else
+                          [sys.executable, "-m", "modelfleet", "dlq", *args,
+                           "--db", str(tmp_path / "dlq.sqlite3")],
+                          env={**os.environ, **names}, cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
