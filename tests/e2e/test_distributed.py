@@ -146,3 +146,12 @@ def test_rabbitmq_restart_is_survived(tmp_path: Path, env: dict[str, str],
         time.sleep(0.5)
     assert status == 200
     assert all(p.popen.poll() is None for p in procs)
+
+
+def test_unreachable_broker_at_start_up_is_one_clear_line(tmp_path: Path) -> None:
+    for command in ("gateway", "worker"):
+        proc = Proc([command, "--broker", "amqp://guest:secret@127.0.0.1:1/"], {},
+                    tmp_path / f"{command}.log", None)
+        assert proc.popen.wait(60) == 3
+        lines = [line for line in proc.log().splitlines() if "error" in line.lower()]
+        assert lines and "127.0.0.1:1" in lines[-1] and "secret" not in proc.log()

@@ -25,6 +25,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         # Small limits so that each error path is cheap to reach.
         "MODELFLEET_GATEWAY__MAX_BODY_BYTES": str(2 * 1024 * 1024),
         "MODELFLEET_GATEWAY__INLINE_THRESHOLD_BYTES": "2048",
+        "MODELFLEET_RUNTIME__COMPRESS_THRESHOLD_BYTES": "1024",
     })
     yield base
     proc.stop()
@@ -291,5 +292,40 @@ def test_capacity_limits_are_503_and_507(tmp_path: Path) -> None:
                            json={"features": [5.1, 3.5, 1.4, 0.2]}, timeout=30)
         assert again.status_code == 507  # fails at once again, no retry loop
         assert httpx.get(f"{base}/livez").status_code == 200
+    finally:
+        proc.stop()
+
+
+def test_large_results_come_back_whole(server: str) -> None:
+    """Results above the compression threshold travel zstd-compressed; callers see text."""
+    text = " ".join(f"w{i}" for i in range(700))  # the banner is ~4 KiB; threshold 1 KiB
+    response = httpx.post(f"{server}/v1/models/banner/infer", content=text.encode(),
+                          headers={"content-type": "text/plain"}, timeout=30)
+    assert response.status_code == 200, response.text
+    assert len(response.content) > 1024
+    assert "w0 " in response.text and "w699" in response.text
+
+
+def test_worker_is_not_ready_for_cold_work_while_loading_but_live(tmp_path: Path) -> None:
+    proc, base = serve(tmp_path, name="loading",
+                       env={"MODELFLEET_RUNTIME__PING_INTERVAL_S": "0.3",
+                            "MODELFLEET_WORKER__STATE_INTERVAL_S": "0.3"})
+    try:
+        async def scenario() -> tuple[list[bool], httpx.Response]:
+            seen: list[bool] = []
+            async with httpx.AsyncClient(timeout=60) as client:
+                slow = asyncio.ensure_future(client.post(
+                    f"{base}/v1/models/slowload/infer", json={"v": 1}))
+                while not slow.done():
+                    workers = (await client.get(f"{base}/v1/fleet")).json()["workers"]
+                    if workers and workers[0]["loading"]:
+                        seen.append(workers[0]["accepting_cold_work"])
+                        assert (await client.get(f"{base}/livez")).status_code == 200
+                    await asyncio.sleep(0.1)
+                return seen, await slow
+
+        seen, slow = asyncio.run(scenario())
+        assert slow.status_code == 200
+        assert seen and not any(seen), "a loading worker must refuse new cold work"
     finally:
         proc.stop()
