@@ -53,8 +53,11 @@ class ScoringSettings(BaseModel):
 
     # Cold subscriptions (model not resident here) per worker per minute.
     cold_subscribes_per_minute: int = Field(default=6, ge=0)
-    # A worker does not take new cold work while this many models are loading
-    # on it (the new model would only wait behind them) or without a free permit.
+    # A worker takes no new cold queue while this many models are loading on it
+    # (the new model would only wait behind them); a cold queue taken under
+    # pressure also needs a free permit, a starved one only the loader. Keep it
+    # equal to the runtime's concurrent loads (RuntimeSettings.max_concurrent_loads):
+    # at 1 with 2 loaders the simulator's fleet warmed up at half speed.
     max_loads_for_cold: int = Field(default=2, ge=1)
 
     # A cap on queues held at once. Keep it above the number of models a worker
