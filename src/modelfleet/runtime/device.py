@@ -43,10 +43,16 @@ class LoadMeasurement:
     seconds: float
 
 
-def measure_load(device: str, package_dir: Path, load: Callable[[], None]) -> LoadMeasurement:
-    """Run ``load`` and measure the bytes it made resident and how long it took."""
+def measure_load(device: str, package_dir: Path, prepare: Callable[[], None],
+                 load: Callable[[], None]) -> LoadMeasurement:
+    """Run ``prepare`` (importing the handler) then ``load``; measure what the load took.
+
+    Time covers both: importing a framework is part of what a cold model costs. Bytes
+    cover ``load`` only, since a framework's import stays resident when the model goes.
+    """
     artifact = package_bytes(package_dir)
     started = time.perf_counter()
+    prepare()
     if device == "cuda":
         import torch
 

@@ -18,7 +18,7 @@ import contextlib
 import gc
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +40,23 @@ class LoadedModel:
     handler: Model
     batcher: Batcher
     device: str
+    in_use: int = 0
+    idle: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def __post_init__(self) -> None:
+        self.idle.set()
+
+    @contextlib.contextmanager
+    def using(self) -> Iterator[None]:
+        """Held while a request runs on the model: it is not moved or freed under it."""
+        self.in_use += 1
+        self.idle.clear()
+        try:
+            yield
+        finally:
+            self.in_use -= 1
+            if not self.in_use:
+                self.idle.set()
 
 
 @dataclass(frozen=True)
@@ -145,14 +162,12 @@ class ModelHost:
             ctx = Context(model_id, version, package_dir, device, limit)
             handlers: list[Model] = []
 
-            def import_and_load() -> None:  # both count: importing a framework is load cost
-                handler = import_handler(manifest, package_dir)()
-                handler.load(ctx)
-                handlers.append(handler)
+            def prepare() -> None:
+                handlers.append(import_handler(manifest, package_dir)())
 
             try:
-                measured = await asyncio.to_thread(measure_load, device, package_dir,
-                                                   import_and_load)
+                measured = await asyncio.to_thread(measure_load, device, package_dir, prepare,
+                                                   lambda: handlers[0].load(ctx))
             except ModelfleetError:
                 raise
             except Exception as exc:
@@ -204,6 +219,7 @@ class ModelHost:
             if eviction.action == "demote":
                 loaded = self._models.get(eviction.model_id)
                 if loaded is not None:
+                    await loaded.idle.wait()  # requests running on it finish first
                     await asyncio.to_thread(move, loaded.handler, "host")
             else:
                 await self._unload(eviction.model_id)
@@ -223,6 +239,7 @@ class ModelHost:
         loaded = self._models.pop(model_id, None)
         if loaded is None:
             return
+        await loaded.idle.wait()  # requests running on it finish first
         device = loaded.device
         await loaded.batcher.close()
         with contextlib.suppress(Exception):  # a failing unload must not wedge the runtime

@@ -62,6 +62,12 @@ class Batcher:
             self._loop_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._loop_task
+        # Nobody may wait forever on a batch that will not run.
+        closed = ModelFailed("the model was unloaded before this input was predicted")
+        while not self._queue.empty():
+            pending = self._queue.get_nowait()
+            if not pending.future.done():
+                pending.future.set_exception(closed)
 
     async def _run(self) -> None:
         while True:

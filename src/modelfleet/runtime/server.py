@@ -158,8 +158,10 @@ class RuntimeServer:
             if remaining_s <= 0:
                 raise DeadlineExceeded("deadline passed before inference started")
             try:
-                async with asyncio.timeout(remaining_s):
-                    result, phases = await handle_request(loaded.handler, loaded.batcher, request)
+                with loaded.using():  # taken at once: no eviction between ensure and predict
+                    async with asyncio.timeout(remaining_s):
+                        result, phases = await handle_request(loaded.handler, loaded.batcher,
+                                                              request)
             except TimeoutError as exc:
                 raise DeadlineExceeded(f"inference did not finish within the deadline "
                                        f"({remaining_s:.2f}s left when it started)") from exc

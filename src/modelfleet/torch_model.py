@@ -1,0 +1,59 @@
+"""``TorchModel``: a model whose weights are torch modules, movable between memory tiers.
+
+The runtime's cache demotes a model from the device to host memory when it needs
+room and the host budget allows; promoting it back is then a copy, not a reload.
+For a ``TorchModel`` the copy is real: ``to_host`` moves every module to the CPU into
+pinned (page-locked) memory, so that ``to_device`` can copy it back at the full
+host-to-device bandwidth. Subclasses write ``load`` as usual, putting their modules on
+``self.device`` (``ctx.device`` is "cuda" when the manifest asks for it and a GPU
+is present, "cpu" otherwise)::
+
+    class Classifier(TorchModel):
+        def load(self, ctx):
+            super().load(ctx)
+            self.net = torch.jit.load(ctx.artifact("model.pt"), map_location=self.device)
+
+torch is imported only when a TorchModel is used.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from modelfleet.model import Context, Model
+
+
+class TorchModel(Model):
+    device: str = "cpu"
+
+    def load(self, ctx: Context) -> None:
+        self.device = ctx.device
+
+    def modules(self) -> Iterator[Any]:
+        """The torch modules holding this model's weights: every ``nn.Module`` attribute."""
+        import torch
+
+        for value in vars(self).values():
+            if isinstance(value, torch.nn.Module):
+                yield value
+
+    def to_host(self) -> None:
+        """Demote: weights to host memory (pinned when a GPU is there to copy them back)."""
+        import torch
+
+        pin = torch.cuda.is_available()
+        for module in self.modules():
+            module.to("cpu")
+            if pin:
+                for tensor in [*module.parameters(), *module.buffers()]:
+                    tensor.data = tensor.data.pin_memory()
+
+    def to_device(self) -> None:
+        """Promote: weights back onto ``self.device`` (a copy, not a reload)."""
+        import torch
+
+        for module in self.modules():
+            module.to(self.device, non_blocking=True)
+        if self.device.startswith("cuda"):
+            torch.cuda.synchronize()
