@@ -27,9 +27,8 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.procs import serve  # noqa: E402  (the tests' process helper, reused)
-
 from modelfleet import LocalModel  # noqa: E402
+from tests.procs import serve  # noqa: E402  (the tests' process helper, reused)
 
 BODIES = {
     "iris": (b'{"features": [5.1, 3.5, 1.4, 0.2]}', "application/json"),

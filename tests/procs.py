@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -18,6 +19,16 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples" / "models"
 MODELFLEET = [sys.executable, "-m", "modelfleet"]
+
+
+def metric_sum(base: str, name: str, **labels: str) -> float:
+    """The sum of a Prometheus metric's samples whose labels include ``labels``."""
+    total = 0.0
+    for line in httpx.get(f"{base}/metrics").text.splitlines():
+        match = re.match(rf"^{re.escape(name)}(\{{.*\}})? (\S+)$", line)
+        if match and all(f'{k}="{v}"' in (match.group(1) or "") for k, v in labels.items()):
+            total += float(match.group(2))
+    return total
 
 
 def free_port() -> int:

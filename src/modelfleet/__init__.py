@@ -5,7 +5,7 @@ The model author's API lives here::
     from modelfleet import Model, Request
 """
 
-from modelfleet.errors import InvalidInput, ModelfleetError, ModelFailed
+from modelfleet.errors import InvalidInput, ModelFailed, ModelfleetError
 from modelfleet.model import Context, LocalModel, Model, Output, Request
 
 __all__ = ["Context", "InvalidInput", "LocalModel", "Model", "ModelFailed", "ModelfleetError",

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import secrets
 from pathlib import Path
-
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field

@@ -7,24 +7,22 @@ numbers show up in metrics, and the fleet recovers with no manual step.
 from __future__ import annotations
 
 import asyncio
-import os
-import re
-import signal
-import time
-from pathlib import Path
-
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import psutil
 import pytest
 
 from tests.conftest import rabbitmq_url, require_rabbitmq
-from tests.procs import ROOT, Proc, serve
+from tests.procs import ROOT, Proc, metric_sum, serve
 
 IRIS = {"features": [5.1, 3.5, 1.4, 0.2]}
 
@@ -40,15 +38,6 @@ def broker(request: pytest.FixtureRequest) -> Iterator[tuple[str, dict[str, str]
     yield rabbitmq_url(), {"MODELFLEET_BROKER__QUEUE_PREFIX": f"{tag}.",
                            "MODELFLEET_BROKER__EVENTS_EXCHANGE": f"{tag}.events",
                            "MODELFLEET_BROKER__DEAD_LETTER_QUEUE": f"{tag}.dead-letters"}
-
-
-def metric_sum(base: str, name: str, **labels: str) -> float:
-    total = 0.0
-    for line in httpx.get(f"{base}/metrics").text.splitlines():
-        match = re.match(rf"^{re.escape(name)}(\{{.*\}})? (\S+)$", line)
-        if match and all(f'{k}="{v}"' in (match.group(1) or "") for k, v in labels.items()):
-            total += float(match.group(2))
-    return total
 
 
 def runtimes(proc: Proc) -> list[psutil.Process]:

@@ -2,21 +2,11 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import httpx
 
-from tests.procs import serve
-
-
-def metric_sum(base: str, name: str, **labels: str) -> float:
-    total = 0.0
-    for line in httpx.get(f"{base}/metrics").text.splitlines():
-        match = re.match(rf"^{re.escape(name)}(\{{.*\}})? (\S+)$", line)
-        if match and all(f'{k}="{v}"' in (match.group(1) or "") for k, v in labels.items()):
-            total += float(match.group(2))
-    return total
+from tests.procs import metric_sum, serve
 
 
 def test_conflicting_pins_serve_side_by_side(tmp_path: Path) -> None:

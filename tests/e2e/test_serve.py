@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import signal
 import socket
 from collections.abc import Iterator
@@ -14,7 +13,7 @@ import httpx
 import psutil
 import pytest
 
-from tests.procs import ROOT, Proc, serve
+from tests.procs import ROOT, Proc, metric_sum, serve
 
 DIGITS = ROOT / "tests" / "fixtures" / "digits"
 
@@ -29,15 +28,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     })
     yield base
     proc.stop()
-
-
-def metric(base: str, name: str, **labels: str) -> float:
-    text = httpx.get(f"{base}/metrics").text
-    want = ",".join(f'{k}="{v}"' for k, v in labels.items())
-    pattern = "^" + re.escape(name) + (r"\{" + re.escape(want) + r"\}" if labels else "") \
-        + r" (\S+)$"
-    found = re.search(pattern, text, re.MULTILINE)
-    return float(found.group(1)) if found else 0.0
 
 
 def error_of(response: httpx.Response) -> dict[str, str]:
@@ -64,12 +54,13 @@ def test_large_payload_travels_by_signed_url(server: str) -> None:
     """Above the inline threshold the runtime fetches the bytes from the gateway."""
     image = (ROOT / "examples" / "seven.png").read_bytes()
     padded = image + b"\0" * 4096  # PNG readers ignore trailing bytes; now above 2 KiB
-    before = metric(server, "modelfleet_gateway_payload_fetches_total", outcome="ok")
+    before = metric_sum(server, "modelfleet_gateway_payload_fetches_total", outcome="ok")
     response = httpx.post(f"{server}/v1/models/digits/infer", content=padded,
                           headers={"content-type": "image/png"}, timeout=30)
     assert response.status_code == 200, response.text
     assert response.json()["digit"] == 7
-    assert metric(server, "modelfleet_gateway_payload_fetches_total", outcome="ok") == before + 1
+    fetched = metric_sum(server, "modelfleet_gateway_payload_fetches_total", outcome="ok")
+    assert fetched == before + 1
 
 
 def test_payload_urls_must_be_signed(server: str) -> None:
@@ -151,7 +142,7 @@ def test_deadline_is_504(server: str) -> None:
 
 
 def test_model_that_fails_to_load_is_500_and_retried(server: str) -> None:
-    before = metric(server, "modelfleet_model_load_failures_total")
+    before = metric_sum(server, "modelfleet_model_load_failures_total")
     for _ in range(2):
         response = httpx.post(f"{server}/v1/models/broken/infer", json={}, timeout=30)
         assert response.status_code == 500
@@ -161,10 +152,10 @@ def test_model_that_fails_to_load_is_500_and_retried(server: str) -> None:
         assert "format" in error["message"]  # the cause, from the handler's exception
     # Load failures are counted when the worker next reads its runtime's stats.
     for _ in range(50):
-        if metric(server, "modelfleet_model_load_failures_total") >= before + 2:
+        if metric_sum(server, "modelfleet_model_load_failures_total") >= before + 2:
             break
         asyncio.run(asyncio.sleep(0.1))
-    assert metric(server, "modelfleet_model_load_failures_total") >= before + 2
+    assert metric_sum(server, "modelfleet_model_load_failures_total") >= before + 2
 
 
 def test_catalog(server: str) -> None:
@@ -254,7 +245,7 @@ def test_clean_shutdown_leaves_no_process(tmp_path: Path, sig: int) -> None:
     children = proc.descendants()
     assert children, "serve should have spawned at least one runtime process"
     assert proc.stop(sig, timeout_s=10) == 0, proc.log()
-    gone, alive = psutil.wait_procs(children, timeout=5)
+    _gone, alive = psutil.wait_procs(children, timeout=5)
     assert not alive, f"left behind: {alive}"
 
 

@@ -63,7 +63,8 @@ def package(root: Path, name: str, estimate_mb: float, load_s: float = 0.0,
         rng = np.random.default_rng(len(name))
         rng.standard_normal(int(estimate_mb * MiB / 8)).tofile(folder / "weights.bin")
     if broken:
-        source = source.replace("LOADS.append", "raise RuntimeError('weights corrupt'); LOADS.append")
+        source = source.replace("LOADS.append",
+                                "raise RuntimeError('weights corrupt'); LOADS.append")
     (folder / "handler.py").write_text(source)
 
 

@@ -63,7 +63,7 @@ async def test_inline_bytes_need_no_fetch() -> None:
 
 async def test_loopback_is_refused_unless_allowed(origin: str) -> None:
     f = fetcher()
-    with pytest.raises(PayloadFetchForbidden, match="non-public address 127.0.0.1"):
+    with pytest.raises(PayloadFetchForbidden, match=r"non-public address 127\.0\.0\.1"):
         await f.fetch(PayloadRef("url", url=f"{origin}/img"), 5)
     await f.close()
     allowed = fetcher("127.0.0.0/8")
