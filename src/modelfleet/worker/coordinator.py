@@ -321,8 +321,17 @@ class Coordinator:
         return [entry.model_id for entry in self._catalog]
 
     def _prefetch_for(self, model_id: str, free_permits: int) -> int:
+        """The consumer's window: what this worker could start now for this queue.
+
+        At least the model's batch size (a batch must be able to form), at least a fair
+        share of the permits (so one hot model can fill an otherwise idle worker, and a
+        model that batches one at a time is not capped at one broker round trip per
+        task), and never more than the permits free now: unclaimed work stays in the
+        queue, visible to other workers and to the autoscaler.
+        """
         batch = self._catalog.get(model_id).manifest.batching.max_batch_size
-        return max(1, min(batch, free_permits))
+        share = -(-self._cap // max(1, len(self._consumers)))
+        return max(1, min(max(batch, share), free_permits))
 
     async def _subscribe(self, model_id: str) -> None:
         if model_id in self._consumers or self._stopping:
