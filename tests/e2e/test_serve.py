@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import http.server
 import json
 import signal
 import socket
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,6 +27,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         "MODELFLEET_GATEWAY__MAX_BODY_BYTES": str(2 * 1024 * 1024),
         "MODELFLEET_GATEWAY__INLINE_THRESHOLD_BYTES": "2048",
         "MODELFLEET_RUNTIME__COMPRESS_THRESHOLD_BYTES": "1024",
+        # Payload URLs on this machine's loopback are allowed here (and only here).
+        "MODELFLEET_RUNTIME__URL_FETCH_ALLOW": '["127.0.0.1"]',
     })
     yield base
     proc.stop()
@@ -61,6 +65,46 @@ def test_large_payload_travels_by_signed_url(server: str) -> None:
     assert response.json()["digit"] == 7
     fetched = metric_sum(server, "modelfleet_gateway_payload_fetches_total", outcome="ok")
     assert fetched == before + 1
+    # Freed as soon as the reply came.
+    assert metric_sum(server, "modelfleet_gateway_payload_store_bytes") == 0
+
+
+@pytest.fixture(scope="module")
+def image_host() -> Iterator[str]:
+    """A caller's own image server, on loopback."""
+    seven = (ROOT / "examples" / "seven.png").read_bytes()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200 if self.path == "/seven.png" else 404)
+            self.send_header("content-type", "image/png")
+            self.end_headers()
+            if self.path == "/seven.png":
+                self.wfile.write(seven)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+
+
+def test_payload_by_url(server: str, image_host: str) -> None:
+    ok = httpx.post(f"{server}/v1/models/digits/infer",
+                    json={"url": f"{image_host}/seven.png"}, timeout=30)
+    assert ok.status_code == 200, ok.text
+    assert ok.json()["digit"] == 7
+    missing = httpx.post(f"{server}/v1/models/digits/infer",
+                         json={"url": f"{image_host}/nothing.png"}, timeout=30)
+    assert missing.status_code == 502
+    assert error_of(missing)["code"] == "payload_unavailable"
+    private = httpx.post(f"{server}/v1/models/digits/infer",
+                         json={"url": "http://169.254.169.254/latest/meta-data"}, timeout=30)
+    assert private.status_code == 400
+    assert error_of(private)["code"] == "payload_fetch_forbidden"
 
 
 def test_payload_urls_must_be_signed(server: str) -> None:

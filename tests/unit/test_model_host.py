@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 import textwrap
+import threading
+import types
 from pathlib import Path
 
 import numpy as np
@@ -21,14 +24,20 @@ import threading, time
 import numpy as np
 from modelfleet import Model
 
+import sys
 LOADS = []
+PROBE = sys.modules.get("mf_load_probe")  # set by a test that counts concurrent loads
 
 class Weights(Model):
     """Weights live on the "device" or the "host"; moving copies them, like module.to()."""
 
     def load(self, ctx):
         LOADS.append(ctx.model_id)
+        if PROBE is not None:
+            PROBE.enter()
         time.sleep({load_s})
+        if PROBE is not None:
+            PROBE.leave()
         self.w = np.fromfile(ctx.artifact("weights.bin"), dtype=np.float64)
         self.where = "device"
 
@@ -146,3 +155,34 @@ async def test_a_failed_load_leaves_nothing_and_is_retried(tmp_path: Path) -> No
     stats = host.stats()
     assert stats["load_failures"] == 2
     assert stats["device_used_bytes"] == 0 and host.loading == []
+
+
+class LoadProbe(types.ModuleType):
+    """Counts loads under way across every handler module (each package has its own)."""
+
+    def __init__(self) -> None:
+        super().__init__("mf_load_probe")
+        self.now = self.peak = 0
+        self.lock = threading.Lock()
+
+    def enter(self) -> None:
+        with self.lock:
+            self.now += 1
+            self.peak = max(self.peak, self.now)
+
+    def leave(self) -> None:
+        with self.lock:
+            self.now -= 1
+
+
+async def test_at_most_k_loads_at_once_per_runtime(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    probe = LoadProbe()
+    monkeypatch.setitem(sys.modules, "mf_load_probe", probe)
+    names = [f"m{i}" for i in range(5)]
+    for name in names:
+        package(tmp_path, name, 1, load_s=0.2)
+    host = host_for(tmp_path, 64, 0)  # max_concurrent_loads=2
+    await asyncio.gather(*(host.ensure(name, "1") for name in names))
+    assert probe.peak == 2  # two at a time: the limit, and it was used
+    assert sorted(load[0] for load in host.stats()["loads"]) == names

@@ -145,7 +145,7 @@ class Coordinator:
     def ready(self) -> bool:
         """Can this worker take new work now?"""
         return (not self._stopping and self._broker.connected
-                and any(r.ready for r in self._supervisor.all()))
+                and any(r.ready for r in self._supervisor.shared))
 
     @property
     def loading(self) -> list[str]:
