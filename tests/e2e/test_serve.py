@@ -364,3 +364,26 @@ def test_worker_is_not_ready_for_cold_work_while_loading_but_live(tmp_path: Path
         assert seen and not any(seen), "a loading worker must refuse new cold work"
     finally:
         proc.stop()
+
+
+def test_shutdown_drains_in_flight_requests(tmp_path: Path) -> None:
+    proc, base = serve(tmp_path, name="drain")
+
+    async def scenario() -> httpx.Response:
+        async with httpx.AsyncClient(timeout=60) as client:
+            pending = asyncio.ensure_future(client.post(
+                f"{base}/v1/models/slowload/infer", json={"v": 1}))  # ~3 s: a load
+            for _ in range(100):
+                workers = (await client.get(f"{base}/v1/fleet")).json()["workers"]
+                if workers and workers[0]["permits_in_use"]:
+                    break
+                await asyncio.sleep(0.1)
+            proc.popen.send_signal(signal.SIGTERM)  # mid-request
+            return await pending
+
+    response = asyncio.run(scenario())
+    assert response.status_code == 200, response.text  # finished, not cut off
+    assert response.json() == {"echo": {"v": 1}}
+    assert proc.popen.wait(15) == 0
+    with pytest.raises(httpx.ConnectError):  # and no longer accepting
+        httpx.get(f"{base}/livez", timeout=2)
