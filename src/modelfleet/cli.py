@@ -16,6 +16,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from modelfleet import __version__
 from modelfleet.errors import BrokerUnavailable, ConfigError, ModelfleetError
 from modelfleet.settings import Settings
 
@@ -43,6 +44,7 @@ def _common(parser: argparse.ArgumentParser, gateway: bool, worker: bool) -> Non
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="modelfleet", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"modelfleet {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     _common(commands.add_parser("serve", help="gateway + embedded broker + worker, one process"),
             gateway=True, worker=True)

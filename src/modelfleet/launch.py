@@ -17,12 +17,14 @@ import asyncio
 import contextlib
 import logging
 import signal
+import socket
 from collections.abc import Generator
 from typing import Any
 
 import uvicorn
 
 from modelfleet.broker import Broker, create_broker
+from modelfleet.errors import ConfigError
 from modelfleet.gateway.app import create_app
 from modelfleet.gateway.service import GatewayService
 from modelfleet.repository import Catalog, ModelStore, open_store
@@ -55,12 +57,27 @@ def _http_server(app: Any, host: str, port: int, settings: Settings) -> _Server:
     return _Server(config)
 
 
-async def _until_signalled(server: _Server) -> None:
+def _listen(host: str, port: int) -> socket.socket:
+    """Bind the HTTP port first, so a port in use fails start-up at once, clearly."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror}") from exc
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+async def _until_signalled(server: _Server, listener: socket.socket) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    serving = asyncio.create_task(server.serve(), name="http")
+    serving = asyncio.create_task(server.serve(sockets=[listener]), name="http")
     stopping = asyncio.create_task(stop.wait())
     await asyncio.wait({serving, stopping}, return_when=asyncio.FIRST_COMPLETED)
     log.info("shutting down")
@@ -79,6 +96,7 @@ async def _connect(settings: Settings) -> Broker:
 
 async def serve(settings: Settings) -> None:
     store, catalog = open_repository(settings)
+    listener = _listen(settings.gateway.host, settings.gateway.port)
     broker = await _connect(settings)
     try:
         coordinator = Coordinator(settings, broker, catalog,
@@ -91,8 +109,9 @@ async def serve(settings: Settings) -> None:
         gw = settings.gateway
         server = _http_server(app, gw.host, gw.port, settings)
         log.info("modelfleet serving %d models from %s on http://%s:%d (broker: %s)",
-                 len(catalog), settings.repo, gw.host, gw.port, _redact(settings.broker.url))
-        await _until_signalled(server)
+                 len(catalog), settings.repo, gw.host, listener.getsockname()[1],
+                 _redact(settings.broker.url))
+        await _until_signalled(server, listener)
         await coordinator.stop()
         await service.stop()
     finally:
@@ -102,15 +121,16 @@ async def serve(settings: Settings) -> None:
 
 async def gateway(settings: Settings) -> None:
     _, catalog = open_repository(settings)
+    listener = _listen(settings.gateway.host, settings.gateway.port)
     broker = await _connect(settings)
     try:
         service = GatewayService(settings, broker, catalog)
         await service.start()
         gw = settings.gateway
         server = _http_server(create_app(service), gw.host, gw.port, settings)
-        log.info("modelfleet gateway on http://%s:%d (broker: %s)", gw.host, gw.port,
-                 _redact(settings.broker.url))
-        await _until_signalled(server)
+        log.info("modelfleet gateway on http://%s:%d (broker: %s)", gw.host,
+                 listener.getsockname()[1], _redact(settings.broker.url))
+        await _until_signalled(server, listener)
         await service.stop()
     finally:
         await broker.close()
@@ -118,6 +138,7 @@ async def gateway(settings: Settings) -> None:
 
 async def worker(settings: Settings, host: str, port: int) -> None:
     store, catalog = open_repository(settings)
+    listener = _listen(host, port)
     broker = await _connect(settings)
     try:
         coordinator = Coordinator(settings, broker, catalog,
@@ -125,8 +146,8 @@ async def worker(settings: Settings, host: str, port: int) -> None:
         await coordinator.start()
         server = _http_server(create_health_app(coordinator), host, port, settings)
         log.info("modelfleet worker %s serving %d models (probes on http://%s:%d)",
-                 coordinator.worker_id, len(catalog), host, port)
-        await _until_signalled(server)
+                 coordinator.worker_id, len(catalog), host, listener.getsockname()[1])
+        await _until_signalled(server, listener)
         await coordinator.stop()
     finally:
         await broker.close()

@@ -387,3 +387,14 @@ def test_shutdown_drains_in_flight_requests(tmp_path: Path) -> None:
     assert proc.popen.wait(15) == 0
     with pytest.raises(httpx.ConnectError):  # and no longer accepting
         httpx.get(f"{base}/livez", timeout=2)
+
+
+def test_port_in_use_fails_start_up_clearly(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = Proc(["serve", "--port", str(port)], {}, tmp_path / "taken.log", None)
+        assert proc.popen.wait(30) == 2
+    assert f"cannot listen on 127.0.0.1:{port}" in proc.log()
+    assert not proc.descendants()
