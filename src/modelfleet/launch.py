@@ -50,8 +50,9 @@ def open_repository(settings: Settings) -> tuple[ModelStore, Catalog]:
     return store, Catalog.from_store(store)
 
 
-def _http_server(app: Any, host: str, port: int, settings: Settings) -> _Server:
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off",
+def _http_server(app: Any, settings: Settings) -> _Server:
+    """uvicorn over a socket bound already (``_listen``)."""
+    config = uvicorn.Config(app, log_level="warning", lifespan="off",
                             timeout_graceful_shutdown=int(settings.gateway.drain_timeout_s) or 1,
                             access_log=False)
     return _Server(config)
@@ -96,61 +97,69 @@ async def _connect(settings: Settings) -> Broker:
 
 async def serve(settings: Settings) -> None:
     store, catalog = open_repository(settings)
-    listener = _listen(settings.gateway.host, settings.gateway.port)
-    broker = await _connect(settings)
-    try:
-        coordinator = Coordinator(settings, broker, catalog,
-                                  RuntimeSupervisor(settings, catalog, store))
-        service = GatewayService(settings, broker, catalog)
-        await service.start()
-        await coordinator.start()
-        app = create_app(service, readiness=[lambda: (coordinator.ready, "worker not ready")],
-                         liveness=[lambda: coordinator.live])
-        gw = settings.gateway
-        server = _http_server(app, gw.host, gw.port, settings)
-        log.info("modelfleet serving %d models from %s on http://%s:%d (broker: %s)",
-                 len(catalog), settings.repo, gw.host, listener.getsockname()[1],
-                 _redact(settings.broker.url))
-        await _until_signalled(server, listener)
-        await coordinator.stop()
-        await service.stop()
-    finally:
-        await broker.close()
+    with _listen(settings.gateway.host, settings.gateway.port) as listener:
+        broker = await _connect(settings)
+        try:
+            service = GatewayService(settings, broker, catalog, listener.getsockname()[1],
+                                     runtimes_local=True)
+            coordinator = Coordinator(settings, broker, catalog,
+                                      RuntimeSupervisor(settings, catalog, store))
+            await service.start()
+            try:
+                await coordinator.start()
+                try:
+                    app = create_app(service, readiness=[
+                        lambda: (coordinator.ready, "worker not ready")],
+                        liveness=[lambda: coordinator.live])
+                    gw = settings.gateway
+                    log.info("modelfleet serving %d models from %s on http://%s:%d "
+                             "(broker: %s)", len(catalog), settings.repo, gw.host,
+                             listener.getsockname()[1], _redact(settings.broker.url))
+                    await _until_signalled(_http_server(app, settings), listener)
+                finally:
+                    await coordinator.stop()
+            finally:
+                await service.stop()
+        finally:
+            await broker.close()
     log.info("stopped")
 
 
 async def gateway(settings: Settings) -> None:
     _, catalog = open_repository(settings)
-    listener = _listen(settings.gateway.host, settings.gateway.port)
-    broker = await _connect(settings)
-    try:
-        service = GatewayService(settings, broker, catalog)
-        await service.start()
-        gw = settings.gateway
-        server = _http_server(create_app(service), gw.host, gw.port, settings)
-        log.info("modelfleet gateway on http://%s:%d (broker: %s)", gw.host,
-                 listener.getsockname()[1], _redact(settings.broker.url))
-        await _until_signalled(server, listener)
-        await service.stop()
-    finally:
-        await broker.close()
+    with _listen(settings.gateway.host, settings.gateway.port) as listener:
+        broker = await _connect(settings)
+        try:
+            service = GatewayService(settings, broker, catalog, listener.getsockname()[1])
+            await service.start()
+            try:
+                log.info("modelfleet gateway on http://%s:%d (broker: %s)",
+                         settings.gateway.host, listener.getsockname()[1],
+                         _redact(settings.broker.url))
+                await _until_signalled(_http_server(create_app(service), settings), listener)
+            finally:
+                await service.stop()
+        finally:
+            await broker.close()
 
 
 async def worker(settings: Settings, host: str, port: int) -> None:
     store, catalog = open_repository(settings)
-    listener = _listen(host, port)
-    broker = await _connect(settings)
-    try:
-        coordinator = Coordinator(settings, broker, catalog,
-                                  RuntimeSupervisor(settings, catalog, store))
-        await coordinator.start()
-        server = _http_server(create_health_app(coordinator), host, port, settings)
-        log.info("modelfleet worker %s serving %d models (probes on http://%s:%d)",
-                 coordinator.worker_id, len(catalog), host, listener.getsockname()[1])
-        await _until_signalled(server, listener)
-        await coordinator.stop()
-    finally:
-        await broker.close()
+    with _listen(host, port) as listener:
+        broker = await _connect(settings)
+        try:
+            coordinator = Coordinator(settings, broker, catalog,
+                                      RuntimeSupervisor(settings, catalog, store))
+            await coordinator.start()
+            try:
+                log.info("modelfleet worker %s serving %d models (probes on http://%s:%d)",
+                         coordinator.worker_id, len(catalog), host, listener.getsockname()[1])
+                await _until_signalled(_http_server(create_health_app(coordinator), settings),
+                                       listener)
+            finally:
+                await coordinator.stop()
+        finally:
+            await broker.close()
 
 
 def _redact(url: str) -> str:

@@ -8,7 +8,7 @@ Example::
     accepts = ["image/png", "image/jpeg"]
     device = "cpu"                    # "cpu" or "cuda"
     memory_estimate_mb = 4            # used only before the first load measures it
-    timeout_s = 30                    # default deadline for this model's requests
+    timeout_s = 30                    # default deadline (else the gateway's default)
     tenant = "examples"
     plan = "free"                     # free | pro | enterprise
 
@@ -70,7 +70,7 @@ class Manifest(_Strict):
     accepts: tuple[str, ...] = Field(default=("application/json",), strict=False)
     device: Literal["cpu", "cuda"] = "cpu"
     memory_estimate_mb: float = Field(default=64, gt=0)
-    timeout_s: float = Field(default=30, gt=0)
+    timeout_s: float | None = Field(default=None, gt=0)
     tenant: str = "default"
     plan: Plan = "free"
     description: str = ""

@@ -69,7 +69,6 @@ class RuntimeSettings(_Section):
     url_fetch_max_bytes: int = Field(default=20 * MiB, gt=0)
     url_fetch_timeout_s: float = Field(default=10, gt=0)
     url_fetch_allow: tuple[str, ...] = ()  # hosts/CIDRs exempt from the private-address ban
-    max_image_pixels: int = Field(default=40_000_000, gt=0)
     memory_limit_bytes: int | None = None  # default per-runtime limit for isolated models
     disk_cache_dir: str = ""
     disk_cache_bytes: int = Field(default=10 * GiB, gt=0)

@@ -329,3 +329,19 @@ async def test_a_closed_broker_refuses_work(broker: Broker) -> None:
         await broker.publish_event({"kind": "ping"})
     with pytest.raises(BrokerUnavailable):
         await broker.publish_reply("modelfleet.inbox.x", Reply(uuid.uuid4().hex, "ok"))
+
+
+async def test_a_released_task_comes_back(broker: Broker) -> None:
+    """release(): a task never started goes back for another try (uncounted where allowed)."""
+    task = make_task("m1")
+    await broker.publish_task(task)
+    sub = await broker.subscribe("m1", prefetch=1)
+    deliveries: Collector[Delivery] = Collector(sub)
+    first = await deliveries.next()
+    await first.release()
+    again = await deliveries.next()
+    assert again.task.request_id == task.request_id
+    assert again.task.delivery_count <= 1  # 0 here and on RabbitMQ 4.3+; 3.x counts it
+    await again.ack()
+    await sub.cancel()
+    await deliveries.stop()

@@ -398,3 +398,16 @@ def test_port_in_use_fails_start_up_clearly(tmp_path: Path) -> None:
         assert proc.popen.wait(30) == 2
     assert f"cannot listen on 127.0.0.1:{port}" in proc.log()
     assert not proc.descendants()
+
+
+def test_malformed_payload_urls_do_not_wedge_a_model(server: str) -> None:
+    for url in ("http://x:99999/", "http://[::1/", "http://"):
+        bad = httpx.post(f"{server}/v1/models/banner/infer", json={"url": url}, timeout=30)
+        assert bad.status_code == 400, bad.text
+    # More than a prefetch window's worth, and the model still answers.
+    for _ in range(20):
+        httpx.post(f"{server}/v1/models/banner/infer", json={"url": "http://x:99999/"},
+                   timeout=30)
+    ok = httpx.post(f"{server}/v1/models/banner/infer", content=b"still here",
+                    headers={"content-type": "text/plain"}, timeout=30)
+    assert ok.status_code == 200

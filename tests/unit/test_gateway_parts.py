@@ -66,3 +66,30 @@ async def test_late_and_duplicate_replies_are_dropped() -> None:
 ])
 def test_url_bodies(body: bytes, ctype: str, expected: str | None) -> None:
     assert url_payload(body, ctype) == expected
+
+
+def test_malformed_payload_urls_are_rejected() -> None:
+    from modelfleet.errors import RequestRejected
+
+    for body in (b'{"url": "http://x:99999/"}', b'{"url": "http://[::1/"}', b'{"url": "http://"}'):
+        with pytest.raises(RequestRejected):
+            url_payload(body, "application/json")
+
+
+def test_public_url() -> None:
+    from modelfleet.errors import ConfigError
+    from modelfleet.gateway.service import public_url
+    from modelfleet.settings import GatewaySettings, Settings
+
+    def settings(**gw: object) -> Settings:
+        return Settings(gateway=GatewaySettings(**gw))  # type: ignore[arg-type]
+
+    assert public_url(settings(host="127.0.0.1", port=0), bound_port=4321) == \
+        "http://127.0.0.1:4321"
+    assert public_url(settings(host="::1", port=80)) == "http://[::1]:80"
+    assert public_url(settings(host="0.0.0.0", port=80), runtimes_local=True) == \
+        "http://127.0.0.1:80"
+    assert public_url(settings(host="0.0.0.0", public_url="http://gw-3:8000/")) == \
+        "http://gw-3:8000"
+    with pytest.raises(ConfigError, match="public_url"):
+        public_url(settings(host="0.0.0.0", port=80))

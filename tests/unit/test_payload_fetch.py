@@ -99,3 +99,25 @@ async def test_time_limit_and_no_redirects(origin: str) -> None:
     with pytest.raises(DeadlineExceeded):
         await f.fetch(PayloadRef("url", url=f"{origin}/img"), 0)
     await f.close()
+
+
+@pytest.mark.parametrize(("carried", "inner"), [
+    ("::ffff:127.0.0.1", "127.0.0.1"),
+    ("64:ff9b::a9fe:a9fe", "169.254.169.254"),
+    ("2002:7f00:1::1", "127.0.0.1"),
+])
+def test_ipv6_addresses_carrying_ipv4_are_judged_by_it(carried: str, inner: str) -> None:
+    import ipaddress
+
+    from modelfleet.runtime.payload import embedded_ipv4
+
+    assert embedded_ipv4(ipaddress.ip_address(carried)) == ipaddress.ip_address(inner)
+    assert not embedded_ipv4(ipaddress.ip_address(carried)).is_global
+
+
+async def test_malformed_url_is_forbidden_not_a_crash() -> None:
+    f = fetcher()
+    for url in ("http://x:99999/", "http://[::1/"):
+        with pytest.raises(PayloadFetchForbidden, match="malformed"):
+            await f.fetch(PayloadRef("url", url=url), 5)
+    await f.close()

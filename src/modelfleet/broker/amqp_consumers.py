@@ -118,6 +118,15 @@ class AmqpDelivery:
         finally:
             self._sub.settled(self)
 
+    async def release(self) -> None:
+        """basic.nack(requeue=True): RabbitMQ 4.3+ does not count it; 3.x counts it."""
+        self._begin()
+        try:
+            with translated(self._what("release")):
+                await self._message.nack(requeue=True)
+        finally:
+            self._sub.settled(self)
+
     async def dead_letter(self, reason: str) -> None:
         """Publish the task to the dead-letter queue with ``reason`` (confirmed), then ack.
 

@@ -59,6 +59,14 @@ class Delivery(Protocol):
         """Give the task back (requeue=True counts toward the delivery limit) or drop it."""
         ...
 
+    async def release(self) -> None:
+        """Give back a task this consumer never started, uncounted where the broker allows.
+
+        (The embedded broker and RabbitMQ 4.3+ do not count it; RabbitMQ 3.x counts
+        every return.)
+        """
+        ...
+
     async def dead_letter(self, reason: str) -> None:
         """Move the task to the dead-letter queue now, with ``reason`` kept, and settle it."""
         ...

@@ -101,6 +101,11 @@ class MemoryDelivery:
             self._broker.requeue(self._queue, self._message)
         self._queue.dispatch()
 
+    async def release(self) -> None:
+        self._settle()
+        self._queue.ready.appendleft(self._message)  # never started: not counted
+        self._queue.dispatch()
+
     async def dead_letter(self, reason: str) -> None:
         self._settle()
         self._broker.to_dead_letters(self._message, reason)
@@ -212,6 +217,8 @@ class MemoryBroker:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._sweeper
         for listener in self._listeners:
+            while listener.full():  # room for the end marker, even behind a slow listener
+                listener.get_nowait()
             listener.put_nowait(None)
         for inbox in list(self.inboxes.values()):
             await inbox.close()

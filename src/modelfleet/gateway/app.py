@@ -11,6 +11,7 @@ Every error is ``{"error": {"code": ..., "message": ...}}`` with its status.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -27,6 +28,7 @@ from modelfleet.gateway.http import STATUS_BY_CODE, error_body, error_response
 from modelfleet.gateway.service import GatewayService
 from modelfleet.manifest import CONTENT_TYPES
 
+log = logging.getLogger("modelfleet.gateway")
 ReadinessCheck = Callable[[], tuple[bool, str]]
 
 _INFER_OPENAPI: dict[str, Any] = {
@@ -55,6 +57,11 @@ def create_app(service: GatewayService, readiness: list[ReadinessCheck] | None =
     async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         return error_body(exc.status_code, code, str(exc.detail))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected error")
+        return error_body(500, "internal_error", f"internal error: {type(exc).__name__}")
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -98,6 +105,9 @@ def create_app(service: GatewayService, readiness: list[ReadinessCheck] | None =
         except ModelfleetError as exc:
             status = STATUS_BY_CODE.get(exc.code, 500)
             return error_response(exc)
+        except Exception as exc:  # a bug of ours: still a JSON error, and logged
+            log.exception("request for %s failed", model)
+            return error_body(500, "internal_error", f"internal error: {type(exc).__name__}")
         finally:
             known = model if model in service.catalog else "(unknown)"
             metrics.REQUESTS.labels(known, str(status)).inc()

@@ -17,6 +17,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 import zstandard
 
@@ -24,6 +25,7 @@ from modelfleet.broker import Broker, Inbox
 from modelfleet.errors import (
     BrokerUnavailable,
     ClientGone,
+    ConfigError,
     DeadlineExceeded,
     NoCapacity,
     RequestRejected,
@@ -48,21 +50,55 @@ class Answer:
 
 
 def url_payload(body: bytes, content_type: str) -> str | None:
-    """The caller's URL if the body is exactly ``{"url": "http(s)://..."}``, else None."""
+    """The caller's URL if the body is exactly ``{"url": "http(s)://..."}``, else None.
+
+    Raises ``RequestRejected`` for such a body whose URL cannot be parsed.
+    """
     if content_type != "application/json" or len(body) > 8192:
         return None
     try:
         value = json.loads(body)
     except (ValueError, UnicodeDecodeError, RecursionError):
         return None
-    if isinstance(value, dict) and set(value) == {"url"} and isinstance(value["url"], str) \
-            and value["url"].startswith(("http://", "https://")):
-        return value["url"]
-    return None
+    if not (isinstance(value, dict) and set(value) == {"url"} and isinstance(value["url"], str)
+            and value["url"].startswith(("http://", "https://"))):
+        return None
+    url: str = value["url"]
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 (parsing it is the check)
+    except ValueError as exc:
+        raise RequestRejected(f"payload URL is malformed: {exc}") from exc
+    if not parts.hostname:
+        raise RequestRejected(f"payload URL has no host: {url!r}")
+    return url
+
+
+def public_url(settings: Settings, bound_port: int | None = None,
+               runtimes_local: bool = False) -> str:
+    """How runtimes reach this gateway: ``gateway.public_url``, else the bound address.
+
+    A wildcard bind (0.0.0.0, ::) names no reachable host: with runtimes on this
+    machine (``serve``) loopback does; otherwise the gateway needs ``gateway.public_url``
+    for large payloads (``ConfigError``).
+    """
+    gw = settings.gateway
+    if gw.public_url:
+        return gw.public_url.rstrip("/")
+    port = bound_port or gw.port
+    if gw.host in ("0.0.0.0", "::", "") and runtimes_local:
+        return f"http://{'[::1]' if gw.host == '::' else '127.0.0.1'}:{port}"
+    if gw.host in ("0.0.0.0", "::", ""):
+        raise ConfigError(f"gateway.host is {gw.host!r}: set gateway.public_url "
+                          "(MODELFLEET_GATEWAY__PUBLIC_URL) to the address runtimes should "
+                          "use to fetch large payloads from this gateway")
+    host = f"[{gw.host}]" if ":" in gw.host else gw.host
+    return f"http://{host}:{port}"
 
 
 class GatewayService:
-    def __init__(self, settings: Settings, broker: Broker, catalog: Catalog) -> None:
+    def __init__(self, settings: Settings, broker: Broker, catalog: Catalog,
+                 bound_port: int | None = None, runtimes_local: bool = False) -> None:
         self.settings = settings
         self.broker = broker
         self.catalog = catalog
@@ -73,8 +109,7 @@ class GatewayService:
         self._announced: dict[str, float] = {}
         self._loops: list[asyncio.Task[None]] = []
         self._decompressor = zstandard.ZstdDecompressor()
-        gw = settings.gateway
-        self.public_url = (gw.public_url or f"http://{gw.host}:{gw.port}").rstrip("/")
+        self.public_url = public_url(settings, bound_port, runtimes_local)
 
     async def start(self) -> None:
         self._inbox = await self.broker.open_inbox()
@@ -96,9 +131,10 @@ class GatewayService:
     def live(self) -> bool:
         return all(not loop.done() for loop in self._loops)
 
-    def deadline_ms(self, model_timeout_s: float, requested: str | None) -> int:
+    def deadline_ms(self, model_timeout_s: float | None, requested: str | None) -> int:
+        """Now plus the caller's timeout, else the model's, else the default; capped."""
         gw = self.settings.gateway
-        timeout_s = min(model_timeout_s, gw.max_timeout_s)
+        timeout_s = min(model_timeout_s or gw.default_timeout_s, gw.max_timeout_s)
         if requested is not None:
             try:
                 asked = float(requested)

@@ -46,6 +46,11 @@ class LoadedModel:
     def __post_init__(self) -> None:
         self.idle.set()
 
+    async def quiesce(self) -> None:
+        """Wait until no request and no batch (even one whose caller gave up) runs on it."""
+        await self.idle.wait()
+        await self.batcher.idle()
+
     @contextlib.contextmanager
     def using(self) -> Iterator[None]:
         """Held while a request runs on the model: it is not moved or freed under it."""
@@ -105,26 +110,31 @@ class ModelHost:
 
     async def ensure(self, model_id: str, version: str, pinned: bool = False
                      ) -> tuple[LoadedModel, bool]:
-        """The model ready on its device; returns (model, whether this call waited on a load)."""
-        loaded = self._models.get(model_id)
-        if loaded is not None and self.cache.tier_of(model_id) == "device":
-            if loaded.manifest.version == version:
-                self.cache.hit(model_id)
-                return loaded, False
-        pending = self._loading.get(model_id)
-        if pending is not None:  # single flight: wait on the load already under way
+        """The model ready on its device; returns (model, whether this call waited on a load).
+
+        One load per model id at a time: a request for a model being loaded waits on
+        that load (and, if it wanted another version, loads its own after it).
+        """
+        waited = False
+        while True:
+            loaded = self._models.get(model_id)
+            if loaded is not None and loaded.manifest.version == version \
+                    and self.cache.tier_of(model_id) == "device":
+                self.cache.hit(model_id)  # a use, for the eviction policy's frequency count
+                return loaded, waited
+            pending = self._loading.get(model_id)
+            if pending is None:
+                pending = asyncio.get_running_loop().create_future()
+                self._loading[model_id] = pending
+                self._load_started[model_id] = time.monotonic()
+                load = asyncio.create_task(self._load(model_id, version, pinned, pending),
+                                           name=f"load-{model_id}")
+                self._load_tasks.add(load)
+                load.add_done_callback(self._load_tasks.discard)
             loaded = await asyncio.shield(pending)
-            self.cache.hit(model_id)  # a use, for the eviction policy's frequency count
-            return loaded, True
-        if pending is None:
-            pending = asyncio.get_running_loop().create_future()
-            self._loading[model_id] = pending
-            self._load_started[model_id] = time.monotonic()
-            load = asyncio.create_task(self._load(model_id, version, pinned, pending),
-                                       name=f"load-{model_id}")
-            self._load_tasks.add(load)
-            load.add_done_callback(self._load_tasks.discard)
-        return await asyncio.shield(pending), True
+            waited = True
+            if loaded.manifest.version == version:
+                return loaded, True
 
     async def _load(self, model_id: str, version: str, pinned: bool,
                     done: asyncio.Future[LoadedModel]) -> None:
@@ -154,9 +164,11 @@ class ModelHost:
 
         package_dir, source = await asyncio.to_thread(self._store.materialize, model_id, version)
         manifest = load_manifest(package_dir / "model.toml")
+        pinned = pinned or manifest.fanout.pinned  # pinned stays pinned across restarts
         size = self.cache.last_measured_bytes(model_id) or manifest.memory_estimate_bytes
-        await self._carry_out(self.cache.reserve(model_id, size, pinned=pinned))
+        evictions = self.cache.reserve(model_id, size, pinned=pinned)
         try:
+            await self._carry_out(evictions)
             device = resolve_device(manifest.device)
             limit = manifest.memory_limit_bytes or self._settings.memory_limit_bytes
             ctx = Context(model_id, version, package_dir, device, limit)
@@ -197,9 +209,12 @@ class ModelHost:
     async def _promote(self, loaded: LoadedModel, pinned: bool) -> LoadedModel:
         model_id = loaded.manifest.name
         size = self.cache.last_measured_bytes(model_id) or loaded.manifest.memory_estimate_bytes
-        await self._carry_out(self.cache.reserve(model_id, size, pinned=pinned))
+        evictions = self.cache.reserve(model_id, size,
+                                       pinned=pinned or loaded.manifest.fanout.pinned)
         started = time.perf_counter()
         try:
+            await self._carry_out(evictions)
+            started = time.perf_counter()
             await asyncio.to_thread(move, loaded.handler, "device")
         except BaseException:
             self.cache.release(model_id)
@@ -219,8 +234,13 @@ class ModelHost:
             if eviction.action == "demote":
                 loaded = self._models.get(eviction.model_id)
                 if loaded is not None:
-                    await loaded.idle.wait()  # requests running on it finish first
-                    await asyncio.to_thread(move, loaded.handler, "host")
+                    await loaded.quiesce()  # requests and batches running on it finish first
+                    try:
+                        await asyncio.to_thread(move, loaded.handler, "host")
+                    except Exception:
+                        log.exception("demoting %s failed; dropping it", eviction.model_id)
+                        self.cache.remove(eviction.model_id)
+                        await self._unload(eviction.model_id)
             else:
                 await self._unload(eviction.model_id)
 
@@ -239,7 +259,7 @@ class ModelHost:
         loaded = self._models.pop(model_id, None)
         if loaded is None:
             return
-        await loaded.idle.wait()  # requests running on it finish first
+        await loaded.quiesce()  # requests and batches running on it finish first
         device = loaded.device
         await loaded.batcher.close()
         with contextlib.suppress(Exception):  # a failing unload must not wedge the runtime

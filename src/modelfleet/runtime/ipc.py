@@ -78,6 +78,8 @@ class RuntimeClient:
                 self._writer.write(pack_frame({"id": request_id, "op": op, "args": args}))
                 await self._writer.drain()
             return await asyncio.wait_for(future, timeout_s)
+        except TimeoutError:
+            raise  # slow, not gone: the caller decides (TimeoutError is an OSError too)
         except (ConnectionError, OSError) as exc:
             self._fail_all(f"connection lost: {exc!r}")
             raise RuntimeCrashed(f"runtime {self._name} is gone: {exc!r}") from exc

@@ -30,13 +30,35 @@ from modelfleet.errors import (
 from modelfleet.messages import PayloadRef
 from modelfleet.settings import RuntimeSettings
 
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+
+
+def embedded_ipv4(address: ipaddress.IPv4Address | ipaddress.IPv6Address
+                  ) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    """The IPv4 address an IPv6 one carries (mapped, 6to4, Teredo, NAT64), else itself.
+
+    ``64:ff9b::a9fe:a9fe`` reaches 169.254.169.254 through a NAT64 gateway, yet Python
+    calls it global; what matters is where the packets end up.
+    """
+    if isinstance(address, ipaddress.IPv4Address):
+        return address
+    if address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    if address.sixtofour is not None:
+        return address.sixtofour
+    if address.teredo is not None:
+        return address.teredo[1]
+    if address in _NAT64:
+        return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+    return address
+
 
 class PayloadFetcher:
     def __init__(self, settings: RuntimeSettings) -> None:
         self._settings = settings
         self._client = httpx.AsyncClient(follow_redirects=False, trust_env=False)
-        self._allowed_networks = []
-        self._allowed_hosts = set()
+        self._allowed_networks: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = []
+        self._allowed_hosts: set[str] = set()
         for entry in settings.url_fetch_allow:
             try:
                 self._allowed_networks.append(ipaddress.ip_network(entry, strict=False))
@@ -60,7 +82,11 @@ class PayloadFetcher:
                                limit=self._settings.url_fetch_max_bytes, what=ref.url)
 
     async def _check_destination(self, url: str) -> None:
-        parts = urlsplit(url)
+        try:
+            parts = urlsplit(url)
+            port = parts.port
+        except ValueError as exc:
+            raise PayloadFetchForbidden(f"payload URL is malformed: {exc}") from exc
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise PayloadFetchForbidden(f"payload URL must be http(s)://host/...: {url!r}")
         host = parts.hostname.lower()
@@ -68,12 +94,12 @@ class PayloadFetcher:
             return
         try:
             infos = await asyncio.get_running_loop().getaddrinfo(
-                host, parts.port or (443 if parts.scheme == "https" else 80),
+                host, port or (443 if parts.scheme == "https" else 80),
                 type=socket.SOCK_STREAM)
         except OSError as exc:
             raise PayloadUnavailable(f"cannot resolve payload host {host!r}: {exc}") from exc
         for info in infos:
-            address = ipaddress.ip_address(info[4][0])
+            address = embedded_ipv4(ipaddress.ip_address(info[4][0]))
             if any(address in net for net in self._allowed_networks):
                 continue
             if not address.is_global:

@@ -47,6 +47,12 @@ class Batcher:
         self._max_delay_s = max_delay_s
         self._queue: asyncio.Queue[_Pending] = asyncio.Queue()
         self._loop_task: asyncio.Task[None] | None = None
+        self._predicting = asyncio.Event()  # clear while a predict runs on a thread
+        self._predicting.set()
+
+    async def idle(self) -> None:
+        """Wait until no predict runs (a thread outlives a caller that timed out)."""
+        await self._predicting.wait()
 
     async def submit(self, item: Any) -> tuple[Any, float]:
         """Predict one input; returns (output, seconds spent in predict)."""
@@ -88,7 +94,13 @@ class Batcher:
     async def _predict_batch(self, batch: list[_Pending]) -> None:
         started = time.perf_counter()
         try:
-            outputs = await asyncio.to_thread(self._predict, [p.item for p in batch])
+            # A cancelled caller cannot stop the thread: ``idle()`` reports the thread,
+            # not the caller, so the model is not moved or freed while predict runs.
+            running = asyncio.ensure_future(
+                asyncio.to_thread(self._predict, [p.item for p in batch]))
+            self._predicting.clear()
+            running.add_done_callback(lambda _: self._predicting.set())
+            outputs = await asyncio.shield(running)
             if not isinstance(outputs, list) or len(outputs) != len(batch):
                 raise ModelFailed(
                     f"predict returned {type(outputs).__name__}"

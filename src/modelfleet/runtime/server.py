@@ -74,8 +74,10 @@ class RuntimeServer:
     async def serve(self, socket_path: str) -> None:
         server = await asyncio.start_unix_server(self._connection, socket_path, limit=2**20)
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self._stopping.set)
+        # The coordinator stops us (the shutdown op, or closing our socket) in its own
+        # order; a Ctrl-C meant for it must not stop us first. SIGTERM still does.
+        loop.add_signal_handler(signal.SIGINT, lambda: None)
+        loop.add_signal_handler(signal.SIGTERM, self._stopping.set)
         log.info("runtime %s listening on %s (pid %d)", self._name, socket_path, os.getpid())
         async with server:
             await self._stopping.wait()
@@ -174,6 +176,10 @@ class RuntimeServer:
                           timings_ms=timings, cold=cold)
         except ModelfleetError as exc:
             reply = Reply.failure(task.request_id, exc, timings_ms=timings)
+        except Exception as exc:  # a bug here must still answer the caller
+            log.exception("task %s for %s failed in the runtime", task.request_id, task.model_id)
+            reply = Reply.failure(task.request_id, ModelFailed(f"runtime error: {exc!r}"),
+                                  timings_ms=timings)
         return encode_reply(reply)
 
 

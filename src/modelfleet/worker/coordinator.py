@@ -87,6 +87,7 @@ class Coordinator:
         self._cold_subscribes: deque[float] = deque(maxlen=256)
         self._load_times: deque[float] = deque()
         self._gates: dict[str, SuspectGate] = {}  # runtime name -> its gate
+        self._pinning: asyncio.Task[None] | None = None
         self._running: Counter[str] = Counter()  # model id -> tasks in flight here
         self._resident: dict[str, dict[str, list[str]]] = {}  # runtime -> tier -> model ids
         self._loops: list[asyncio.Task[None]] = []
@@ -109,25 +110,31 @@ class Coordinator:
     async def stop(self) -> None:
         """Stop pulling, let in-flight tasks finish (up to the drain timeout), then stop."""
         self._stopping = True
-        # 1. Stop taking new work: cancel every consumer (unstarted deliveries go back).
+        # 1. Stop deciding: no rescore may subscribe anew behind our back.
+        background = [*self._loops, *([self._pinning] if self._pinning else [])]
+        for loop in background:
+            loop.cancel()
+        await asyncio.gather(*background, return_exceptions=True)
+        # 2. Stop taking new work: cancel every consumer (unstarted deliveries go back).
         await asyncio.gather(*(self._unsubscribe(m) for m in list(self._consumers)))
-        # 2. Drain: in-flight tasks finish and reply, or are handed back after the timeout.
+        # 3. Drain: in-flight tasks finish and reply, or are handed back after the timeout.
         if self._in_flight:
             await asyncio.wait(self._in_flight, timeout=self._settings.worker.drain_timeout_s)
-        for task in self._in_flight:
+        leftover = list(self._in_flight)
+        for task in leftover:
             task.cancel()
-        # 3. Stop the loops, tell the fleet we are gone, stop the runtimes.
-        for loop in self._loops:
-            loop.cancel()
-        await asyncio.gather(*self._loops, return_exceptions=True)
+        await asyncio.gather(*leftover, return_exceptions=True)
+        # 4. Tell the fleet we are gone, then stop the runtimes.
         with contextlib.suppress(BrokerUnavailable):
             await self._broker.publish_event({"kind": "worker_gone", "worker_id": self.worker_id})
         await self._supervisor.stop()
 
-    async def _preload_pinned(self) -> None:
+    async def _preload_pinned(self, resident: frozenset[str] = frozenset()) -> None:
+        """Load pinned models onto every ready runtime that lacks them (also after restarts)."""
         for model_id in self._pinned:
             runtime = self._supervisor.runtime_for(model_id)
-            if runtime.client is None or not runtime.ready:
+            if runtime.client is None or not runtime.ready or model_id in resident \
+                    or model_id in runtime.loading:
                 continue
             try:
                 await runtime.client.call("load", model_id=model_id,
@@ -254,6 +261,9 @@ class Coordinator:
         state = self.state()
         device = frozenset(state["resident"]["device"])
         host = frozenset(state["resident"]["host"])
+        if self._pinned and not (self._pinning and not self._pinning.done()):
+            # A restarted runtime comes back empty: pinned models go back on it.
+            self._pinning = asyncio.create_task(self._preload_pinned(device | host))
         serviceable = {m for m in self._catalog_ids() if self._runtime_accepting(m)}
         for model_id in list(self._consumers):  # stop pulling what no runtime can run now
             if model_id not in serviceable:
@@ -361,7 +371,7 @@ class Coordinator:
         A prefetch change costs RabbitMQ a new consumer, so small swings of the free
         permits (every task start and finish moves them) are not followed.
         """
-        for model_id, consumer in self._consumers.items():
+        for model_id, consumer in list(self._consumers.items()):
             wanted = self._prefetch_for(model_id, free_permits)
             if wanted * 2 <= consumer.prefetch or wanted >= consumer.prefetch * 2:
                 with contextlib.suppress(BrokerUnavailable):
@@ -371,7 +381,13 @@ class Coordinator:
     # -- running tasks -------------------------------------------------------------
     async def _consume(self, subscription: Subscription) -> None:
         async for delivery in subscription:
-            await self._permits.acquire()
+            try:
+                await self._permits.acquire()
+            except asyncio.CancelledError:
+                # Unsubscribed while this task waited for a permit: it was never started.
+                with contextlib.suppress(BrokerUnavailable, RuntimeError):
+                    await delivery.release()
+                raise
             task = asyncio.create_task(self._run(delivery))
             self._in_flight.add(task)
             metrics.PERMITS_IN_USE.set(len(self._in_flight))
@@ -381,6 +397,8 @@ class Coordinator:
         self._in_flight.discard(task)
         self._permits.release()
         metrics.PERMITS_IN_USE.set(len(self._in_flight))
+        if not task.cancelled() and task.exception() is not None:
+            log.error("task runner failed", exc_info=task.exception())
 
     async def _run(self, delivery: Delivery) -> None:
         task = delivery.task
@@ -399,10 +417,7 @@ class Coordinator:
                 return
             if runtime.failure is not None:  # cannot start (e.g. its environment won't build)
                 runtime.request_retry()
-                await self._broker.publish_reply(task.reply_to, Reply.failure(
-                    task.request_id, runtime.failure, worker_id=self.worker_id))
-                await delivery.ack()
-                metrics.TASKS.labels(task.model_id, "error").inc()
+                await self._settle_with_failure(delivery, runtime.failure)
                 return
             gate = self._gates.setdefault(runtime.name, SuspectGate())
             try:
@@ -429,6 +444,14 @@ class Coordinator:
         except BrokerUnavailable as exc:
             # Not acked: the broker redelivers it once the connection is back.
             log.warning("task %s for %s left unsettled: %s", task.request_id, task.model_id, exc)
+        except ModelfleetError as exc:
+            # The runtime could not run it and said why: the caller hears it, the task is done.
+            await self._settle_with_failure(delivery, exc)
+        except Exception as exc:
+            # A bug of ours. Settle the task anyway, where someone will look at it.
+            log.exception("task %s for %s failed in the worker", task.request_id, task.model_id)
+            with contextlib.suppress(BrokerUnavailable, RuntimeError):
+                await delivery.dead_letter(f"worker_error: {exc!r}")
         except asyncio.CancelledError:
             with contextlib.suppress(BrokerUnavailable, RuntimeError):
                 await delivery.reject(requeue=True)  # drained past the timeout: hand it back
@@ -437,6 +460,14 @@ class Coordinator:
             self._running[task.model_id] -= 1
             if not self._running[task.model_id]:
                 del self._running[task.model_id]
+
+    async def _settle_with_failure(self, delivery: Delivery, error: ModelfleetError) -> None:
+        task = delivery.task
+        with contextlib.suppress(BrokerUnavailable):
+            await self._broker.publish_reply(task.reply_to, Reply.failure(
+                task.request_id, error, worker_id=self.worker_id))
+            await delivery.ack()
+            metrics.TASKS.labels(task.model_id, "error").inc()
 
     async def _stop_pulling(self, runtime: RuntimeProcess) -> None:
         affected = [m for m in self._consumers if self._supervisor.runtime_for(m) is runtime]

@@ -51,6 +51,7 @@ class SuspectGate:
                 await self._changed.wait_for(lambda: not self._alone and not self._shared)
             finally:
                 self._suspects_waiting -= 1
+                self._changed.notify_all()  # ordinary tasks held back for us may go now
             self._alone = True
         try:
             yield

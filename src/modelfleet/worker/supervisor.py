@@ -31,6 +31,7 @@ import os
 import signal
 import sys
 import tempfile
+import threading
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -49,7 +50,7 @@ from modelfleet.runtime.environments import (
 from modelfleet.runtime.ipc import RuntimeClient
 from modelfleet.runtime.limits import LimitHandle, MemoryLimiter, choose_limiter, runtime_env
 from modelfleet.runtime.server import SETTINGS_ENV
-from modelfleet.settings import Settings
+from modelfleet.settings import BrokerSettings, Settings
 
 log = logging.getLogger("modelfleet.worker")
 State = Literal["starting", "ready", "down", "failed", "stopped"]
@@ -66,6 +67,14 @@ class Isolation:
     limiter: MemoryLimiter | None
 
 
+def runtime_settings(settings: Settings) -> Settings:
+    """What a runtime is told: no broker credentials, no payload-signing secret.
+
+    Runtimes run model code and its dependencies; they need neither to do their work.
+    """
+    return settings.model_copy(update={"secret": "", "broker": BrokerSettings()})
+
+
 def _die_with_parent() -> None:
     """Runs in the child before exec: SIGKILL it if the coordinator dies (Linux)."""
     with contextlib.suppress(Exception):
@@ -74,7 +83,8 @@ def _die_with_parent() -> None:
 
 class RuntimeProcess:
     def __init__(self, name: str, settings: Settings, socket_dir: Path,
-                 on_change: Callable[[], None], isolation: Isolation | None = None) -> None:
+                 on_change: Callable[[], None],
+                 isolation: Callable[[], Isolation] | None = None) -> None:
         self.name = name
         self._settings = settings
         self._socket_path = str(socket_dir / f"{name}.sock")
@@ -153,6 +163,10 @@ class RuntimeProcess:
             except ModelfleetError as exc:
                 log.error("runtime %s failed to start: %s", self.name, exc)
                 self._started.set()
+            except Exception as exc:  # e.g. OSError spawning it: a crash, retried with backoff
+                log.exception("runtime %s failed to start", self.name)
+                reason = f"start_failed ({exc!r})"
+                self._started.set()
             if self.stopped:
                 return
             self._set("down")
@@ -184,20 +198,26 @@ class RuntimeProcess:
         python = sys.executable
         limit = None
         env = dict(os.environ)
-        if self._isolation is not None:
-            limit = self._isolation.memory_limit_bytes
-            if self._isolation.requirements and self._isolation.builder is not None:
-                python = str(await self._isolation.builder.ensure(
-                    self._isolation.requirements,
+        isolation = None
+        if self._isolation is not None:  # reads the package (maybe remote): off the loop
+            isolation = await asyncio.to_thread(self._isolation)
+            limit = isolation.memory_limit_bytes
+            if isolation.requirements and isolation.builder is not None:
+                python = str(await isolation.builder.ensure(
+                    isolation.requirements,
                     lambda line: log.info("runtime %s: %s", self.name, line)))
                 env = venv_process_env(os.environ)
-        env.update({SETTINGS_ENV: self._settings.model_dump_json(), **runtime_env(limit)})
+        env.update({SETTINGS_ENV: runtime_settings(self._settings).model_dump_json(),
+                    **runtime_env(limit)})
         self.process = await asyncio.create_subprocess_exec(
             python, "-m", "modelfleet.runtime", "--socket", self._socket_path,
             "--name", self.name, env=env, preexec_fn=_die_with_parent,
+            # Its own session: a Ctrl-C or a group-wide SIGTERM reaches the coordinator,
+            # which stops runtimes in order; PR_SET_PDEATHSIG still ties them to it.
+            start_new_session=True,
         )
-        if limit is not None and self._isolation is not None and self._isolation.limiter:
-            self._limit = self._isolation.limiter.attach(self.process.pid, self.name, limit)
+        if limit is not None and isolation is not None and isolation.limiter is not None:
+            self._limit = isolation.limiter.attach(self.process.pid, self.name, limit)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._settings.runtime.start_timeout_s
         delay = 0.02
@@ -262,7 +282,7 @@ class RuntimeProcess:
         self._retry.set()
         if self._watch is not None:
             self._watch.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._watch
         if self.process is not None and self.process.returncode is None:
             if previous == "ready" and self.client is not None:
@@ -296,6 +316,7 @@ class RuntimeSupervisor:
         self._dedicated: dict[str, RuntimeProcess] = {}
         self._builder: EnvironmentBuilder | None = None
         self._limiter: MemoryLimiter | None = None
+        self._tools_lock = threading.Lock()
 
     def _changed(self) -> None:
         self.changed.set()
@@ -319,7 +340,7 @@ class RuntimeSupervisor:
         runtime = self._dedicated.get(model_id)
         if runtime is None:
             runtime = RuntimeProcess(f"model-{model_id}", self._settings, self._socket_dir,
-                                     self._changed, self._isolation_for(model_id))
+                                     self._changed, lambda: self._isolation_for(model_id))
             self._dedicated[model_id] = runtime
             runtime.start()
         return runtime
@@ -332,15 +353,19 @@ class RuntimeSupervisor:
             package_dir, _ = self._store.materialize(model_id, manifest.version)
             requirements = requirements_for(package_dir, manifest)
         limit = manifest.memory_limit_bytes or self._settings.runtime.memory_limit_bytes
-        if requirements and self._builder is None:
-            venvs = self._settings.runtime.venv_dir or str(self._settings.state_dir / "venvs")
-            self._builder = EnvironmentBuilder(Path(venvs))
-        if limit and self._limiter is None:
-            self._limiter = choose_limiter()
+        with self._tools_lock:  # runs on a thread; one builder and one limiter per worker
+            if requirements and self._builder is None:
+                venvs = self._settings.runtime.venv_dir or str(self._settings.state_dir / "venvs")
+                self._builder = EnvironmentBuilder(Path(venvs))
+            if limit and self._limiter is None:
+                self._limiter = choose_limiter()
         return Isolation(requirements, limit, self._builder, self._limiter)
 
     async def stop(self) -> None:
-        await asyncio.gather(*(r.stop() for r in self.all()))
+        results = await asyncio.gather(*(r.stop() for r in self.all()), return_exceptions=True)
+        for runtime, result in zip(self.all(), results, strict=True):
+            if isinstance(result, BaseException):
+                log.error("stopping runtime %s failed: %r", runtime.name, result)
         with contextlib.suppress(OSError):
             for leftover in self._socket_dir.iterdir():
                 leftover.unlink()
