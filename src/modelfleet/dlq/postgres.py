@@ -8,7 +8,7 @@ in autocommit mode (every statement is its own transaction), used under a lock.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
@@ -19,7 +19,7 @@ from modelfleet.dlq.archive import (
     ArchiveUnavailable,
     check_table_name,
 )
-from modelfleet.dlq.records import DeadLetterRecord, Selection, SignatureCount
+from modelfleet.dlq.sql_archive import SqlArchive
 from modelfleet.errors import ConfigError
 
 _T = TypeVar("_T")
@@ -44,7 +44,9 @@ def redacted(url: str) -> str:
     return f"{scheme}{sep}{userinfo.split(':', 1)[0]}:***@{host}"
 
 
-class PostgresArchive:
+class PostgresArchive(SqlArchive):
+    _dialect = "postgres"
+
     def __init__(self, url: str, table: str = DEFAULT_TABLE) -> None:
         self._psycopg = _psycopg()
         self._where = redacted(url)
@@ -79,35 +81,6 @@ class PostgresArchive:
                 raise ArchiveUnavailable(f"{what} in {self._where}: {exc}".strip()) from exc
             except self._psycopg.Error as exc:
                 raise ArchiveError(f"{what} in {self._where}: {exc}".strip()) from exc
-
-    def _run(self, what: str, body: Callable[[Any], _T]) -> _T:
-        with self._guard(what):
-            return body(self._db)
-
-    def get(self, request_id: str) -> DeadLetterRecord | None:
-        row = self._run(f"read {request_id}", lambda db: db.execute(
-            sql.get(self._table, "postgres"), (request_id,)).fetchone())
-        return None if row is None else sql.from_row(row)
-
-    def put(self, record: DeadLetterRecord) -> None:
-        self._run(f"store {record.request_id}", lambda db: db.execute(
-            sql.upsert(self._table, "postgres"), sql.to_row(record)))
-
-    def select(self, selection: Selection) -> list[DeadLetterRecord]:
-        query, params = sql.select(self._table, selection, "postgres")
-        rows: list[Any] = self._run("list dead letters",
-                                    lambda db: db.execute(query, params).fetchall())
-        return [sql.from_row(row) for row in rows]
-
-    def signature_counts(self, selection: Selection) -> list[SignatureCount]:
-        query, params = sql.signature_counts(self._table, selection, "postgres")
-        rows: list[Any] = self._run("count signatures",
-                                    lambda db: db.execute(query, params).fetchall())
-        return [sql.count_from_row(row) for row in rows]
-
-    def mark_replayed(self, request_id: str, at_ms: int) -> None:
-        self._run(f"mark {request_id} replayed", lambda db: db.execute(
-            sql.mark_replayed(self._table, "postgres"), (at_ms, request_id)))
 
     def drop(self) -> None:
         """Drop the table (tests, and tearing a deployment down)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
@@ -21,13 +21,15 @@ from modelfleet.dlq.archive import (
     ArchiveUnavailable,
     check_table_name,
 )
-from modelfleet.dlq.records import DeadLetterRecord, Selection, SignatureCount
+from modelfleet.dlq.sql_archive import SqlArchive
 
 _T = TypeVar("_T")
 BUSY_TIMEOUT_S = 10.0
 
 
-class SqliteArchive:
+class SqliteArchive(SqlArchive):
+    _dialect = "sqlite"
+
     def __init__(self, path: Path, table: str = DEFAULT_TABLE) -> None:
         self._path = path
         self._table = check_table_name(table)
@@ -66,33 +68,6 @@ class SqliteArchive:
             except sqlite3.Error as exc:
                 raise ArchiveError(f"{what} in {self._path}: {exc} (is this file a "
                                    "modelfleet dead-letter archive?)") from exc
-
-    def _run(self, what: str, body: Callable[[sqlite3.Connection], _T]) -> _T:
-        with self._guard(what):
-            return body(self._db)
-
-    def get(self, request_id: str) -> DeadLetterRecord | None:
-        row = self._run(f"read {request_id}", lambda db: db.execute(
-            sql.get(self._table, "sqlite"), (request_id,)).fetchone())
-        return None if row is None else sql.from_row(row)
-
-    def put(self, record: DeadLetterRecord) -> None:
-        self._run(f"store {record.request_id}", lambda db: db.execute(
-            sql.upsert(self._table, "sqlite"), sql.to_row(record)))
-
-    def select(self, selection: Selection) -> list[DeadLetterRecord]:
-        query, params = sql.select(self._table, selection, "sqlite")
-        rows = self._run("list dead letters", lambda db: db.execute(query, params).fetchall())
-        return [sql.from_row(row) for row in rows]
-
-    def signature_counts(self, selection: Selection) -> list[SignatureCount]:
-        query, params = sql.signature_counts(self._table, selection, "sqlite")
-        rows = self._run("count signatures", lambda db: db.execute(query, params).fetchall())
-        return [sql.count_from_row(row) for row in rows]
-
-    def mark_replayed(self, request_id: str, at_ms: int) -> None:
-        self._run(f"mark {request_id} replayed", lambda db: db.execute(
-            sql.mark_replayed(self._table, "sqlite"), (at_ms, request_id)))
 
     def close(self) -> None:
         with self._lock:
