@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import Any
 
 from modelfleet.dlq import sql
 from modelfleet.dlq.archive import (
@@ -22,7 +22,6 @@ from modelfleet.dlq.archive import (
 from modelfleet.dlq.sql_archive import SqlArchive
 from modelfleet.errors import ConfigError
 
-_T = TypeVar("_T")
 CONNECT_TIMEOUT_S = 10
 
 

@@ -12,7 +12,6 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TypeVar
 
 from modelfleet.dlq import sql
 from modelfleet.dlq.archive import (
@@ -23,7 +22,6 @@ from modelfleet.dlq.archive import (
 )
 from modelfleet.dlq.sql_archive import SqlArchive
 
-_T = TypeVar("_T")
 BUSY_TIMEOUT_S = 10.0
 
 
