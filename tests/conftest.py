@@ -26,3 +26,12 @@ def require_rabbitmq() -> None:
         pytest.fail("RabbitMQ is not reachable on 127.0.0.1:5672 and CI=true: "
                     "run .ci/rabbitmq-up")
     pytest.skip("RabbitMQ not reachable on 127.0.0.1:5672 (start it with .ci/rabbitmq-up)")
+
+
+# In CI, property-based tests explore the same examples every run, so a landing is never
+# decided by luck; locally they keep exploring new ones.
+from hypothesis import settings as hypothesis_settings  # noqa: E402
+
+hypothesis_settings.register_profile("ci", derandomize=True, print_blob=True)
+if os.environ.get("CI") == "true":
+    hypothesis_settings.load_profile("ci")
