@@ -107,19 +107,24 @@ def running(args: list[str], tmp_path: Path, name: str, ready_url: str | None,
                 child.kill()
 
 
-def serve(tmp_path: Path, env: dict[str, str] | None = None, name: str = "serve",
-          repo: Path = EXAMPLES, broker: str = "memory") -> tuple[Proc, str]:
-    """Start ``modelfleet serve``; returns (process, base URL). Caller stops it."""
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    proc = Proc(["serve", "--repo", str(repo), "--port", str(port), "--broker", broker],
-                {"MODELFLEET_EXAMPLE_SLOWLOAD_S": "3", **(env or {})},
-                tmp_path / f"{name}.log", f"{base}/readyz")
+def _started(args: list[str], env: dict[str, str], log_path: Path, ready_url: str) -> Proc:
+    proc = Proc(args, env, log_path, ready_url)
     try:
         proc.wait_ready()
     except BaseException:
         proc.kill()
         raise
+    return proc
+
+
+def serve(tmp_path: Path, env: dict[str, str] | None = None, name: str = "serve",
+          repo: Path = EXAMPLES, broker: str = "memory") -> tuple[Proc, str]:
+    """Start ``modelfleet serve``; returns (process, base URL). Caller stops it."""
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    proc = _started(["serve", "--repo", str(repo), "--port", str(port), "--broker", broker],
+                    {"MODELFLEET_EXAMPLE_SLOWLOAD_S": "3", **(env or {})},
+                    tmp_path / f"{name}.log", f"{base}/readyz")
     return proc, base
 
 
@@ -128,13 +133,8 @@ def gateway(tmp_path: Path, broker: str, env: dict[str, str], name: str,
     """Start ``modelfleet gateway``; returns (process, base URL). Caller stops it."""
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    proc = Proc(["gateway", "--repo", str(repo), "--port", str(port), "--broker", broker],
-                env, tmp_path / f"{name}.log", f"{base}/readyz")
-    try:
-        proc.wait_ready()
-    except BaseException:
-        proc.kill()
-        raise
+    proc = _started(["gateway", "--repo", str(repo), "--port", str(port), "--broker", broker],
+                    env, tmp_path / f"{name}.log", f"{base}/readyz")
     return proc, base
 
 
@@ -143,13 +143,8 @@ def worker(tmp_path: Path, broker: str, env: dict[str, str], name: str,
     """Start ``modelfleet worker --worker-id NAME``; returns (process, probe URL)."""
     port = free_port()
     probes = f"http://127.0.0.1:{port}"
-    proc = Proc(["worker", "--repo", str(repo), "--broker", broker, "--worker-id", name,
-                 "--probe-port", str(port), *(extra or [])],
-                {"MODELFLEET_EXAMPLE_SLOWLOAD_S": "3", **env}, tmp_path / f"{name}.log",
-                f"{probes}/readyz")
-    try:
-        proc.wait_ready()
-    except BaseException:
-        proc.kill()
-        raise
+    proc = _started(["worker", "--repo", str(repo), "--broker", broker, "--worker-id", name,
+                     "--probe-port", str(port), *(extra or [])],
+                    {"MODELFLEET_EXAMPLE_SLOWLOAD_S": "3", **env}, tmp_path / f"{name}.log",
+                    f"{probes}/readyz")
     return proc, probes

@@ -53,6 +53,7 @@ from modelfleet.repository import Catalog
 from modelfleet.scheduling import QueueView, WorkerView, choose_queues
 from modelfleet.settings import Settings
 from modelfleet.worker.gate import SuspectGate
+from modelfleet.worker.residency import Residency
 from modelfleet.worker.supervisor import RuntimeProcess, RuntimeSupervisor
 
 log = logging.getLogger("modelfleet.worker")
@@ -85,11 +86,10 @@ class Coordinator:
         self._demand: dict[str, float] = {}
         self._last_served: dict[str, float] = {}
         self._cold_subscribes: deque[float] = deque(maxlen=256)
-        self._load_times: deque[float] = deque()
         self._gates: dict[str, SuspectGate] = {}  # runtime name -> its gate
         self._pinning: asyncio.Task[None] | None = None
         self._running: Counter[str] = Counter()  # model id -> tasks in flight here
-        self._resident: dict[str, dict[str, list[str]]] = {}  # runtime -> tier -> model ids
+        self._residency = Residency(clock)
         self._loops: list[asyncio.Task[None]] = []
         self._stopping = False
         self._seed = zlib.crc32(self.worker_id.encode())
@@ -159,8 +159,8 @@ class Coordinator:
         return sorted({m for r in self._supervisor.all() for m in r.loading})
 
     def state(self) -> dict[str, Any]:
-        device = sorted({m for tiers in self._resident.values() for m in tiers.get("device", [])})
-        host = sorted({m for tiers in self._resident.values() for m in tiers.get("host", [])})
+        device = sorted(self._residency.models("device"))
+        host = sorted(self._residency.models("host"))
         return {
             "kind": "worker_state",
             "worker_id": self.worker_id,
@@ -214,45 +214,10 @@ class Coordinator:
             await asyncio.sleep(self._settings.worker.state_interval_s)
 
     # -- choosing queues -----------------------------------------------------------
-    async def _refresh_residency(self) -> None:
-        totals = {"device": 0, "host": 0, "device_bytes": 0, "host_bytes": 0}
-        for runtime in self._supervisor.all():
-            if not runtime.ready or runtime.client is None:
-                self._resident.pop(runtime.name, None)
-                continue
-            try:
-                stats = await runtime.client.call("stats", timeout_s=5)
-            except (ModelfleetError, TimeoutError):
-                continue
-            self._resident[runtime.name] = {"device": list(stats["device"]),
-                                            "host": list(stats["host"])}
-            totals["device"] += len(stats["device"])
-            totals["host"] += len(stats["host"])
-            totals["device_bytes"] += stats["device_used_bytes"]
-            totals["host_bytes"] += stats["host_used_bytes"]
-            self._count_cache_events(stats)
-        metrics.RESIDENT_MODELS.labels("device").set(totals["device"])
-        metrics.RESIDENT_MODELS.labels("host").set(totals["host"])
-        metrics.RESIDENT_BYTES.labels("device").set(totals["device_bytes"])
-        metrics.RESIDENT_BYTES.labels("host").set(totals["host_bytes"])
-        horizon = self._clock() - 60
-        while self._load_times and self._load_times[0] < horizon:
-            self._load_times.popleft()
-        metrics.MODEL_LOAD_RATE.set(len(self._load_times))
-
-    def _count_cache_events(self, stats: dict[str, Any]) -> None:
-        for _model_id, source, seconds, _size in stats["loads"]:
-            metrics.MODEL_LOADS.labels(source).inc()
-            metrics.MODEL_LOAD_SECONDS.labels(source).observe(seconds)
-            self._load_times.append(self._clock())
-        for action, _model_id in stats["evictions"]:
-            metrics.EVICTIONS.labels(action).inc()
-        metrics.MODEL_LOAD_FAILURES.inc(stats["load_failures"])
-
     async def _rescore(self) -> None:
         if self._stopping:
             return
-        await self._refresh_residency()
+        await self._residency.refresh(self._supervisor.all())
         now = self._clock()
         window = self._settings.worker.demand_window_s
         for model_id, seen in list(self._demand.items()):

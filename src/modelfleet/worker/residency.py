@@ -1,0 +1,64 @@
+"""What this worker's runtimes hold, read from their ``stats``, mirrored into metrics.
+
+Runtimes are separate processes; the worker's ``/metrics`` shows their caches by
+asking each for its stats (a snapshot, plus the loads and evictions since the last
+ask) at every re-score, and keeping the sums here.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from modelfleet import metrics
+from modelfleet.errors import ModelfleetError
+from modelfleet.worker.supervisor import RuntimeProcess
+
+LOAD_RATE_WINDOW_S = 60.0
+
+
+class Residency:
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        self._by_runtime: dict[str, dict[str, list[str]]] = {}  # runtime -> tier -> ids
+        self._load_times: deque[float] = deque()
+
+    def models(self, tier: str) -> frozenset[str]:
+        """Models resident in ``tier`` ("device" or "host") on any runtime of this worker."""
+        return frozenset(m for tiers in self._by_runtime.values() for m in tiers.get(tier, []))
+
+    async def refresh(self, runtimes: list[RuntimeProcess]) -> None:
+        totals = {"device": 0, "host": 0, "device_bytes": 0, "host_bytes": 0}
+        for runtime in runtimes:
+            if not runtime.ready or runtime.client is None:
+                self._by_runtime.pop(runtime.name, None)
+                continue
+            try:
+                stats = await runtime.client.call("stats", timeout_s=5)
+            except (ModelfleetError, TimeoutError):
+                continue
+            self._by_runtime[runtime.name] = {"device": list(stats["device"]),
+                                              "host": list(stats["host"])}
+            totals["device"] += len(stats["device"])
+            totals["host"] += len(stats["host"])
+            totals["device_bytes"] += stats["device_used_bytes"]
+            totals["host_bytes"] += stats["host_used_bytes"]
+            self._count_events(stats)
+        metrics.RESIDENT_MODELS.labels("device").set(totals["device"])
+        metrics.RESIDENT_MODELS.labels("host").set(totals["host"])
+        metrics.RESIDENT_BYTES.labels("device").set(totals["device_bytes"])
+        metrics.RESIDENT_BYTES.labels("host").set(totals["host_bytes"])
+        horizon = self._clock() - LOAD_RATE_WINDOW_S
+        while self._load_times and self._load_times[0] < horizon:
+            self._load_times.popleft()
+        metrics.MODEL_LOAD_RATE.set(len(self._load_times))
+
+    def _count_events(self, stats: dict[str, Any]) -> None:
+        for _model_id, source, seconds, _size in stats["loads"]:
+            metrics.MODEL_LOADS.labels(source).inc()
+            metrics.MODEL_LOAD_SECONDS.labels(source).observe(seconds)
+            self._load_times.append(self._clock())
+        for action, _model_id in stats["evictions"]:
+            metrics.EVICTIONS.labels(action).inc()
+        metrics.MODEL_LOAD_FAILURES.inc(stats["load_failures"])
