@@ -462,10 +462,10 @@ class Coordinator:
         if task.delivery_count >= self._settings.broker.delivery_limit:
             reason = f"runtime crashed on each of {task.delivery_count + 1} deliveries: {exc}"
             failure = Reply.failure(task.request_id, exc, worker_id=self.worker_id)
+            metrics.DEAD_LETTERED.labels(task.model_id, "runtime_crashed").inc()
             await self._broker.publish_reply(task.reply_to, replace(
                 failure, error_message=f"model '{task.model_id}': {reason}; dead-lettered"))
             await delivery.dead_letter(f"runtime_crashed: {exc}")
-            metrics.DEAD_LETTERED.labels(task.model_id, "runtime_crashed").inc()
             return
         metrics.REDELIVERED.labels(task.model_id).inc()
         await delivery.reject(requeue=True)
