@@ -84,6 +84,10 @@ class Proc:
         self._log.close()
         return self.popen.returncode
 
+    def runtimes(self) -> list[psutil.Process]:
+        """Its runtime processes (children running ``modelfleet.runtime``)."""
+        return [p for p in self.descendants() if "modelfleet.runtime" in " ".join(p.cmdline())]
+
     def kill(self) -> None:
         for child in self.descendants():
             child.kill()

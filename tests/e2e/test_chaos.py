@@ -18,11 +18,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import psutil
 import pytest
 
 from tests.conftest import rabbitmq_url, require_rabbitmq
-from tests.procs import ROOT, Proc, metric_sum, serve
+from tests.procs import ROOT, metric_sum, serve
 
 IRIS = {"features": [5.1, 3.5, 1.4, 0.2]}
 
@@ -38,10 +37,6 @@ def broker(request: pytest.FixtureRequest) -> Iterator[tuple[str, dict[str, str]
     yield rabbitmq_url(), {"MODELFLEET_BROKER__QUEUE_PREFIX": f"{tag}.",
                            "MODELFLEET_BROKER__EVENTS_EXCHANGE": f"{tag}.events",
                            "MODELFLEET_BROKER__DEAD_LETTER_QUEUE": f"{tag}.dead-letters"}
-
-
-def runtimes(proc: Proc) -> list[psutil.Process]:
-    return [p for p in proc.descendants() if "modelfleet.runtime" in " ".join(p.cmdline())]
 
 
 def wait_for(check: object, timeout_s: float = 30) -> None:
@@ -70,7 +65,7 @@ def test_runtime_killed_mid_request_is_handed_back_and_answered(
                     if fleet and fleet[0]["permits_in_use"]:
                         break
                     await asyncio.sleep(0.1)
-                victims = runtimes(proc)
+                victims = proc.runtimes()
                 assert victims
                 for victim in victims:
                     os.kill(victim.pid, signal.SIGKILL)

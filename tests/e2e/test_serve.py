@@ -411,3 +411,16 @@ def test_malformed_payload_urls_do_not_wedge_a_model(server: str) -> None:
     ok = httpx.post(f"{server}/v1/models/banner/infer", content=b"still here",
                     headers={"content-type": "text/plain"}, timeout=30)
     assert ok.status_code == 200
+
+
+def test_a_pool_of_shared_runtimes(tmp_path: Path) -> None:
+    proc, base = serve(tmp_path, name="pool", env={"MODELFLEET_WORKER__SHARED_RUNTIMES": "2",
+                                                   "MODELFLEET_WORKER__STATE_INTERVAL_S": "0.3"})
+    try:
+        results = asyncio.run(_burst(base))
+        assert all(r.status_code == 200 for _, r in results)
+        assert len(proc.runtimes()) == 2
+        names = {r["name"] for r in httpx.get(f"{base}/v1/fleet").json()["workers"][0]["runtimes"]}
+        assert names == {"runtime-0", "runtime-1"}
+    finally:
+        proc.stop()
