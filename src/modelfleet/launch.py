@@ -18,13 +18,13 @@ import contextlib
 import logging
 import signal
 import socket
-from collections.abc import Generator
+from collections.abc import AsyncIterator, Generator
 from typing import Any
 
 import uvicorn
 
 from modelfleet.broker import Broker, create_broker
-from modelfleet.errors import ConfigError
+from modelfleet.errors import ConfigError, ManifestError
 from modelfleet.gateway.app import create_app
 from modelfleet.gateway.service import GatewayService
 from modelfleet.repository import Catalog, ModelStore, open_store
@@ -89,6 +89,42 @@ async def _until_signalled(server: _Server, listener: socket.socket) -> None:
         loop.remove_signal_handler(sig)
 
 
+@contextlib.asynccontextmanager
+async def _refreshing(store: ModelStore, catalog: Catalog, settings: Settings
+                      ) -> AsyncIterator[None]:
+    """Re-read the repository every ``repo_refresh_s``: models come and go, no restart.
+
+    A manifest that does not validate is logged and left out; the others keep serving.
+    """
+    async def refresh() -> None:
+        seen_invalid: set[str] = set()
+
+        def report(exc: ManifestError) -> None:
+            if str(exc) not in seen_invalid:  # once per problem, not every refresh
+                seen_invalid.add(str(exc))
+                log.error("repository: %s (left out until fixed)", exc)
+
+        while True:
+            await asyncio.sleep(settings.repo_refresh_s)
+            try:
+                fresh = await asyncio.to_thread(Catalog.from_store, store, report)
+            except Exception:  # e.g. the remote repository is unreachable for a while
+                log.exception("repository: refresh failed; serving the catalog as it was")
+                continue
+            added, removed = catalog.replace_with(fresh)
+            if added or removed:
+                log.info("repository: added %s; removed %s", added or "none",
+                         removed or "none")
+
+    task = asyncio.create_task(refresh(), name="catalog-refresh")
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
 async def _connect(settings: Settings) -> Broker:
     broker = create_broker(settings.broker)
     await broker.connect()
@@ -115,7 +151,8 @@ async def serve(settings: Settings) -> None:
                     log.info("modelfleet serving %d models from %s on http://%s:%d "
                              "(broker: %s)", len(catalog), settings.repo, gw.host,
                              listener.getsockname()[1], _redact(settings.broker.url))
-                    await _until_signalled(_http_server(app, settings), listener)
+                    async with _refreshing(store, catalog, settings):
+                        await _until_signalled(_http_server(app, settings), listener)
                 finally:
                     await coordinator.stop()
             finally:
@@ -126,7 +163,7 @@ async def serve(settings: Settings) -> None:
 
 
 async def gateway(settings: Settings) -> None:
-    _, catalog = open_repository(settings)
+    store, catalog = open_repository(settings)
     with _listen(settings.gateway.host, settings.gateway.port) as listener:
         broker = await _connect(settings)
         try:
@@ -136,7 +173,9 @@ async def gateway(settings: Settings) -> None:
                 log.info("modelfleet gateway on http://%s:%d (broker: %s)",
                          settings.gateway.host, listener.getsockname()[1],
                          _redact(settings.broker.url))
-                await _until_signalled(_http_server(create_app(service), settings), listener)
+                async with _refreshing(store, catalog, settings):
+                    await _until_signalled(_http_server(create_app(service), settings),
+                                           listener)
             finally:
                 await service.stop()
         finally:
@@ -154,8 +193,9 @@ async def worker(settings: Settings, host: str, port: int) -> None:
             try:
                 log.info("modelfleet worker %s serving %d models (probes on http://%s:%d)",
                          coordinator.worker_id, len(catalog), host, listener.getsockname()[1])
-                await _until_signalled(_http_server(create_health_app(coordinator), settings),
-                                       listener)
+                async with _refreshing(store, catalog, settings):
+                    await _until_signalled(
+                        _http_server(create_health_app(coordinator), settings), listener)
             finally:
                 await coordinator.stop()
         finally:

@@ -105,6 +105,7 @@ class Settings(BaseSettings):
     )
 
     repo: str = "examples/models"
+    repo_refresh_s: float = Field(default=30, gt=0)  # new and removed models picked up
     secret: str = Field(default_factory=lambda: secrets.token_hex(16))
     broker: BrokerSettings = BrokerSettings()
     gateway: GatewaySettings = GatewaySettings()

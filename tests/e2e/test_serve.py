@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import http.server
 import json
+import shutil
 import signal
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -422,5 +424,41 @@ def test_a_pool_of_shared_runtimes(tmp_path: Path) -> None:
         assert len(proc.runtimes()) == 2
         names = {r["name"] for r in httpx.get(f"{base}/v1/fleet").json()["workers"][0]["runtimes"]}
         assert names == {"runtime-0", "runtime-1"}
+    finally:
+        proc.stop()
+
+
+def test_models_added_to_the_repository_are_served_without_a_restart(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    shutil.copytree(ROOT / "examples" / "models" / "banner", repo / "banner")
+    proc, base = serve(tmp_path, name="refresh", repo=repo,
+                       env={"MODELFLEET_REPO_REFRESH_S": "0.3"})
+    try:
+        assert httpx.post(f"{base}/v1/models/iris/infer", json={"features": [1, 2, 3, 4]},
+                          timeout=30).status_code == 404
+        shutil.copytree(ROOT / "examples" / "models" / "iris", repo / "iris")
+        bad = repo / "typo" / "1"
+        bad.mkdir(parents=True)
+        (bad / "model.toml").write_text('name = "typo"\nentrypoint = "h:M"\nacepts = []\n')
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            names = [m["name"] for m in httpx.get(f"{base}/v1/models").json()["models"]]
+            if "iris" in names:
+                break
+            time.sleep(0.2)
+        assert names == ["banner", "iris"]  # the invalid one is left out, the rest serve
+        iris = httpx.post(f"{base}/v1/models/iris/infer",
+                          json={"features": [5.1, 3.5, 1.4, 0.2]}, timeout=30)
+        assert iris.status_code == 200 and iris.json()["class"] == "setosa"
+        assert "acepts" in proc.log()  # the bad manifest was reported, naming the field
+        shutil.rmtree(repo / "banner")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            gone = httpx.post(f"{base}/v1/models/banner/infer", content=b"x",
+                              headers={"content-type": "text/plain"}, timeout=30)
+            if gone.status_code == 404:
+                break
+            time.sleep(0.2)
+        assert gone.status_code == 404
     finally:
         proc.stop()

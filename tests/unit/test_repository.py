@@ -71,3 +71,21 @@ def test_open_store_and_errors(tmp_path: Path) -> None:
     shutil.copytree(EXAMPLES / "iris", repo / "other")
     with pytest.raises(ManifestError, match="must match its folder"):
         Catalog.from_store(LocalStore(repo))
+
+
+def test_a_refresh_reports_invalid_manifests_and_keeps_the_rest(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    shutil.copytree(EXAMPLES / "iris", repo / "iris")
+    catalog = Catalog.from_store(LocalStore(repo))
+    shutil.copytree(EXAMPLES / "banner", repo / "banner")
+    (repo / "bad" / "1").mkdir(parents=True)
+    (repo / "bad" / "1" / "model.toml").write_text('name = "bad"\nentrypoint = "x"\n')
+    with pytest.raises(ManifestError):
+        Catalog.from_store(LocalStore(repo))  # strict: start-up refuses
+    reported: list[ManifestError] = []
+    fresh = Catalog.from_store(LocalStore(repo), on_invalid=reported.append)
+    assert [e.field for e in reported] == ["entrypoint"]
+    shutil.rmtree(repo / "iris")
+    fresh = Catalog.from_store(LocalStore(repo), on_invalid=reported.append)
+    assert catalog.replace_with(fresh) == (["banner"], ["iris"])
+    assert [e.model_id for e in catalog] == ["banner"]

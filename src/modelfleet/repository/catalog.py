@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from modelfleet.errors import ManifestError, ModelNotFound
@@ -36,6 +36,19 @@ class CatalogEntry:
         )
 
 
+def _checked(location: str, text: str) -> Manifest:
+    manifest = parse_manifest(text, location)
+    parts = location.replace("\\", "/").rsplit("/", 3)
+    folder_model, folder_version = parts[-3], parts[-2]
+    if manifest.name != folder_model:
+        raise ManifestError(location, "name",
+                            f"'{manifest.name}' must match its folder '{folder_model}'")
+    if manifest.version != folder_version:
+        raise ManifestError(location, "version", f"'{manifest.version}' must match "
+                            f"its folder '{folder_version}'")
+    return manifest
+
+
 def _version_key(version: str) -> tuple[tuple[int, str], ...]:
     return tuple((int(p), "") if p.isdigit() else (-1, p) for p in version.split("."))
 
@@ -45,24 +58,35 @@ class Catalog:
         self._entries = entries
 
     @classmethod
-    def from_store(cls, store: ModelStore) -> Catalog:
-        """Validate every manifest; the first invalid one raises ``ManifestError``."""
+    def from_store(cls, store: ModelStore,
+                   on_invalid: Callable[[ManifestError], None] | None = None) -> Catalog:
+        """Validate every manifest.
+
+        The first invalid one raises ``ManifestError`` (start-up: fix the repository
+        first), or, given ``on_invalid``, is reported there and left out (a refresh of
+        a running fleet: one bad upload must not take the others away).
+        """
         found: dict[str, list[Manifest]] = {}
         for location, text in store.manifest_texts():
-            manifest = parse_manifest(text, location)
-            parts = location.replace("\\", "/").rsplit("/", 3)
-            folder_model, folder_version = parts[-3], parts[-2]
-            if manifest.name != folder_model:
-                raise ManifestError(location, "name",
-                                    f"'{manifest.name}' must match its folder '{folder_model}'")
-            if manifest.version != folder_version:
-                raise ManifestError(location, "version", f"'{manifest.version}' must match "
-                                    f"its folder '{folder_version}'")
+            try:
+                manifest = _checked(location, text)
+            except ManifestError as exc:
+                if on_invalid is None:
+                    raise
+                on_invalid(exc)
+                continue
             found.setdefault(manifest.name, []).append(manifest)
         return cls({
             name: CatalogEntry(tuple(sorted(ms, key=lambda m: _version_key(m.version))))
             for name, ms in sorted(found.items())
         })
+
+    def replace_with(self, fresh: Catalog) -> tuple[list[str], list[str]]:
+        """Take ``fresh``'s entries (one atomic swap); returns (added, removed) model ids."""
+        added = sorted(set(fresh._entries) - set(self._entries))
+        removed = sorted(set(self._entries) - set(fresh._entries))
+        self._entries = fresh._entries
+        return added, removed
 
     def get(self, model_id: str) -> CatalogEntry:
         entry = self._entries.get(model_id)

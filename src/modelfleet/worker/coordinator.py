@@ -94,9 +94,12 @@ class Coordinator:
         self._stopping = False
         self._seed = zlib.crc32(self.worker_id.encode())
         self._jitter = random.Random(self._seed)
-        self._pinned = [e.model_id for e in catalog if e.manifest.fanout.pinned]
 
     # -- lifecycle -----------------------------------------------------------------
+    @property
+    def _pinned(self) -> list[str]:
+        return [e.model_id for e in self._catalog if e.manifest.fanout.pinned]
+
     async def start(self) -> None:
         metrics.PERMITS_CAP.set(self._cap)
         await self._supervisor.start()
@@ -230,7 +233,8 @@ class Coordinator:
             # A restarted runtime comes back empty: pinned models go back on it.
             self._pinning = asyncio.create_task(self._preload_pinned(device | host))
         serviceable = {m for m in self._catalog_ids() if self._runtime_accepting(m)}
-        for model_id in list(self._consumers):  # stop pulling what no runtime can run now
+        # Stop pulling what no runtime can run now, or what left the catalog.
+        for model_id in list(self._consumers):
             if model_id not in serviceable:
                 await self._unsubscribe(model_id)
         candidates = (set(self._demand) | set(self._consumers) | device | host
@@ -238,6 +242,8 @@ class Coordinator:
         stats = await self._broker.queue_stats(sorted(candidates))
         queues = []
         for model_id, qs in stats.items():
+            if model_id not in self._catalog:  # left the catalog while we asked
+                continue
             manifest = self._catalog.get(model_id).manifest
             metrics.QUEUE_BACKLOG.labels(model_id).set(qs.backlog)
             queues.append(QueueView(model_id, qs.backlog, qs.consumers,
@@ -304,7 +310,8 @@ class Coordinator:
         task), and never more than the permits free now: unclaimed work stays in the
         queue, visible to other workers and to the autoscaler.
         """
-        batch = self._catalog.get(model_id).manifest.batching.max_batch_size
+        batch = (self._catalog.get(model_id).manifest.batching.max_batch_size
+                 if model_id in self._catalog else 1)
         share = -(-self._cap // max(1, len(self._consumers)))
         return max(1, min(max(batch, share), free_permits))
 
