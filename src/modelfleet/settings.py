@@ -88,6 +88,7 @@ class WorkerSettings(_Section):
     drain_timeout_s: float = Field(default=5, gt=0)
     restart_backoff_max_s: float = Field(default=10, gt=0)
     demand_window_s: float = Field(default=60, gt=0)  # how long a demand announcement counts
+    isolated_idle_stop_s: float = Field(default=600, gt=0)  # an unused own runtime is stopped
 
 
 class _EnvSource(EnvSettingsSource):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import httpx
@@ -74,5 +75,29 @@ def test_unresolvable_requirement_is_a_clear_500(tmp_path: Path) -> None:
         error = response.json()["error"]
         assert error["code"] == "model_load_failed"
         assert "definitely-not-a-package-xyz" in error["message"]
+    finally:
+        proc.stop()
+
+
+def test_an_idle_isolated_runtime_is_stopped_and_comes_back(tmp_path: Path) -> None:
+    proc, base = serve(tmp_path, env={"MODELFLEET_WORKER__ISOLATED_IDLE_STOP_S": "1",
+                                      "MODELFLEET_WORKER__DEMAND_WINDOW_S": "0.5",
+                                      "MODELFLEET_WORKER__STATE_INTERVAL_S": "0.3"})
+    try:
+        first = httpx.post(f"{base}/v1/models/memhog/infer", json={}, timeout=60)
+        assert first.status_code == 200
+        assert len(proc.runtimes()) == 2  # the shared one and memhog's own
+
+        def memhog_runtime_gone() -> bool:
+            names = {r["name"] for r in
+                     httpx.get(f"{base}/v1/fleet").json()["workers"][0]["runtimes"]}
+            return "model-memhog" not in names and len(proc.runtimes()) == 1
+
+        deadline = time.monotonic() + 30
+        while not memhog_runtime_gone():
+            assert time.monotonic() < deadline, "the idle runtime was never stopped"
+            time.sleep(0.2)
+        again = httpx.post(f"{base}/v1/models/memhog/infer", json={}, timeout=60)
+        assert again.status_code == 200 and again.json() == first.json()
     finally:
         proc.stop()

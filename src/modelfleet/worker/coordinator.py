@@ -88,6 +88,7 @@ class Coordinator:
         self._cold_subscribes: deque[float] = deque(maxlen=256)
         self._gates: dict[str, SuspectGate] = {}  # runtime name -> its gate
         self._pinning: asyncio.Task[None] | None = None
+        self._isolated_since: dict[str, float] = {}  # model id -> when its runtime was seen
         self._running: Counter[str] = Counter()  # model id -> tasks in flight here
         self._residency = Residency(clock)
         self._loops: list[asyncio.Task[None]] = []
@@ -269,7 +270,24 @@ class Coordinator:
             metrics.SUBSCRIBE_EVENTS.labels("subscribe", "cold" if cold else "warm").inc()
             await self._subscribe(model_id)
         await self._resize_prefetch(free)
+        await self._retire_idle_runtimes(now)
         metrics.SUBSCRIPTIONS.set(len(self._consumers))
+
+    async def _retire_idle_runtimes(self, now: float) -> None:
+        """An isolated model's own runtime holds a process and its memory: stop it when idle."""
+        idle_s = self._settings.worker.isolated_idle_stop_s
+        for model_id, runtime in self._supervisor.dedicated().items():
+            if model_id in self._running or model_id in runtime.loading:
+                continue
+            last_used = max(self._last_served.get(model_id, 0.0),
+                            self._isolated_since.setdefault(model_id, now),
+                            self._demand.get(model_id, 0.0))
+            if now - last_used < idle_s:
+                continue
+            log.info("stopping the runtime of %s: idle for %.0fs", model_id, now - last_used)
+            await self._unsubscribe(model_id)
+            await self._supervisor.retire(model_id)
+            self._isolated_since.pop(model_id, None)
 
     async def _still_open(self, cold: frozenset[str], queues: list[QueueView]) -> set[str]:
         """Cold queues that still have room under their fan-out cap, by a fresh count.

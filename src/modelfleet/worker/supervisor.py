@@ -345,6 +345,17 @@ class RuntimeSupervisor:
             runtime.start()
         return runtime
 
+    def dedicated(self) -> dict[str, RuntimeProcess]:
+        """Isolated models' own runtimes, by model id."""
+        return dict(self._dedicated)
+
+    async def retire(self, model_id: str) -> None:
+        """Stop an isolated model's own runtime; its next task starts a new one."""
+        runtime = self._dedicated.pop(model_id, None)
+        if runtime is not None:
+            await runtime.stop()
+            self._changed()
+
     def _isolation_for(self, model_id: str) -> Isolation:
         assert self._catalog is not None
         manifest = self._catalog.get(model_id).manifest
