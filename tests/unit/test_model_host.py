@@ -107,7 +107,7 @@ async def test_demote_then_promote_keeps_outputs_identical(tmp_path: Path) -> No
     x = [0.5] * 64
     before = await infer(host, "a", x)
     await infer(host, "b", x)  # evicts a from the device: demoted, not dropped
-    assert host.cache.tier_of("a") == "host"
+    assert host.tier_of("a", "1") == "host"
     after = await infer(host, "a", x)  # promoted back: a copy, not a reload
     assert after == before
     sources = [load[1] for load in host.stats()["loads"]]
@@ -120,7 +120,7 @@ async def test_without_host_room_eviction_drops_and_reloads(tmp_path: Path) -> N
     host = host_for(tmp_path, 5, 0)
     await infer(host, "a", [1.0] * 64)
     await infer(host, "b", [1.0] * 64)
-    assert host.cache.tier_of("a") is None
+    assert host.tier_of("a", "1") is None
     await infer(host, "a", [1.0] * 64)
     assert [load[1] for load in host.stats()["loads"]] == ["repository"] * 3
 
@@ -133,7 +133,7 @@ async def test_pinned_model_survives_pressure(tmp_path: Path) -> None:
     await host.ensure("core", "1", pinned=True)
     for name in ("x", "y", "z", "x"):
         await infer(host, name, [1.0] * 64)
-    assert host.cache.tier_of("core") == "device"
+    assert host.tier_of("core", "1") == "device"
 
 
 async def test_a_model_larger_than_the_budget_fails_at_once(tmp_path: Path) -> None:
@@ -186,3 +186,66 @@ async def test_at_most_k_loads_at_once_per_runtime(tmp_path: Path,
     await asyncio.gather(*(host.ensure(name, "1") for name in names))
     assert probe.peak == 2  # two at a time: the limit, and it was used
     assert sorted(load[0] for load in host.stats()["loads"]) == names
+
+
+def versioned(root: Path, name: str, versions: dict[str, bool]) -> None:
+    """Versions of one model; ``True`` marks a version whose load fails."""
+    for version, broken in versions.items():
+        folder = root / name / version
+        folder.mkdir(parents=True)
+        (folder / "model.toml").write_text(
+            f'name = "{name}"\nversion = "{version}"\nentrypoint = "handler:V"\n')
+        (folder / "handler.py").write_text(textwrap.dedent(f"""
+            from modelfleet import Model
+
+            class V(Model):
+                def load(self, ctx):
+                    if {broken}:
+                        raise RuntimeError("version {version} is broken")
+
+                def predict(self, batch):
+                    return ["{version}" for _ in batch]
+        """))
+
+
+async def test_versions_are_resident_side_by_side(tmp_path: Path) -> None:
+    versioned(tmp_path, "ver", {"1": False, "2": False})
+    host = host_for(tmp_path, 256, 0)  # room for both (each estimated at 64 MiB)
+    for _ in range(5):
+        for version in ("1", "2"):
+            loaded, _ = await host.ensure("ver", version)
+            assert (await loaded.batcher.submit(None))[0] == version
+    assert [load[0] for load in host.stats()["loads"]] == ["ver", "ver"]  # one load each
+
+
+async def test_a_broken_version_does_not_fail_the_others(tmp_path: Path) -> None:
+    versioned(tmp_path, "ver", {"1": False, "2": True})
+    host = host_for(tmp_path, 256, 0)
+    await host.ensure("ver", "1")
+    results = await asyncio.gather(host.ensure("ver", "2"), host.ensure("ver", "1"),
+                                   return_exceptions=True)
+    assert isinstance(results[0], ModelLoadFailed) and "version 2 is broken" in str(results[0])
+    assert not isinstance(results[1], BaseException)
+    assert host.tier_of("ver", "1") == "device"
+
+
+async def test_a_promotion_waits_for_a_demotion_under_way(tmp_path: Path) -> None:
+    for name in ("a", "b", "c"):
+        package(tmp_path, name, 3)
+    settings = RuntimeSettings(device_budget_bytes=7 * MiB, host_budget_bytes=20 * MiB,
+                               eviction_policy="lru")
+    host = ModelHost(settings, LocalStore(tmp_path))
+    a, _ = await host.ensure("a", "1")
+    await host.ensure("b", "1")
+    await host.ensure("b", "1")  # a is now the least recently used
+    with a.using():  # a request still runs on a
+        load_c = asyncio.create_task(host.ensure("c", "1"))  # demotes a: waits for it
+        await asyncio.sleep(0.05)
+        assert host.tier_of("a", "1") == "host" and a.handler.where == "device"
+        want_a = asyncio.create_task(host.ensure("a", "1"))  # promotion: waits for the move
+        await asyncio.sleep(0.05)
+        assert not want_a.done()
+    await load_c
+    promoted, _ = await want_a
+    assert promoted is a
+    assert host.tier_of("a", "1") == "device" and a.handler.where == "device"

@@ -62,8 +62,9 @@ async def test_demote_promote_round_trip_keeps_outputs(tmp_path: Path) -> None:
                      LocalStore(tmp_path))
     before = await infer(host, "a")
     await infer(host, "b")
-    assert host.cache.tier_of("a") == "host"
-    loaded = host._models["a"]  # the same object, demoted: no reload happened
+    assert host.tier_of("a", "1") == "host"
+    loaded = host.loaded("a", "1")
+    assert loaded is not None  # the same object, demoted: no reload happened
     assert all(p.device.type == "cpu" for p in loaded.handler.net.parameters())
     assert await infer(host, "a") == before
     expected_device = "cuda" if torch.cuda.is_available() else "cpu"

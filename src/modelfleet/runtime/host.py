@@ -4,8 +4,12 @@ The byte accounting and the choice of victims belong to ``modelfleet.cache.Model
 (pure); this module carries its decisions out: it imports handlers, calls ``load``
 on a thread, demotes and drops models, and keeps the invariants:
 
-- one load per model id at a time (single-flight): concurrent requests for a model
-  that is loading await that one load;
+- one load per model version at a time (single-flight): concurrent requests for a
+  model that is loading await that one load; versions are resident side by side
+  (keys ``model@version``), so a rollout or a caller pinned to an old version does not
+  make them evict each other;
+- a model is moved between tiers by one move at a time (a promotion waits for a
+  demotion still under way), and never while a request or a predict runs on it;
 - at most ``max_concurrent_loads`` loads at once in this runtime;
 - a failed load leaves nothing behind, so the next request tries again;
 - a model larger than the whole device budget fails at once (``ModelTooLarge``).
@@ -64,6 +68,15 @@ class LoadedModel:
                 self.idle.set()
 
 
+def residency_key(model_id: str, version: str) -> str:
+    """The cache's key for one version of a model (``@`` is not allowed in either)."""
+    return f"{model_id}@{version}"
+
+
+def model_of(key: str) -> str:
+    return key.rsplit("@", 1)[0]
+
+
 @dataclass(frozen=True)
 class LoadEvent:
     model_id: str
@@ -92,52 +105,62 @@ class ModelHost:
                                   f"(choose from {', '.join(POLICIES)})")
         self.cache = ModelCache(settings.device_budget_bytes, settings.host_budget_bytes,
                                 policy(), host_policy=policy(), clock=clock)
-        self._models: dict[str, LoadedModel] = {}
+        self._models: dict[str, LoadedModel] = {}  # residency key -> loaded model
         self._loading: dict[str, asyncio.Future[LoadedModel]] = {}
         self._load_tasks: set[asyncio.Task[None]] = set()
         self._load_started: dict[str, float] = {}
+        self._moves: dict[str, asyncio.Lock] = {}  # residency key -> one tier move at a time
         self._load_slots = asyncio.Semaphore(settings.max_concurrent_loads)
         self.events = HostEvents()
 
     @property
     def loading(self) -> list[str]:
-        return sorted(self._loading)
+        return sorted({model_of(key) for key in self._loading})
 
     def load_ages_s(self) -> dict[str, float]:
         """Seconds each load under way has been running (or waiting for a load slot)."""
         now = time.monotonic()
-        return {m: now - started for m, started in self._load_started.items()}
+        return {model_of(key): now - started for key, started in self._load_started.items()}
+
+    def tier_of(self, model_id: str, version: str) -> str | None:
+        return self.cache.tier_of(residency_key(model_id, version))
+
+    def loaded(self, model_id: str, version: str) -> LoadedModel | None:
+        return self._models.get(residency_key(model_id, version))
 
     async def ensure(self, model_id: str, version: str, pinned: bool = False
                      ) -> tuple[LoadedModel, bool]:
-        """The model ready on its device; returns (model, whether this call waited on a load).
+        """The model version ready on its device; returns (model, whether this waited on a load).
 
-        One load per model id at a time: a request for a model being loaded waits on
-        that load (and, if it wanted another version, loads its own after it).
+        One load per model version at a time: a request for one being loaded waits on
+        that load. Whatever happened meanwhile (an eviction, a demotion) is checked
+        again before the model is handed out.
         """
+        key = residency_key(model_id, version)
         waited = False
         while True:
-            loaded = self._models.get(model_id)
-            if loaded is not None and loaded.manifest.version == version \
-                    and self.cache.tier_of(model_id) == "device":
-                self.cache.hit(model_id)  # a use, for the eviction policy's frequency count
+            loaded = self._models.get(key)
+            if loaded is not None and self.cache.tier_of(key) == "device":
+                self.cache.hit(key)  # a use, for the eviction policy's frequency count
                 return loaded, waited
-            pending = self._loading.get(model_id)
+            pending = self._loading.get(key)
             if pending is None:
                 pending = asyncio.get_running_loop().create_future()
-                self._loading[model_id] = pending
-                self._load_started[model_id] = time.monotonic()
+                self._loading[key] = pending
+                self._load_started[key] = time.monotonic()
                 load = asyncio.create_task(self._load(model_id, version, pinned, pending),
-                                           name=f"load-{model_id}")
+                                           name=f"load-{key}")
                 self._load_tasks.add(load)
                 load.add_done_callback(self._load_tasks.discard)
-            loaded = await asyncio.shield(pending)
+            await asyncio.shield(pending)
             waited = True
-            if loaded.manifest.version == version:
-                return loaded, True
+
+    def _move_lock(self, key: str) -> asyncio.Lock:
+        return self._moves.setdefault(key, asyncio.Lock())
 
     async def _load(self, model_id: str, version: str, pinned: bool,
                     done: asyncio.Future[LoadedModel]) -> None:
+        key = residency_key(model_id, version)
         try:
             async with self._load_slots:
                 loaded = await self._load_now(model_id, version, pinned)
@@ -149,24 +172,24 @@ class ModelHost:
             self.events.load_failures += 1
             done.set_exception(ModelLoadFailed(f"model '{model_id}' failed to load: {exc!r}"))
         finally:
-            self._loading.pop(model_id, None)
-            self._load_started.pop(model_id, None)
+            self._loading.pop(key, None)
+            self._load_started.pop(key, None)
             if done.done() and not done.cancelled():
                 done.exception()  # mark retrieved: a load nobody awaited is not an error
 
     async def _load_now(self, model_id: str, version: str, pinned: bool) -> LoadedModel:
-        current = self._models.get(model_id)
-        if current is not None and current.manifest.version != version:
-            await self._drop(model_id)  # a new version replaces the old one
-            current = None
-        if current is not None and self.cache.tier_of(model_id) == "host":
-            return await self._promote(current, pinned)
+        key = residency_key(model_id, version)
+        current = self._models.get(key)
+        if current is not None and self.cache.tier_of(key) == "device":
+            return current  # a promotion or a reload raced us here and won
+        if current is not None and self.cache.tier_of(key) == "host":
+            return await self._promote(key, current, pinned)
 
         package_dir, source = await asyncio.to_thread(self._store.materialize, model_id, version)
         manifest = load_manifest(package_dir / "model.toml")
         pinned = pinned or manifest.fanout.pinned  # pinned stays pinned across restarts
-        size = self.cache.last_measured_bytes(model_id) or manifest.memory_estimate_bytes
-        evictions = self.cache.reserve(model_id, size, pinned=pinned)
+        size = self.cache.last_measured_bytes(key) or manifest.memory_estimate_bytes
+        evictions = self.cache.reserve(key, size, pinned=pinned)
         try:
             await self._carry_out(evictions)
             device = resolve_device(manifest.device)
@@ -186,19 +209,19 @@ class ModelHost:
                 raise ModelLoadFailed(f"model '{model_id}' failed to load: {exc!r}") from exc
             handler = handlers[0]
         except BaseException:
-            self.cache.release(model_id)
+            self.cache.release(key)
             raise
         loaded = LoadedModel(manifest, handler, self._batcher(manifest, handler), device)
-        self._models[model_id] = loaded
+        self._models[key] = loaded
         try:
-            more = self.cache.commit(model_id, measured.size_bytes, measured.seconds, source)
+            more = self.cache.commit(key, measured.size_bytes, measured.seconds, source)
         except ModelfleetError:  # measured bigger than the budget, or than what can be freed
-            await self._unload(model_id)
+            await self._unload(key)
             raise
         self.events.loads.append(LoadEvent(model_id, source, measured.seconds,
                                            measured.size_bytes))
         await self._carry_out(more)
-        if self.cache.tier_of(model_id) != "device":
+        if self.cache.tier_of(key) != "device":
             raise NoCapacity(f"model '{model_id}' measured {measured.size_bytes} bytes at load, "
                              "more than this runtime can hold next to its pinned models and "
                              "loads in flight; it was unloaded again")
@@ -206,22 +229,20 @@ class ModelHost:
                  measured.seconds, measured.size_bytes)
         return loaded
 
-    async def _promote(self, loaded: LoadedModel, pinned: bool) -> LoadedModel:
-        model_id = loaded.manifest.name
-        size = self.cache.last_measured_bytes(model_id) or loaded.manifest.memory_estimate_bytes
-        evictions = self.cache.reserve(model_id, size,
-                                       pinned=pinned or loaded.manifest.fanout.pinned)
-        started = time.perf_counter()
+    async def _promote(self, key: str, loaded: LoadedModel, pinned: bool) -> LoadedModel:
+        size = self.cache.last_measured_bytes(key) or loaded.manifest.memory_estimate_bytes
+        evictions = self.cache.reserve(key, size, pinned=pinned or loaded.manifest.fanout.pinned)
         try:
             await self._carry_out(evictions)
-            started = time.perf_counter()
-            await asyncio.to_thread(move, loaded.handler, "device")
+            async with self._move_lock(key):  # after a demotion still under way, not before
+                started = time.perf_counter()
+                await asyncio.to_thread(move, loaded.handler, "device")
+                seconds = time.perf_counter() - started
         except BaseException:
-            self.cache.release(model_id)
+            self.cache.release(key)
             raise
-        seconds = time.perf_counter() - started
-        await self._carry_out(self.cache.commit(model_id, size, seconds, "host"))
-        self.events.loads.append(LoadEvent(model_id, "host", seconds, size))
+        await self._carry_out(self.cache.commit(key, size, seconds, "host"))
+        self.events.loads.append(LoadEvent(loaded.manifest.name, "host", seconds, size))
         return loaded
 
     def _batcher(self, manifest: Manifest, handler: Model) -> Batcher:
@@ -230,33 +251,39 @@ class ModelHost:
 
     async def _carry_out(self, evictions: list[Eviction]) -> None:
         for eviction in evictions:
-            self.events.evictions.append((eviction.action, eviction.model_id))
+            self.events.evictions.append((eviction.action, model_of(eviction.model_id)))
             if eviction.action == "demote":
-                loaded = self._models.get(eviction.model_id)
-                if loaded is not None:
-                    await loaded.quiesce()  # requests and batches running on it finish first
-                    try:
-                        await asyncio.to_thread(move, loaded.handler, "host")
-                    except Exception:
-                        log.exception("demoting %s failed; dropping it", eviction.model_id)
-                        self.cache.remove(eviction.model_id)
-                        await self._unload(eviction.model_id)
+                await self._demote(eviction.model_id)
             else:
                 await self._unload(eviction.model_id)
 
+    async def _demote(self, key: str) -> None:
+        loaded = self._models.get(key)
+        if loaded is None:
+            return
+        async with self._move_lock(key):
+            await loaded.quiesce()  # requests and batches running on it finish first
+            if self._models.get(key) is not loaded or self.cache.tier_of(key) != "host":
+                return  # unloaded or promoted back meanwhile: nothing to move
+            try:
+                await asyncio.to_thread(move, loaded.handler, "host")
+            except Exception:
+                log.exception("demoting %s failed; dropping it", key)
+                if self.cache.reservation(key) is None:
+                    self.cache.remove(key)
+                    await self._unload(key)
+
     async def evict(self, model_id: str) -> bool:
-        """Drop a model from every tier. False if it was not resident."""
-        if model_id not in self._models:
-            return False
-        await self._drop(model_id)
-        return True
+        """Drop every version of a model from every tier. False if none was resident."""
+        keys = [key for key in self._models if model_of(key) == model_id]
+        for key in keys:
+            if self.cache.reservation(key) is None:
+                self.cache.remove(key)
+            await self._unload(key)
+        return bool(keys)
 
-    async def _drop(self, model_id: str) -> None:
-        self.cache.remove(model_id)
-        await self._unload(model_id)
-
-    async def _unload(self, model_id: str) -> None:
-        loaded = self._models.pop(model_id, None)
+    async def _unload(self, key: str) -> None:
+        loaded = self._models.pop(key, None)
         if loaded is None:
             return
         await loaded.quiesce()  # requests and batches running on it finish first
@@ -269,22 +296,24 @@ class ModelHost:
         release_device_memory(device)
 
     def stats(self) -> dict[str, Any]:
+        """Residency by model id (versions folded), and what happened since the last ask."""
         snap = self.cache.snapshot()
         events, self.events = self.events, HostEvents()
         return {
-            "device": dict(snap.device),
-            "host": dict(snap.host),
+            "device": sorted({model_of(key) for key in snap.device}),
+            "host": sorted({model_of(key) for key in snap.host} - {model_of(key)
+                                                                  for key in snap.device}),
             "device_budget_bytes": snap.device_budget_bytes,
             "host_budget_bytes": snap.host_budget_bytes,
             "device_used_bytes": snap.device_used_bytes,
             "host_used_bytes": snap.host_used_bytes,
             "loading": self.loading,
-            "pinned": sorted(snap.pinned),
+            "pinned": sorted({model_of(key) for key in snap.pinned}),
             "loads": [(e.model_id, e.source, e.seconds, e.size_bytes) for e in events.loads],
             "evictions": events.evictions,
             "load_failures": events.load_failures,
         }
 
     async def close(self) -> None:
-        for model_id in list(self._models):
-            await self._unload(model_id)
+        for key in list(self._models):
+            await self._unload(key)
