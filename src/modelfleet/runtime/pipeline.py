@@ -92,15 +92,20 @@ class Batcher:
                 await self._predict_batch(live)
 
     async def _predict_batch(self, batch: list[_Pending]) -> None:
+        # ``idle()`` waits for the whole batch, retries one by one included: the model is
+        # not moved or freed while any predict for it runs.
+        self._predicting.clear()
+        try:
+            await self._predict_and_answer(batch)
+        finally:
+            self._predicting.set()
+
+    async def _predict_and_answer(self, batch: list[_Pending]) -> None:
         started = time.perf_counter()
         try:
-            # A cancelled caller cannot stop the thread: ``idle()`` reports the thread,
-            # not the caller, so the model is not moved or freed while predict runs.
-            running = asyncio.ensure_future(
+            # Shielded: a cancelled batcher cannot stop the thread; it is waited out.
+            outputs = await asyncio.shield(
                 asyncio.to_thread(self._predict, [p.item for p in batch]))
-            self._predicting.clear()
-            running.add_done_callback(lambda _: self._predicting.set())
-            outputs = await asyncio.shield(running)
             if not isinstance(outputs, list) or len(outputs) != len(batch):
                 raise ModelFailed(
                     f"predict returned {type(outputs).__name__}"
@@ -108,9 +113,10 @@ class Batcher:
                     f"expected a list of {len(batch)} outputs"
                 )
         except Exception as exc:
-            if len(batch) > 1 and not isinstance(exc, ModelFailed | asyncio.CancelledError):
+            if len(batch) > 1 and not isinstance(exc, ModelFailed):
                 for single in batch:  # find the input at fault; the others still get answers
-                    await self._predict_batch([single])
+                    if not single.future.done():  # its caller may have given up meanwhile
+                        await self._predict_and_answer([single])
                 return
             error = as_model_error(exc)
             for p in batch:
