@@ -28,6 +28,7 @@ from modelfleet.errors import ConfigError, ManifestError
 from modelfleet.gateway.app import create_app
 from modelfleet.gateway.service import GatewayService
 from modelfleet.repository import Catalog, ModelStore, open_store
+from modelfleet.repository.catalog import model_of_location
 from modelfleet.settings import Settings
 from modelfleet.worker.coordinator import Coordinator
 from modelfleet.worker.health import create_health_app
@@ -106,12 +107,19 @@ async def _refreshing(store: ModelStore, catalog: Catalog, settings: Settings
 
         while True:
             await asyncio.sleep(settings.repo_refresh_s)
+            broken: set[str] = set()
+
+            def note(exc: ManifestError, into: set[str] = broken) -> None:
+                into.add(model_of_location(exc.path))
+                report(exc)
+
             try:
-                fresh = await asyncio.to_thread(Catalog.from_store, store, report)
+                fresh = await asyncio.to_thread(Catalog.from_store, store, note)
             except Exception:  # e.g. the remote repository is unreachable for a while
                 log.exception("repository: refresh failed; serving the catalog as it was")
                 continue
-            added, removed = catalog.replace_with(fresh)
+            # A model whose manifest an edit just broke goes on serving as it was.
+            added, removed = catalog.replace_with(fresh, keep=frozenset(broken))
             if added or removed:
                 log.info("repository: added %s; removed %s", added or "none",
                          removed or "none")

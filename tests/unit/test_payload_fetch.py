@@ -105,6 +105,7 @@ async def test_time_limit_and_no_redirects(origin: str) -> None:
     ("::ffff:127.0.0.1", "127.0.0.1"),
     ("64:ff9b::a9fe:a9fe", "169.254.169.254"),
     ("2002:7f00:1::1", "127.0.0.1"),
+    ("64:ff9b:1::a9fe:a9fe", "169.254.169.254"),
 ])
 def test_ipv6_addresses_carrying_ipv4_are_judged_by_it(carried: str, inner: str) -> None:
     import ipaddress
@@ -121,3 +122,14 @@ async def test_malformed_url_is_forbidden_not_a_crash() -> None:
         with pytest.raises(PayloadFetchForbidden, match="malformed"):
             await f.fetch(PayloadRef("url", url=url), 5)
     await f.close()
+
+
+@pytest.mark.parametrize("address", ["::a9fe:a9fe", "fec0::1", "64:ff9b:1::a9fe:a9fe",
+                                     "10.1.2.3", "::1"])
+def test_non_public_addresses(address: str) -> None:
+    import ipaddress
+
+    from modelfleet.runtime.payload import is_public
+
+    assert not is_public(ipaddress.ip_address(address))
+    assert is_public(ipaddress.ip_address("93.184.215.14"))

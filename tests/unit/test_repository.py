@@ -89,3 +89,19 @@ def test_a_refresh_reports_invalid_manifests_and_keeps_the_rest(tmp_path: Path) 
     fresh = Catalog.from_store(LocalStore(repo), on_invalid=reported.append)
     assert catalog.replace_with(fresh) == (["banner"], ["iris"])
     assert [e.model_id for e in catalog] == ["banner"]
+
+
+def test_a_model_whose_manifest_an_edit_broke_keeps_serving(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    shutil.copytree(EXAMPLES / "iris", repo / "iris")
+    catalog = Catalog.from_store(LocalStore(repo))
+    manifest = repo / "iris" / "1" / "model.toml"
+    manifest.write_text(manifest.read_text().replace("tenant =", "tenant_typo ="))
+    broken: list[ManifestError] = []
+    fresh = Catalog.from_store(LocalStore(repo), on_invalid=broken.append)
+    assert [e.field for e in broken] == ["tenant_typo"]
+    from modelfleet.repository.catalog import model_of_location
+
+    keep = frozenset(model_of_location(e.path) for e in broken)
+    assert catalog.replace_with(fresh, keep=keep) == ([], [])
+    assert catalog.get("iris").manifest.tenant == "examples"

@@ -36,6 +36,12 @@ class CatalogEntry:
         )
 
 
+def model_of_location(location: str) -> str:
+    """The model folder a manifest's location names (``.../<model>/<version>/model.toml``)."""
+    parts = location.replace("\\", "/").rsplit("/", 3)
+    return parts[-3] if len(parts) >= 3 else ""
+
+
 def _checked(location: str, text: str) -> Manifest:
     manifest = parse_manifest(text, location)
     parts = location.replace("\\", "/").rsplit("/", 3)
@@ -81,11 +87,20 @@ class Catalog:
             for name, ms in sorted(found.items())
         })
 
-    def replace_with(self, fresh: Catalog) -> tuple[list[str], list[str]]:
-        """Take ``fresh``'s entries (one atomic swap); returns (added, removed) model ids."""
-        added = sorted(set(fresh._entries) - set(self._entries))
-        removed = sorted(set(self._entries) - set(fresh._entries))
-        self._entries = fresh._entries
+    def replace_with(self, fresh: Catalog, keep: frozenset[str] = frozenset()
+                     ) -> tuple[list[str], list[str]]:
+        """Take ``fresh``'s entries (one atomic swap); returns (added, removed) model ids.
+
+        Models in ``keep`` that ``fresh`` lacks keep their current entry: a model whose
+        manifest was just broken by an edit goes on serving as it was.
+        """
+        entries = dict(fresh._entries)
+        for model_id in keep - set(entries):
+            if model_id in self._entries:
+                entries[model_id] = self._entries[model_id]
+        added = sorted(set(entries) - set(self._entries))
+        removed = sorted(set(self._entries) - set(entries))
+        self._entries = dict(sorted(entries.items()))
         return added, removed
 
     def get(self, model_id: str) -> CatalogEntry:

@@ -30,7 +30,9 @@ from modelfleet.errors import (
 from modelfleet.messages import PayloadRef
 from modelfleet.settings import RuntimeSettings
 
-_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+_NAT64 = (ipaddress.ip_network("64:ff9b::/96"), ipaddress.ip_network("64:ff9b:1::/48"))
+_NEVER_GLOBAL = (ipaddress.ip_network("::/96"),  # IPv4-compatible (deprecated)
+                 ipaddress.ip_network("fec0::/10"))  # site-local (deprecated)
 
 
 def embedded_ipv4(address: ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -48,9 +50,16 @@ def embedded_ipv4(address: ipaddress.IPv4Address | ipaddress.IPv6Address
         return address.sixtofour
     if address.teredo is not None:
         return address.teredo[1]
-    if address in _NAT64:
+    if any(address in net for net in _NAT64):
         return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
     return address
+
+
+def is_public(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    """Whether packets to ``address`` leave for the internet (what it carries, too)."""
+    if isinstance(address, ipaddress.IPv6Address) and any(address in n for n in _NEVER_GLOBAL):
+        return False
+    return embedded_ipv4(address).is_global
 
 
 class PayloadFetcher:
@@ -99,10 +108,10 @@ class PayloadFetcher:
         except OSError as exc:
             raise PayloadUnavailable(f"cannot resolve payload host {host!r}: {exc}") from exc
         for info in infos:
-            address = embedded_ipv4(ipaddress.ip_address(info[4][0]))
-            if any(address in net for net in self._allowed_networks):
+            address = ipaddress.ip_address(info[4][0])
+            if any(embedded_ipv4(address) in net for net in self._allowed_networks):
                 continue
-            if not address.is_global:
+            if not is_public(address):
                 raise PayloadFetchForbidden(
                     f"payload URL host {host!r} resolves to non-public address {address}; "
                     "list it in runtime.url_fetch_allow to permit it")

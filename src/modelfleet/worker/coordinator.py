@@ -89,6 +89,8 @@ class Coordinator:
         self._gates: dict[str, SuspectGate] = {}  # runtime name -> its gate
         self._pinning: asyncio.Task[None] | None = None
         self._isolated_since: dict[str, float] = {}  # model id -> when its runtime was seen
+        self._pin_failures: dict[tuple[str, str, int], int] = {}
+        self._pin_retry_at: dict[tuple[str, str, int], float] = {}
         self._running: Counter[str] = Counter()  # model id -> tasks in flight here
         self._residency = Residency(clock)
         self._loops: list[asyncio.Task[None]] = []
@@ -140,12 +142,21 @@ class Coordinator:
             if runtime.client is None or not runtime.ready or model_id in resident \
                     or model_id in runtime.loading:
                 continue
+            retry_at = self._pin_retry_at.get((model_id, runtime.name, runtime.restarts), 0.0)
+            if self._clock() < retry_at:
+                continue
             try:
                 await runtime.client.call("load", model_id=model_id,
                                           version=self._catalog.get(model_id).manifest.version,
                                           pinned=True)
             except ModelfleetError as exc:
-                log.error("could not preload pinned model %s: %s", model_id, exc)
+                # Not again at every rescore: back off (a new runtime incarnation retries).
+                key = (model_id, runtime.name, runtime.restarts)
+                failures = self._pin_failures.get(key, 0) + 1
+                self._pin_failures[key] = failures
+                self._pin_retry_at[key] = self._clock() + min(300.0, 5.0 * 2 ** failures)
+                log.error("could not preload pinned model %s (try %d): %s", model_id,
+                          failures, exc)
 
     # -- health --------------------------------------------------------------------
     @property
@@ -276,16 +287,19 @@ class Coordinator:
     async def _retire_idle_runtimes(self, now: float) -> None:
         """An isolated model's own runtime holds a process and its memory: stop it when idle."""
         idle_s = self._settings.worker.isolated_idle_stop_s
+        pinned = set(self._pinned)
         for model_id, runtime in self._supervisor.dedicated().items():
-            if model_id in self._running or model_id in runtime.loading:
+            if model_id in pinned or model_id in self._running or model_id in runtime.loading:
                 continue
             last_used = max(self._last_served.get(model_id, 0.0),
                             self._isolated_since.setdefault(model_id, now),
                             self._demand.get(model_id, 0.0))
             if now - last_used < idle_s:
                 continue
-            log.info("stopping the runtime of %s: idle for %.0fs", model_id, now - last_used)
             await self._unsubscribe(model_id)
+            if model_id in self._running:  # a delivery got in while we unsubscribed
+                continue
+            log.info("stopping the runtime of %s: idle for %.0fs", model_id, now - last_used)
             await self._supervisor.retire(model_id)
             self._isolated_since.pop(model_id, None)
 
@@ -351,8 +365,7 @@ class Coordinator:
         with contextlib.suppress(BrokerUnavailable):
             await consumer.subscription.cancel()
         consumer.task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await consumer.task
+        await asyncio.wait({consumer.task})  # not `await`: our own cancellation stays ours
         log.info("unsubscribed from %s", model_id)
 
     async def _resize_prefetch(self, free_permits: int) -> None:
@@ -441,6 +454,9 @@ class Coordinator:
             # A bug of ours. Settle the task anyway, where someone will look at it.
             log.exception("task %s for %s failed in the worker", task.request_id, task.model_id)
             with contextlib.suppress(BrokerUnavailable, RuntimeError):
+                await self._broker.publish_reply(task.reply_to, Reply.failure(
+                    task.request_id, ModelfleetError(f"worker error: {exc!r}"),
+                    worker_id=self.worker_id))
                 await delivery.dead_letter(f"worker_error: {exc!r}")
         except asyncio.CancelledError:
             with contextlib.suppress(BrokerUnavailable, RuntimeError):

@@ -30,6 +30,8 @@ class Residency:
 
     async def refresh(self, runtimes: list[RuntimeProcess]) -> None:
         totals = {"device": 0, "host": 0, "device_bytes": 0, "host_bytes": 0}
+        for gone in set(self._by_runtime) - {r.name for r in runtimes}:
+            del self._by_runtime[gone]  # retired: what it held is gone with it
         for runtime in runtimes:
             if not runtime.ready or runtime.client is None:
                 self._by_runtime.pop(runtime.name, None)

@@ -39,7 +39,13 @@ from pathlib import Path
 from typing import Literal
 
 from modelfleet import metrics
-from modelfleet.errors import ModelfleetError, RuntimeCrashed
+from modelfleet.errors import (
+    ConfigError,
+    ModelfleetError,
+    ModelLoadFailed,
+    ModelNotFound,
+    RuntimeCrashed,
+)
 from modelfleet.repository import Catalog, ModelStore
 from modelfleet.runtime.environments import (
     EnvironmentBuilder,
@@ -73,6 +79,12 @@ def runtime_settings(settings: Settings) -> Settings:
     Runtimes run model code and its dependencies; they need neither to do their work.
     """
     return settings.model_copy(update={"secret": "", "broker": BrokerSettings()})
+
+
+def _is_secret(variable: str) -> bool:
+    """Environment a runtime must not inherit: the signing secret and broker credentials."""
+    return variable in ("MODELFLEET_SECRET", "MODELFLEET_BROKER") \
+        or variable.startswith("MODELFLEET_BROKER__")
 
 
 def _die_with_parent() -> None:
@@ -129,6 +141,8 @@ class RuntimeProcess:
         return self.state == "stopped"
 
     def _set(self, state: State) -> None:
+        if state != "ready":
+            self.loading = []  # a runtime that is not up loads nothing
         if self.state != state:
             self.state = state
             if state in ("ready", "failed"):
@@ -157,7 +171,8 @@ class RuntimeProcess:
                 self._started.set()
                 backoff = 0.2
                 reason = await self._watch_until_down()
-            except EnvironmentBuildFailed as exc:
+            except (EnvironmentBuildFailed, ConfigError, ModelLoadFailed, ModelNotFound) as exc:
+                # Deterministic: restarting will not help; answer tasks with it meanwhile.
                 await self._fail(exc)
                 continue
             except ModelfleetError as exc:
@@ -207,6 +222,7 @@ class RuntimeProcess:
                     isolation.requirements,
                     lambda line: log.info("runtime %s: %s", self.name, line)))
                 env = venv_process_env(os.environ)
+        env = {k: v for k, v in env.items() if not _is_secret(k)}
         env.update({SETTINGS_ENV: runtime_settings(self._settings).model_dump_json(),
                     **runtime_env(limit)})
         self.process = await asyncio.create_subprocess_exec(
@@ -282,8 +298,8 @@ class RuntimeProcess:
         self._retry.set()
         if self._watch is not None:
             self._watch.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._watch
+            # wait(), not await: our own cancellation must not be swallowed with its.
+            await asyncio.wait({self._watch})
         if self.process is not None and self.process.returncode is None:
             if previous == "ready" and self.client is not None:
                 with contextlib.suppress(ModelfleetError, TimeoutError):
@@ -351,9 +367,10 @@ class RuntimeSupervisor:
 
     async def retire(self, model_id: str) -> None:
         """Stop an isolated model's own runtime; its next task starts a new one."""
-        runtime = self._dedicated.pop(model_id, None)
+        runtime = self._dedicated.get(model_id)
         if runtime is not None:
             await runtime.stop()
+            self._dedicated.pop(model_id, None)  # only once it is really gone
             self._changed()
 
     def _isolation_for(self, model_id: str) -> Isolation:
