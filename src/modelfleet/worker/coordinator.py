@@ -53,6 +53,7 @@ from modelfleet.repository import Catalog
 from modelfleet.scheduling import QueueView, WorkerView, choose_queues
 from modelfleet.settings import Settings
 from modelfleet.worker.gate import SuspectGate
+from modelfleet.worker.pinning import PinKeeper
 from modelfleet.worker.residency import Residency
 from modelfleet.worker.supervisor import RuntimeProcess, RuntimeSupervisor
 
@@ -88,9 +89,8 @@ class Coordinator:
         self._cold_subscribes: deque[float] = deque(maxlen=256)
         self._gates: dict[str, SuspectGate] = {}  # runtime name -> its gate
         self._pinning: asyncio.Task[None] | None = None
+        self._pins = PinKeeper(catalog, supervisor, clock)
         self._isolated_since: dict[str, float] = {}  # model id -> when its runtime was seen
-        self._pin_failures: dict[tuple[str, str, int], int] = {}
-        self._pin_retry_at: dict[tuple[str, str, int], float] = {}
         self._running: Counter[str] = Counter()  # model id -> tasks in flight here
         self._residency = Residency(clock)
         self._loops: list[asyncio.Task[None]] = []
@@ -99,14 +99,10 @@ class Coordinator:
         self._jitter = random.Random(self._seed)
 
     # -- lifecycle -----------------------------------------------------------------
-    @property
-    def _pinned(self) -> list[str]:
-        return [e.model_id for e in self._catalog if e.manifest.fanout.pinned]
-
     async def start(self) -> None:
         metrics.PERMITS_CAP.set(self._cap)
         await self._supervisor.start()
-        await self._preload_pinned()
+        await self._pins.keep()
         self._loops = [
             asyncio.create_task(self._listen_events(), name="worker-events"),
             asyncio.create_task(self._rescore_loop(), name="worker-rescore"),
@@ -134,29 +130,6 @@ class Coordinator:
         with contextlib.suppress(BrokerUnavailable):
             await self._broker.publish_event({"kind": "worker_gone", "worker_id": self.worker_id})
         await self._supervisor.stop()
-
-    async def _preload_pinned(self, resident: frozenset[str] = frozenset()) -> None:
-        """Load pinned models onto every ready runtime that lacks them (also after restarts)."""
-        for model_id in self._pinned:
-            runtime = self._supervisor.runtime_for(model_id)
-            if runtime.client is None or not runtime.ready or model_id in resident \
-                    or model_id in runtime.loading:
-                continue
-            retry_at = self._pin_retry_at.get((model_id, runtime.name, runtime.restarts), 0.0)
-            if self._clock() < retry_at:
-                continue
-            try:
-                await runtime.client.call("load", model_id=model_id,
-                                          version=self._catalog.get(model_id).manifest.version,
-                                          pinned=True)
-            except ModelfleetError as exc:
-                # Not again at every rescore: back off (a new runtime incarnation retries).
-                key = (model_id, runtime.name, runtime.restarts)
-                failures = self._pin_failures.get(key, 0) + 1
-                self._pin_failures[key] = failures
-                self._pin_retry_at[key] = self._clock() + min(300.0, 5.0 * 2 ** failures)
-                log.error("could not preload pinned model %s (try %d): %s", model_id,
-                          failures, exc)
 
     # -- health --------------------------------------------------------------------
     @property
@@ -241,16 +214,16 @@ class Coordinator:
         state = self.state()
         device = frozenset(state["resident"]["device"])
         host = frozenset(state["resident"]["host"])
-        if self._pinned and not (self._pinning and not self._pinning.done()):
+        if self._pins.pinned and not (self._pinning and not self._pinning.done()):
             # A restarted runtime comes back empty: pinned models go back on it.
-            self._pinning = asyncio.create_task(self._preload_pinned(device | host))
+            self._pinning = asyncio.create_task(self._pins.keep(device | host))
         serviceable = {m for m in self._catalog_ids() if self._runtime_accepting(m)}
         # Stop pulling what no runtime can run now, or what left the catalog.
         for model_id in list(self._consumers):
             if model_id not in serviceable:
                 await self._unsubscribe(model_id)
         candidates = (set(self._demand) | set(self._consumers) | device | host
-                      | set(self._pinned)) & serviceable
+                      | set(self._pins.pinned)) & serviceable
         stats = await self._broker.queue_stats(sorted(candidates))
         queues = []
         for model_id, qs in stats.items():
@@ -287,7 +260,7 @@ class Coordinator:
     async def _retire_idle_runtimes(self, now: float) -> None:
         """An isolated model's own runtime holds a process and its memory: stop it when idle."""
         idle_s = self._settings.worker.isolated_idle_stop_s
-        pinned = set(self._pinned)
+        pinned = set(self._pins.pinned)
         for model_id, runtime in self._supervisor.dedicated().items():
             if model_id in pinned or model_id in self._running or model_id in runtime.loading:
                 continue
