@@ -187,9 +187,12 @@ class Coordinator:
             except Exception:
                 log.exception("rescore failed")
             self._supervisor.changed.clear()
+            # Each tick a little longer or shorter, so that workers started together drift
+            # apart instead of re-scoring in lockstep and taking the same queue at once.
             interval = self._settings.worker.rescore_interval_s
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._supervisor.changed.wait(), interval)
+                await asyncio.wait_for(self._supervisor.changed.wait(),
+                                       interval * self._jitter.uniform(0.75, 1.25))
                 # Woken by an event that every worker saw at once (a model's first demand):
                 # a random pause keeps the fleet from re-scoring in lockstep, so the first
                 # worker to take a starving queue is seen by the others before they decide.
