@@ -17,11 +17,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from modelfleet import __version__
-from modelfleet.errors import BrokerUnavailable, ConfigError, ModelfleetError
+from modelfleet.errors import ModelfleetError
+from modelfleet.exits import EXIT_CONFIG, EXIT_INTERRUPTED, report
 from modelfleet.settings import Settings
-
-EXIT_CONFIG = 2
-EXIT_BROKER = 3
 
 
 def _common(parser: argparse.ArgumentParser, gateway: bool, worker: bool) -> None:
@@ -115,15 +113,8 @@ def main(argv: list[str] | None = None) -> int:
             asyncio.run(launch.gateway(settings))
         else:
             asyncio.run(launch.worker(settings, args.probe_host, args.probe_port))
-    except ConfigError as exc:
-        print(f"modelfleet: error: {exc}", file=sys.stderr)
-        return EXIT_CONFIG
-    except BrokerUnavailable as exc:
-        print(f"modelfleet: error: cannot reach the broker: {exc}", file=sys.stderr)
-        return EXIT_BROKER
     except ModelfleetError as exc:
-        print(f"modelfleet: error: {exc}", file=sys.stderr)
-        return 1
+        return report("modelfleet", exc)
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
     return 0

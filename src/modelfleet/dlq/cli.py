@@ -31,10 +31,11 @@ from modelfleet.dlq.archiver import archive_dead_letters
 from modelfleet.dlq.classify import FAILURE_CLASSES
 from modelfleet.dlq.records import DeadLetterRecord, Selection
 from modelfleet.dlq.replay import ReplayOutcome, ReplayRequest, plan_replay, replay
-from modelfleet.errors import BrokerUnavailable, ConfigError, ModelfleetError
+from modelfleet.errors import ConfigError, ModelfleetError
+from modelfleet.exits import EXIT_CONFIG, EXIT_FAILED, EXIT_INTERRUPTED, report
 from modelfleet.settings import BrokerSettings
 
-EXIT_FAILED, EXIT_CONFIG, EXIT_BROKER, EXIT_ARCHIVE = 1, 2, 3, 4
+EXIT_ARCHIVE = 4  # the archive could not be opened or written (see modelfleet.exits)
 
 log = logging.getLogger("modelfleet.dlq")
 
@@ -131,20 +132,13 @@ def main(argv: list[str]) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         return _run(args)
-    except ConfigError as exc:
-        print(f"modelfleet dlq: error: {exc}", file=sys.stderr)
-        return EXIT_CONFIG
-    except BrokerUnavailable as exc:
-        print(f"modelfleet dlq: error: cannot reach the broker: {exc}", file=sys.stderr)
-        return EXIT_BROKER
     except ArchiveError as exc:
         print(f"modelfleet dlq: error: {exc}", file=sys.stderr)
         return EXIT_ARCHIVE
     except ModelfleetError as exc:
-        print(f"modelfleet dlq: error: {exc}", file=sys.stderr)
-        return EXIT_FAILED
+        return report("modelfleet dlq", exc)
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -12,7 +12,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from modelfleet.dlq import sql
 from modelfleet.dlq.archive import (
     DEFAULT_TABLE,
     ArchiveError,
@@ -57,13 +56,7 @@ class PostgresArchive(SqlArchive):
         except self._psycopg.Error as exc:
             raise ArchiveUnavailable(f"cannot connect to the dead-letter archive {self._where}: "
                                      f"{exc}".strip()) from exc
-        try:
-            with self._guard("create the archive table"):
-                for statement in sql.create_table(self._table, "postgres"):
-                    self._db.execute(statement)
-        except ArchiveError:
-            self._db.close()
-            raise
+        self._create_table()
 
     @property
     def location(self) -> str:

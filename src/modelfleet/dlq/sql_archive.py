@@ -25,6 +25,16 @@ class SqlArchive:
     def _guard(self, what: str) -> AbstractContextManager[None]:
         raise NotImplementedError
 
+    def _create_table(self, *prelude: str) -> None:
+        """Create the table if needed (after ``prelude`` statements); close on failure."""
+        try:
+            with self._guard("create the archive table"):
+                for statement in [*prelude, *sql.create_table(self._table, self._dialect)]:
+                    self._db.execute(statement)
+        except Exception:
+            self._db.close()
+            raise
+
     def _run(self, what: str, body: Callable[[Any], _T]) -> _T:
         with self._guard(what):
             return body(self._db)

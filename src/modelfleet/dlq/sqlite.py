@@ -13,7 +13,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from modelfleet.dlq import sql
 from modelfleet.dlq.archive import (
     DEFAULT_TABLE,
     ArchiveError,
@@ -41,14 +40,7 @@ class SqliteArchive(SqlArchive):
             raise ArchiveUnavailable(f"cannot open the dead-letter archive {path}: {exc}; "
                                      "check the path (--db, $MODELFLEET_DLQ_DB) and its "
                                      "permissions") from exc
-        try:
-            with self._guard("create the archive table"):
-                self._db.execute("PRAGMA journal_mode=WAL")
-                for statement in sql.create_table(self._table, "sqlite"):
-                    self._db.execute(statement)
-        except ArchiveError:
-            self._db.close()
-            raise
+        self._create_table("PRAGMA journal_mode=WAL")
 
     @property
     def location(self) -> str:
