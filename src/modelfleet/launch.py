@@ -60,9 +60,15 @@ def _http_server(app: Any, settings: Settings) -> _Server:
 
 
 def _listen(host: str, port: int) -> socket.socket:
-    """Bind the HTTP port first, so a port in use fails start-up at once, clearly."""
+    """Bind the HTTP port first, so a port in use fails start-up at once, clearly.
+
+    The socket is made with ``IPPROTO_TCP`` explicitly: asyncio sets ``TCP_NODELAY`` on
+    accepted connections only when the listener's protocol says TCP, and without it a
+    kept-alive response's header and body segments wait on the client's delayed ACK
+    (about 40 ms a request, measured).
+    """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
