@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   := .venv
 STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: serve test lint bench sim
+.PHONY: serve test lint bench bench-peers sim
 
 $(STAMP): pyproject.toml
 	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -27,6 +27,11 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(VENV)/bin/python bench/latency.py
 	$(VENV)/bin/python bench/cache_policy.py
+
+# modelfleet against plain uvicorn, MLServer and Ray Serve on one generated catalog (about
+# 12 minutes; builds the peers' venvs under bench/peers/.venvs on first use). ARGS=--quick
+bench-peers: $(STAMP)
+	$(VENV)/bin/python bench/peers/run.py $(ARGS)
 
 sim: $(STAMP)
 	$(VENV)/bin/modelfleet sim

@@ -1,0 +1,169 @@
+"""Processes of the peers bench: servers in their own process groups, readiness, RSS, stop.
+
+Every server is started with ``start_new_session=True`` (its own session and process
+group), so stopping it reaches everything it spawned: SIGTERM to the group, then SIGKILL
+to the group and to every descendant seen before the stop (Ray's and MLServer's workers
+included) that is still alive after the grace period.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import httpx
+import psutil
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class StartFailed(RuntimeError):
+    pass
+
+
+class Server:
+    """One server process (and the tree under it), logging to a file of its own."""
+
+    def __init__(self, name: str, argv: Sequence[str], env: dict[str, str], cwd: Path,
+                 log_path: Path) -> None:
+        self.name = name
+        self.argv = list(argv)
+        self.log_path = log_path
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = log_path.open("ab")
+        self.popen = subprocess.Popen(self.argv, env=env, cwd=cwd, stdout=self._log,
+                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                      start_new_session=True)
+        self.pid = self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def tree(self) -> list[psutil.Process]:
+        try:
+            root = psutil.Process(self.pid)
+            return [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return []
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def stop(self, grace_s: float = 8.0) -> int | None:
+        """SIGTERM the group, wait, then SIGKILL the group and leftover descendants."""
+        seen = self.tree()
+        if self.alive():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pid, signal.SIGTERM)
+            try:
+                self.popen.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                pass
+        # Children may outlive their parent briefly while shutting down in order.
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline and any(_running(p) for p in seen):
+            time.sleep(0.1)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, signal.SIGKILL)
+        for proc in seen:
+            if _running(proc):
+                with contextlib.suppress(psutil.Error):
+                    proc.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.popen.wait(5)
+        self._log.close()
+        return self.popen.returncode
+
+
+def _running(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def wait_ready(servers: Sequence[Server], health_urls: Sequence[str], timeout_s: float,
+               probe: Callable[[], bool] | None = None) -> float:
+    """Poll until every health URL answers 200 and ``probe()`` is true; seconds taken.
+
+    Raises ``StartFailed`` (with the log's tail) when a server exits or time runs out.
+    """
+    started = time.monotonic()
+    deadline = started + timeout_s
+    pending = list(health_urls)
+    with httpx.Client(timeout=5) as client:
+        while True:
+            for server in servers:
+                if not server.alive():
+                    raise StartFailed(f"{server.name} exited with {server.popen.returncode} "
+                                      f"while starting:\n{server.log_tail()}")
+            while pending:
+                try:
+                    if client.get(pending[0]).status_code != 200:
+                        break
+                except httpx.HTTPError:
+                    break
+                pending.pop(0)
+            if not pending and (probe is None or probe()):
+                return time.monotonic() - started
+            if time.monotonic() > deadline:
+                tails = "\n".join(f"--- {s.name}:\n{s.log_tail()}" for s in servers)
+                raise StartFailed(f"not ready after {timeout_s:.0f}s (waiting for "
+                                  f"{pending or 'the probe request'}):\n{tails}")
+            time.sleep(0.25)
+
+
+class RssSampler:
+    """Peak resident memory of process trees (roots and all their descendants), summed."""
+
+    def __init__(self, servers: Sequence[Server], interval_s: float = 0.5) -> None:
+        self._servers = list(servers)
+        self._interval_s = interval_s
+        self._stop = threading.Event()
+        self.peak_bytes = 0
+        self.peak_processes = 0
+        self.samples = 0
+        self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
+
+    def __enter__(self) -> RssSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def sample(self) -> int:
+        total, count = 0, 0
+        seen: set[int] = set()
+        for server in self._servers:
+            for proc in server.tree():
+                if proc.pid in seen:
+                    continue
+                seen.add(proc.pid)
+                with contextlib.suppress(psutil.Error):
+                    total += proc.memory_info().rss
+                    count += 1
+        self.samples += 1
+        if total > self.peak_bytes:
+            self.peak_bytes, self.peak_processes = total, count
+        return total
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(self._interval_s)
