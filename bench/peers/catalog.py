@@ -100,9 +100,10 @@ def _index(specs: list[ModelSpec], seed: int) -> dict[str, object]:
     return {"format": CATALOG_FORMAT, "seed": seed, "models": [asdict(s) for s in specs]}
 
 
-def write_catalog(cache_dir: Path, n: int = N_MODELS, seed: int = SEED) -> Catalog:
+def write_catalog(cache_dir: Path, n: int = N_MODELS, seed: int = SEED,
+                  min_bytes: int = MIN_BYTES, max_bytes: int = MAX_BYTES) -> Catalog:
     """The catalog's artifacts under ``cache_dir``; written only when missing or different."""
-    specs = catalog_spec(n, seed)
+    specs = catalog_spec(n, seed, min_bytes, max_bytes)
     index = _index(specs, seed)
     index_path = cache_dir / "catalog.json"
     catalog = Catalog(cache_dir, specs)
