@@ -1,9 +1,10 @@
 """Processes of the peers bench: servers in their own process groups, readiness, RSS, stop.
 
 Every server is started with ``start_new_session=True`` (its own session and process
-group), so stopping it reaches everything it spawned: SIGTERM to the group, then SIGKILL
-to the group and to every descendant seen before the stop (Ray's and MLServer's workers
-included) that is still alive after the grace period.
+group, so a Ctrl-C in the terminal reaches only the bench, which stops them in order).
+Stopping one: SIGTERM to the server, then to its group, then SIGKILL to the group and
+to every descendant seen before the stop (Ray's and MLServer's workers included, even
+those that made sessions of their own) that is still alive after the grace periods.
 """
 
 from __future__ import annotations
@@ -63,16 +64,18 @@ class Server:
         except OSError:
             return ""
 
-    def stop(self, grace_s: float = 8.0) -> int | None:
-        """SIGTERM the group, wait, then SIGKILL the group and leftover descendants."""
+    def stop(self, grace_s: float = 10.0) -> int | None:
+        """SIGTERM the server (it shuts its own children down in order), then the group;
+        then SIGKILL the group and every descendant seen before the stop still alive."""
         seen = self.tree()
-        if self.alive():
+        for target, wait_s in ((self.popen.send_signal, grace_s),
+                               (lambda sig: os.killpg(self.pid, sig), 3.0)):
+            if not self.alive():
+                break
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.pid, signal.SIGTERM)
-            try:
-                self.popen.wait(grace_s)
-            except subprocess.TimeoutExpired:
-                pass
+                target(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.popen.wait(wait_s)
         # Children may outlive their parent briefly while shutting down in order.
         deadline = time.monotonic() + 2.0
         while time.monotonic() < deadline and any(_running(p) for p in seen):

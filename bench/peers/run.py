@@ -82,6 +82,7 @@ WORKLOADS = ["zipf-32", "warm-c1", "warm-c32"]
 BUDGET_FRACTION = 0.16
 FITS_FACTOR = 1.25
 WORKERS = 2
+KEEP_RUNS = 8  # run folders (logs, generated repository) kept under .cache/runs
 
 
 class Interrupted(Exception):
@@ -189,6 +190,8 @@ class Bench:
         self.tag = f"{self.stamp}-{uuid.uuid4().hex[:6]}"
         self.run_dir = CACHE / "runs" / self.stamp
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        for old in sorted((CACHE / "runs").iterdir())[:-KEEP_RUNS]:  # logs of old runs
+            shutil.rmtree(old, ignore_errors=True)
         self.catalog = cat.write_catalog(CACHE / "catalog")
         self.total_bytes = self.catalog.total_bytes
         self.repo = cat.write_modelfleet_repo(self.catalog, self.run_dir / "repo")
@@ -449,7 +452,7 @@ class Bench:
             for workload in self.args.workloads:
                 cfg = self.workload_config(workload, run)
                 limit = cfg["warmup_s"] + cfg["measure_s"] + self.args.client_timeout_s + 60
-                log(f"{system}: {workload} ({cfg['clients']} clients, "
+                log(f"{system}: {workload} ({cfg['clients']} client(s), "
                     f"{cfg['warmup_s']:g}+{cfg['measure_s']:g} s)")
                 try:
                     out = self.loadgen("http", cfg, limit)

@@ -76,8 +76,6 @@ def main() -> int:
     args = parser.parse_args()
 
     stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
 
     init: dict[str, object] = {"num_cpus": args.num_cpus, "include_dashboard": False,
                                "object_store_memory": args.object_store_bytes,
@@ -85,6 +83,9 @@ def main() -> int:
     if args.temp_dir:
         init["_temp_dir"] = args.temp_dir
     ray.init(**init)
+    # After ray.init, which installs handlers of its own: a SIGTERM stops Serve, then Ray.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
     try:
         # Access logs off, as for every peer: a log line per request is not the bench.
         quiet = {"log_level": "WARNING", "enable_access_log": False}
