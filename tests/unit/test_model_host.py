@@ -249,3 +249,52 @@ async def test_a_promotion_waits_for_a_demotion_under_way(tmp_path: Path) -> Non
     promoted, _ = await want_a
     assert promoted is a
     assert host.tier_of("a", "1") == "device" and a.handler.where == "device"
+
+
+async def test_a_load_is_sized_by_what_its_model_holds_not_by_the_process(
+        tmp_path: Path) -> None:
+    """Another allocation while the model loads (a second load, requests) is not its size."""
+    package(tmp_path, "small", 1, load_s=0.3)
+    host = host_for(tmp_path, 64, 0)
+    hog: list[np.ndarray] = []
+    allocating = threading.Thread(target=lambda: hog.append(np.ones(80 * MiB // 8)))
+    load = asyncio.create_task(host.ensure("small", "1"))
+    await asyncio.sleep(0.05)  # inside the model's load
+    allocating.start()
+    await load
+    allocating.join()
+    [(_, _, _, size)] = host.stats()["loads"]
+    assert hog and MiB <= size < 2 * MiB, size  # its 1 MiB of weights (+ the small files)
+
+
+async def test_a_model_may_declare_what_it_holds(tmp_path: Path) -> None:
+    folder = tmp_path / "native" / "1"
+    folder.mkdir(parents=True)
+    (folder / "model.toml").write_text('name = "native"\nentrypoint = "handler:N"\n')
+    (folder / "handler.py").write_text(textwrap.dedent("""
+        from modelfleet import Model
+
+        class N(Model):  # memory held by a C++ session that no Python object shows
+            def memory_bytes(self):
+                return 3 * 1024 * 1024
+
+            def predict(self, batch):
+                return batch
+    """))
+    host = host_for(tmp_path, 64, 0)
+    await host.ensure("native", "1")
+    [(_, _, _, size)] = host.stats()["loads"]
+    assert size == 3 * MiB
+
+
+async def test_models_that_fit_wait_for_loads_in_flight_rather_than_being_refused(
+        tmp_path: Path) -> None:
+    """Room for one model at a time: the second waits for the first load, then evicts it."""
+    for name in ("a", "b"):
+        package(tmp_path, name, 3, load_s=0.2)
+    host = host_for(tmp_path, 5, 0)  # max_concurrent_loads=2: both start at once
+    (a, _), (b, _) = await asyncio.gather(host.ensure("a", "1"), host.ensure("b", "1"))
+    assert a.manifest.name == "a" and b.manifest.name == "b"
+    tiers = {host.tier_of("a", "1"), host.tier_of("b", "1")}
+    assert tiers == {"device", None}  # the one loaded second evicted the first
+    assert sorted(load[0] for load in host.stats()["loads"]) == ["a", "b"]

@@ -233,6 +233,17 @@ class ModelCache:
             return [self.host.remove(model_id, "removed explicitly")]
         return []
 
+    def room_for(self, model_id: str, size_bytes: int) -> bool:
+        """Would ``size_bytes`` for ``model_id`` fit now, evicting every unpinned model?
+
+        Counts pinned models and the *other* loads in flight (their reservations), not
+        ``model_id``'s own reservation: the question a load asks before ``commit``.
+        """
+        own = self._reserved.get(model_id)
+        reserved = self._reserved_bytes - (own.size_bytes if own is not None else 0)
+        pinned = sum(self._device.get(key, 0) for key in self._pinned if key != model_id)
+        return pinned + reserved + size_bytes <= self.device_budget_bytes
+
     def unpin(self, model_id: str) -> None:
         """Make ``model_id`` evictable again (no-op if it was not pinned)."""
         self._pinned.discard(model_id)

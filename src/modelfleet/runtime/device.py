@@ -1,8 +1,13 @@
 """Measuring what a load costs on its device, and moving a model between tiers.
 
-``measure_load`` wraps a handler's ``load``: on CUDA (torch present and available)
-it is the device-memory delta; on CPU it is the larger of the artifact bytes and the
-process's resident-memory delta. Tier moves call the handler's optional
+``measure_load`` wraps a handler's ``load`` and sizes what *this model* holds, never a
+process-wide delta: loads run two at a time and requests run beside them, so the
+process's resident memory (or CUDA's allocated total) grows by what they all allocate
+(measured: a 33 MB model counted as 68 MB, then refused as too large). The size is,
+in order of preference: what the handler declares (``memory_bytes()``, for memory
+held outside Python objects, such as a C++ inference session); else the buffers
+reachable from the handler (numpy arrays, torch tensors, bytes), each counted once,
+and on CPU at least the artifact bytes. Tier moves call the handler's optional
 ``to_host()`` / ``to_device()`` hooks (``TorchModel`` implements them with
 ``module.to("cpu")`` into pinned memory and back); a plain CPU model has nothing to
 move, and the cache still accounts its bytes the same way.
@@ -11,13 +16,15 @@ move, and the cache still accounts its bytes the same way.
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
+import types
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import psutil
+import numpy as np
 
 
 def cuda_available() -> bool:
@@ -43,30 +50,86 @@ class LoadMeasurement:
     seconds: float
 
 
-def measure_load(device: str, package_dir: Path, prepare: Callable[[], None],
+def measure_load(device: str, package_dir: Path, prepare: Callable[[], Any],
                  load: Callable[[], None]) -> LoadMeasurement:
-    """Run ``prepare`` (importing the handler) then ``load``; measure what the load took.
+    """Run ``prepare`` (importing the handler; returns it) then ``load``; size the model.
 
     Time covers both: importing a framework is part of what a cold model costs. Bytes
-    cover ``load`` only, since a framework's import stays resident when the model goes.
+    are what the loaded handler holds (see the module's docstring), not what the
+    import left resident.
     """
-    artifact = package_bytes(package_dir)
     started = time.perf_counter()
-    prepare()
-    if device == "cuda":
-        import torch
-
-        torch.cuda.synchronize()
-        before = torch.cuda.memory_allocated()
-        load()
-        torch.cuda.synchronize()
-        size = torch.cuda.memory_allocated() - before
-        return LoadMeasurement(max(size, 1), time.perf_counter() - started)
-    process = psutil.Process()
-    before = process.memory_info().rss
+    handler = prepare()
     load()
-    delta = process.memory_info().rss - before
-    return LoadMeasurement(max(delta, artifact, 1), time.perf_counter() - started)
+    seconds = time.perf_counter() - started
+    declared = getattr(handler, "memory_bytes", None)
+    if callable(declared):
+        return LoadMeasurement(max(int(declared()), 1), seconds)
+    held = held_bytes(handler, cuda_only=device == "cuda")
+    if device == "cuda":
+        return LoadMeasurement(max(held, 1), seconds)
+    return LoadMeasurement(max(held, package_bytes(package_dir), 1), seconds)
+
+
+_MAX_OBJECTS = 200_000  # a bound on the walk, for handlers that hold huge object graphs
+
+
+def held_bytes(root: Any, cuda_only: bool = False) -> int:
+    """Bytes of the buffers reachable from ``root``: numpy arrays, torch tensors, bytes.
+
+    A buffer shared by several arrays or tensors (views, tied weights) counts once.
+    Modules (and classes, functions) are not followed: what they hold is shared by
+    every model. ``cuda_only``: count only tensors on a CUDA device.
+    """
+    torch = sys.modules.get("torch")
+    seen_objects: set[int] = set()
+    seen_buffers: set[int] = set()
+    total = 0
+    stack = [root]
+    while stack and len(seen_objects) < _MAX_OBJECTS:
+        obj = stack.pop()
+        if id(obj) in seen_objects or isinstance(obj, _NOT_FOLLOWED):
+            continue
+        seen_objects.add(id(obj))
+        if isinstance(obj, np.ndarray):
+            base = obj
+            while isinstance(base.base, np.ndarray):
+                base = base.base
+            if not cuda_only and id(base) not in seen_buffers:
+                seen_buffers.add(id(base))
+                total += base.nbytes
+            continue
+        if torch is not None and isinstance(obj, torch.Tensor):
+            storage = obj.untyped_storage()
+            if storage.data_ptr() not in seen_buffers and (obj.is_cuda or not cuda_only):
+                seen_buffers.add(storage.data_ptr())
+                total += storage.nbytes()
+            continue
+        if isinstance(obj, (bytes, bytearray, memoryview)):
+            total += 0 if cuda_only else len(obj)
+            continue
+        if isinstance(obj, dict):
+            stack.extend(obj.values())
+        elif isinstance(obj, (list, tuple, set, frozenset)):
+            stack.extend(obj)
+        else:
+            stack.extend(_attributes(obj))
+    return total
+
+
+_NOT_FOLLOWED = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType,
+                 types.MethodType, str, int, float, complex, bool, type(None))
+
+
+def _attributes(obj: Any) -> list[Any]:
+    values: list[Any] = []
+    with contextlib.suppress(TypeError):
+        values.extend(vars(obj).values())
+    for cls in type(obj).__mro__:
+        for name in getattr(cls, "__slots__", ()):
+            if isinstance(name, str) and hasattr(obj, name):
+                values.append(getattr(obj, name))
+    return values
 
 
 def move(handler: Any, tier: str) -> None:

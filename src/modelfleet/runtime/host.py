@@ -189,7 +189,7 @@ class ModelHost:
         manifest = load_manifest(package_dir / "model.toml")
         pinned = pinned or manifest.fanout.pinned  # pinned stays pinned across restarts
         size = self.cache.last_measured_bytes(key) or manifest.memory_estimate_bytes
-        evictions = self.cache.reserve(key, size, pinned=pinned)
+        evictions = await self._reserve(key, size, pinned)
         try:
             await self._carry_out(evictions)
             device = resolve_device(manifest.device)
@@ -197,8 +197,9 @@ class ModelHost:
             ctx = Context(model_id, version, package_dir, device, limit)
             handlers: list[Model] = []
 
-            def prepare() -> None:
+            def prepare() -> Model:
                 handlers.append(import_handler(manifest, package_dir)())
+                return handlers[0]
 
             try:
                 measured = await asyncio.to_thread(measure_load, device, package_dir, prepare,
@@ -213,6 +214,11 @@ class ModelHost:
             raise
         loaded = LoadedModel(manifest, handler, self._batcher(manifest, handler), device)
         self._models[key] = loaded
+        # Measured bigger than reserved, and loads started earlier hold the rest: they
+        # finish (and become evictable) first, rather than this model being refused.
+        while not self.cache.room_for(key, measured.size_bytes):
+            if not await self._load_finished(key, older_only=True):
+                break
         try:
             more = self.cache.commit(key, measured.size_bytes, measured.seconds, source)
         except ModelfleetError:  # measured bigger than the budget, or than what can be freed
@@ -229,9 +235,38 @@ class ModelHost:
                  measured.seconds, measured.size_bytes)
         return loaded
 
+    async def _reserve(self, key: str, size: int, pinned: bool) -> list[Eviction]:
+        """Reserve device room, waiting for loads in flight when only they stand in the way.
+
+        ``NoCapacity`` only when pinned models alone leave no room: reservations of
+        other loads are temporary, so a model that fits the budget waits for them.
+        """
+        while True:
+            try:
+                return self.cache.reserve(key, size, pinned=pinned)
+            except NoCapacity:
+                # Waiting here holds no room, so any load holding room may be waited for.
+                if not await self._load_finished(key, older_only=False):
+                    raise
+
+    async def _load_finished(self, key: str, older_only: bool) -> bool:
+        """Wait until one other load that holds room ends; False at once if none does.
+
+        ``older_only``: only loads that started before ``key``'s, for a load that holds
+        room itself, so two loads never wait for each other.
+        """
+        started = self._load_started.get(key, float("inf")) if older_only else float("inf")
+        older = [future for other, future in self._loading.items()
+                 if other != key and self._load_started.get(other, float("inf")) < started
+                 and self.cache.reservation(other) is not None]
+        if not older:
+            return False
+        await asyncio.wait(older, return_when=asyncio.FIRST_COMPLETED)
+        return True
+
     async def _promote(self, key: str, loaded: LoadedModel, pinned: bool) -> LoadedModel:
         size = self.cache.last_measured_bytes(key) or loaded.manifest.memory_estimate_bytes
-        evictions = self.cache.reserve(key, size, pinned=pinned or loaded.manifest.fanout.pinned)
+        evictions = await self._reserve(key, size, pinned or loaded.manifest.fanout.pinned)
         try:
             await self._carry_out(evictions)
             async with self._move_lock(key):  # after a demotion still under way, not before
