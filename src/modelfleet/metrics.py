@@ -38,10 +38,17 @@ TASKS = Counter("modelfleet_worker_tasks_total",
 EXPIRED_TASKS = Counter("modelfleet_worker_expired_tasks_total",
                         "Tasks dropped unrun because their deadline had passed", ["model"])
 PERMITS_IN_USE = Gauge("modelfleet_worker_permits_in_use", "In-flight tasks on this worker")
+IDLE_PERMIT_SECONDS = Counter(
+    "modelfleet_worker_idle_permit_seconds_while_backlog_total",
+    "Free permits x seconds while a queue this worker could serve had tasks waiting "
+    "(work-conserving pulling keeps it near zero; compare with permit_seconds_total)")
+PERMIT_SECONDS = Counter("modelfleet_worker_permit_seconds_total",
+                         "Permits x seconds this worker has existed (the idle counter's base)")
 PERMITS_CAP = Gauge("modelfleet_worker_permits_cap", "Most in-flight tasks this worker takes")
 SUBSCRIPTIONS = Gauge("modelfleet_worker_subscriptions", "Model queues this worker consumes")
 QUEUE_BACKLOG = Gauge("modelfleet_queue_backlog", "Ready messages per model queue (as seen by "
-                      "this worker's discovery)", ["model"])
+                      "this worker's discovery; a queue it no longer considers is removed)",
+                      ["model"])
 SUBSCRIBE_EVENTS = Counter("modelfleet_worker_subscription_changes_total",
                            "Subscribe and unsubscribe decisions", ["change", "warmth"])
 RUNTIME_RESTARTS = Counter("modelfleet_runtime_restarts_total",

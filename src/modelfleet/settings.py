@@ -55,7 +55,9 @@ class GatewaySettings(_Section):
     inline_threshold_bytes: int = Field(default=64 * 1024, ge=0)
     payload_store_bytes: int = Field(default=512 * MiB, gt=0)
     max_parked_requests: int = Field(default=10_000, gt=0)
-    demand_announce_interval_s: float = Field(default=1.0, gt=0)
+    # Demand per model is announced at once, then at most once per interval while
+    # requests wait: how soon a worker that pulls nothing of it learns of new work.
+    demand_announce_interval_s: float = Field(default=0.25, gt=0)
     worker_stale_after_s: float = Field(default=10, gt=0)
     drain_timeout_s: float = Field(default=5, gt=0)
 
@@ -84,6 +86,9 @@ class WorkerSettings(_Section):
     permits: int = Field(default=16, ge=1)  # in-flight tasks per worker
     shared_runtimes: int = Field(default=1, ge=1)  # runtime processes for non-isolated models
     rescore_interval_s: float = Field(default=1.0, gt=0)
+    # A re-score woken by an event waits a random pause of up to this long, so that
+    # workers that all saw one announcement do not decide in the same instant.
+    rescore_jitter_s: float = Field(default=0.01, ge=0)
     state_interval_s: float = Field(default=1.0, gt=0)
     drain_timeout_s: float = Field(default=5, gt=0)
     restart_backoff_max_s: float = Field(default=10, gt=0)

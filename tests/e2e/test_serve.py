@@ -343,9 +343,13 @@ def test_large_results_come_back_whole(server: str) -> None:
     assert "w0 " in response.text and "w699" in response.text
 
 
-def test_worker_is_not_ready_for_cold_work_while_loading_but_live(tmp_path: Path) -> None:
+def test_worker_is_not_ready_for_cold_work_while_its_loader_is_full_but_live(
+        tmp_path: Path) -> None:
+    """accepting_cold_work: some runtime has a free load slot. One slot, one slow load."""
     proc, base = serve(tmp_path, name="loading",
                        env={"MODELFLEET_RUNTIME__PING_INTERVAL_S": "0.3",
+                            "MODELFLEET_RUNTIME__MAX_CONCURRENT_LOADS": "1",
+                            "MODELFLEET_WORKER__RESCORE_INTERVAL_S": "0.2",
                             "MODELFLEET_WORKER__STATE_INTERVAL_S": "0.3"})
     try:
         async def scenario() -> tuple[list[bool], httpx.Response]:
@@ -363,7 +367,7 @@ def test_worker_is_not_ready_for_cold_work_while_loading_but_live(tmp_path: Path
 
         seen, slow = asyncio.run(scenario())
         assert slow.status_code == 200
-        assert seen and not any(seen), "a loading worker must refuse new cold work"
+        assert seen and not any(seen), "a worker whose loader is full must refuse cold work"
     finally:
         proc.stop()
 

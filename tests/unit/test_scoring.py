@@ -11,10 +11,13 @@ from pydantic import ValidationError
 from modelfleet.scheduling import (
     QueueView,
     ScoringSettings,
+    Snapshot,
     WorkerView,
     choose_queues,
+    decide,
     noise,
     score_queue,
+    work_waiting,
 )
 
 NOW = 1_000.0
@@ -111,13 +114,25 @@ def test_starving_queue_wins_outright_even_with_cold_budget_spent() -> None:
     assert decision.cold == {"starving"}  # the caller records it as a cold subscription
 
 
-def test_starved_queues_are_claimed_one_per_decision_and_only_with_a_free_loader() -> None:
+def test_starved_queues_are_claimed_one_per_free_load_slot() -> None:
     queues = [QueueView(f"s{i}", backlog=1, consumers=0) for i in range(5)]
-    assert len(choose_queues(queues, worker(), QUIET, NOW, SEED).subscribe) == 1
+    taken = choose_queues(queues, worker(), QUIET, NOW, SEED)
+    assert len(taken.subscribe) == QUIET.max_loads_for_cold
     busy = frozenset(f"other{i}" for i in range(QUIET.max_loads_for_cold))
     loading = choose_queues(queues, worker(loading=busy), QUIET, NOW, SEED)
     assert loading.subscribe == frozenset()
     assert set(loading.reasons.values()) == {"no-capacity"}
+
+
+def test_each_runtime_loads_for_its_own_starved_queues() -> None:
+    """Two runtimes, two loaders: a busy loader on one does not hold back the other."""
+    queues = [QueueView(f"a{i}", backlog=1, consumers=0, runtime="r0") for i in range(3)] + \
+             [QueueView(f"b{i}", backlog=1, consumers=0, runtime="r1") for i in range(3)]
+    decision = choose_queues(queues, worker(loader_room={"r0": 0, "r1": 2}), QUIET, NOW, SEED)
+    assert decision.subscribe == {"b0", "b1"}
+    assert {decision.reasons[f"a{i}"] for i in range(3)} == {"no-capacity"}
+    both = choose_queues(queues, worker(loader_room={"r0": 1, "r1": 1}), QUIET, NOW, SEED)
+    assert both.subscribe == {"a0", "b0"}
 
 
 def test_starved_queue_is_taken_promptly_by_some_worker_of_the_fleet() -> None:
@@ -279,3 +294,62 @@ def test_warm_idle_queues_are_kept_but_total_subscriptions_are_capped() -> None:
 def test_a_held_queue_that_expired_is_dropped() -> None:
     decision = choose_queues([], worker(subscriptions=frozenset({"gone"})), QUIET, NOW, SEED)
     assert decision.unsubscribe == {"gone"} and decision.reasons["gone"] == "gone"
+
+
+# --- work conservation ------------------------------------------------------------------
+
+def test_a_free_worker_joins_a_queue_whose_consumers_are_full() -> None:
+    """Below the pressure bar, under the cap, tasks waiting: an idle worker takes it."""
+    spent = tuple(NOW - i for i in range(QUIET.cold_subscribes_per_minute))
+    q = QueueView("m", backlog=4, consumers=1, fanout_max_workers=2)
+    decision = choose_queues([q], worker(recent_cold_subscribes=spent), QUIET, NOW, SEED)
+    assert decision.subscribe == {"m"} and decision.reasons["m"] == "idle-join"
+    busy = choose_queues([q], worker(free_permits=0), QUIET, NOW, SEED)
+    assert busy.subscribe == frozenset()
+    shallow = choose_queues([QueueView("m", backlog=1, consumers=1)], worker(), QUIET, NOW, SEED)
+    assert shallow.subscribe == frozenset() and shallow.reasons["m"] == "below-threshold"
+    capped = choose_queues([QueueView("m", backlog=40, consumers=2)], worker(), QUIET, NOW, SEED)
+    assert capped.subscribe == frozenset() and capped.reasons["m"] == "fanout-cap"
+
+
+def test_an_idle_cold_queue_this_worker_alone_served_is_kept_while_it_is_free() -> None:
+    q = QueueView("m", backlog=0, consumers=1)
+    recent = {"m": NOW - 5}
+    kept = choose_queues([q], worker(subscriptions=frozenset({"m"}), last_served=recent),
+                         QUIET, NOW, SEED)
+    assert kept.unsubscribe == frozenset()
+    shared = choose_queues([QueueView("m", backlog=0, consumers=2)],
+                           worker(subscriptions=frozenset({"m"}), last_served=recent),
+                           QUIET, NOW, SEED)
+    assert shared.unsubscribe == {"m"} and shared.reasons["m"] == "idle-cold"
+    busy = choose_queues([q], worker(subscriptions=frozenset({"m"}), last_served=recent,
+                                     free_permits=0), QUIET, NOW, SEED)
+    assert busy.unsubscribe == {"m"}
+
+
+def test_decide_sizes_prefetch_windows_to_the_work_waiting_and_the_free_permits() -> None:
+    queues = (QueueView("hot", backlog=30, consumers=1, batch_size=1),
+              QueueView("batchy", backlog=0, consumers=1, batch_size=8),
+              QueueView("calm", backlog=0, consumers=1))
+    held = frozenset({"hot", "batchy", "calm"})
+    w = worker(subscriptions=held, resident_device=held, free_permits=10, permits_cap=16,
+               running={"hot": 6}, prefetch={"hot": 1, "batchy": 8, "calm": 6})
+    windows = decide(Snapshot(NOW, queues, w), QUIET, SEED).prefetch
+    assert windows["hot"] == 16  # what runs here plus the permits free, not the whole backlog
+    assert "batchy" not in windows  # a batch must fit: 8 stays 8
+    assert "calm" not in windows  # 6 -> fair share 6: unchanged, no consumer churn
+    fresh = decide(Snapshot(NOW, (QueueView("new", backlog=3, consumers=0),),
+                            worker(free_permits=10, permits_cap=16)), QUIET, SEED)
+    assert fresh.subscribe == {"new"} and fresh.prefetch["new"] == 10  # the free permits
+
+
+def test_work_waiting_counts_only_tasks_this_worker_could_take() -> None:
+    def waiting(*queues: QueueView, **kw: object) -> bool:
+        return work_waiting(Snapshot(NOW, queues, worker(**kw)), QUIET)
+
+    assert waiting(QueueView("starved", backlog=1, consumers=0))
+    assert waiting(QueueView("held", backlog=1, consumers=3),
+                   subscriptions=frozenset({"held"}))
+    assert waiting(QueueView("open", backlog=1, consumers=1, fanout_max_workers=2))
+    assert not waiting(QueueView("capped", backlog=9, consumers=2, fanout_max_workers=2))
+    assert not waiting(QueueView("empty", backlog=0, consumers=0))

@@ -1,10 +1,9 @@
 """Queue scoring: which model queues a worker consumes. Pure: no I/O, no clock, no broker.
 
-    from modelfleet.scheduling import (ScoringSettings, QueueView, WorkerView, Decision,
-                                       choose_queues)
+    from modelfleet.scheduling import Snapshot, decide, ScoringSettings, QueueView, WorkerView
 
-The worker coordinator and the fleet simulator (``modelfleet.sim``) run this
-same code; time and randomness come in as arguments (``now``, ``rng_seed``).
+The worker coordinator and the fleet simulator (``modelfleet.sim``) build the same
+``Snapshot`` and run the same ``decide``; time and randomness come in as arguments.
 """
 
 from modelfleet.scheduling.scoring import (
@@ -12,10 +11,12 @@ from modelfleet.scheduling.scoring import (
     choose_queues,
     cold_budget,
     is_starving,
+    loader_room,
     noise,
     score_queue,
 )
 from modelfleet.scheduling.settings import ScoringSettings
+from modelfleet.scheduling.step import Snapshot, decide, prefetch_window, work_waiting
 from modelfleet.scheduling.views import Decision, QueueView, Reason, WorkerView
 
 __all__ = [
@@ -24,10 +25,15 @@ __all__ = [
     "QueueView",
     "Reason",
     "ScoringSettings",
+    "Snapshot",
     "WorkerView",
     "choose_queues",
     "cold_budget",
+    "decide",
     "is_starving",
+    "loader_room",
     "noise",
+    "prefetch_window",
     "score_queue",
+    "work_waiting",
 ]

@@ -164,28 +164,41 @@ def choose_queues(queues: Sequence[QueueView], worker: WorkerView, settings: Sco
     """Decide which queues this worker starts and stops consuming. Pure.
 
     ``queues`` must include every queue this worker holds; a held queue missing
-    from it has expired and is dropped. Rules, in order of precedence:
+    from it has expired and is dropped. Pulling is *work-conserving*: the rate
+    limit and hysteresis stop a busy worker from thrashing, they never keep a
+    worker with free permits away from tasks that wait. Rules, in order of
+    precedence:
 
     1. Starvation: a queue with messages and no consumer scores
-       ``starvation_score``. Cold starved queues are claimed at most
-       ``starvation_claims_per_decision`` at a time and only while this
-       worker's loader has room, but they bypass the cold rate limit: the rate
-       limit exists to stop a stampede onto a queue others already serve, and
-       a starved queue stops being starved for everyone the moment one worker
-       takes it. Gating on the loader does not starve it: the first worker
-       whose loader frees up takes it at its next re-score, and on a worker
-       whose loader is busy it would only have waited behind that load.
+       ``starvation_score``. Cold starved queues are claimed while the runtime
+       that would load them has a free load slot (each claim takes one), and
+       they bypass the cold rate limit: the rate limit exists to stop a
+       stampede onto a queue others already serve, and a starved queue stops
+       being starved for everyone the moment one worker takes it. Gating on
+       the loader does not starve it: the first worker whose loader frees up
+       takes it (the coordinator re-scores when a load or a task ends while
+       work waits), and on a worker whose loader is busy it would only have
+       waited behind that load.
     2. Fan-out cap: no new subscription to a queue with ``cap`` consumers;
        a held queue with more than ``cap`` consumers is dropped with
        probability excess/consumers (a coin held fixed per noise window), so
        workers that raced past the cap converge back to it without
        coordinating and without all leaving at once. Pinned queues are exempt.
-    3. Idle-cold: a queue with no backlog for a model not resident here is
-       not worth a subscription (and a held one is dropped).
+    3. Idle-cold: a queue with no backlog for a model not resident here is not
+       worth a new subscription. A held one is dropped too, unless this worker
+       is its only consumer, has a free permit and served it within the
+       stickiness window: then the next task for it starts here at once
+       instead of waiting for a demand announcement and a re-score, and no
+       other worker's warmth is competed with.
     4. Hysteresis: take at ``subscribe_threshold``, drop below ``drop_threshold``.
-    5. Cold rate limit and capacity: new cold subscriptions fit the per-minute
-       budget, need a free permit, and at most one per free loader slot.
-    6. Subscription cap: the ``max_subscriptions`` best scores survive.
+    5. Idle join: a queue below the bar but under its fan-out cap, with at
+       least ``idle_join_backlog`` tasks waiting per consumer, is taken by a
+       worker that has a free permit (its consumers are full, or the tasks
+       would not wait), exempt from the cold rate limit.
+    6. Cold capacity and rate limit: new cold subscriptions need a free load
+       slot on their runtime; those taken under pressure also need a free
+       permit and fit the per-minute budget.
+    7. Subscription cap: the ``max_subscriptions`` best scores survive.
     """
     scores: dict[str, float] = {}
     reasons: dict[str, Reason] = {}
@@ -193,6 +206,7 @@ def choose_queues(queues: Sequence[QueueView], worker: WorkerView, settings: Sco
     take_warm: list[_Scored] = []
     take_cold: list[_Scored] = []
     take_starving: list[_Scored] = []
+    idle_join: set[str] = set()
     unsubscribe: set[str] = set()
     bucket = math.floor(now / settings.noise_hold_s)
     scorer = QueueScorer(worker, settings, now, rng_seed)
@@ -214,7 +228,8 @@ def choose_queues(queues: Sequence[QueueView], worker: WorkerView, settings: Sco
                     unsubscribe.add(model_id)
                     reasons[model_id] = "over-cap"
                     continue
-            if queue.backlog == 0 and not warm:
+            if queue.backlog == 0 and not warm and not _worth_keeping_idle(queue, worker,
+                                                                            scorer):
                 unsubscribe.add(model_id)
                 reasons[model_id] = "idle-cold"
             elif score < settings.drop_threshold:
@@ -230,10 +245,16 @@ def choose_queues(queues: Sequence[QueueView], worker: WorkerView, settings: Sco
             reasons[model_id] = "starving"
         elif queue.backlog == 0 and not warm:
             reasons[model_id] = "idle-cold"
-        elif score < settings.subscribe_threshold:
-            reasons[model_id] = "below-threshold"
         elif cap is not None and queue.consumers >= cap:
             reasons[model_id] = "fanout-cap"
+        elif score < settings.subscribe_threshold:
+            if (worker.free_permits > 0 and queue.backlog > 0
+                    and scorer.backlog_per_consumer(queue) >= settings.idle_join_backlog):
+                (take_warm if warm else take_cold).append((score, model_id))
+                idle_join.add(model_id)
+                reasons[model_id] = "idle-join"
+            else:
+                reasons[model_id] = "below-threshold"
         elif warm:
             take_warm.append((score, model_id))
             reasons[model_id] = "warm"
@@ -246,7 +267,9 @@ def choose_queues(queues: Sequence[QueueView], worker: WorkerView, settings: Sco
             unsubscribe.add(model_id)
             reasons[model_id] = "gone"
 
-    cold = _admit_cold(take_starving, take_cold, worker, settings, now, reasons)
+    runtime_of = {queue.model_id: queue.runtime for queue in queues}
+    cold = _admit_cold(take_starving, take_cold, idle_join, runtime_of, worker, settings, now,
+                       reasons)
     chosen = kept + take_warm + [(scores[m], m) for m in cold]
     chosen.sort(key=lambda item: (-item[0], item[1]))
     for _, model_id in chosen[settings.max_subscriptions:]:
@@ -264,29 +287,56 @@ def choose_queues(queues: Sequence[QueueView], worker: WorkerView, settings: Sco
     )
 
 
-def _admit_cold(starving: list[_Scored], pressured: list[_Scored], worker: WorkerView,
-                settings: ScoringSettings, now: float,
-                reasons: dict[str, Reason]) -> list[str]:
-    """The cold queues this worker takes now: starved first, then the rate-limited rest."""
-    loader_room = max(settings.max_loads_for_cold - len(worker.loading), 0)
+def _worth_keeping_idle(queue: QueueView, worker: WorkerView, scorer: QueueScorer) -> bool:
+    """A held, idle queue of a model not resident here that is cheap and useful to keep."""
+    return queue.consumers <= 1 and worker.free_permits > 0 and scorer.stickiness(queue) > 0
+
+
+def loader_room(worker: WorkerView, settings: ScoringSettings) -> dict[str, int]:
+    """Free load slots per runtime of ``worker`` (one shared loader when it does not say)."""
+    if worker.loader_room is None:
+        return {"": max(settings.max_loads_for_cold - len(worker.loading), 0)}
+    return {name: max(room, 0) for name, room in worker.loader_room.items()}
+
+
+def _admit_cold(starving: list[_Scored], pressured: list[_Scored], idle_join: set[str],
+                runtime_of: dict[str, str], worker: WorkerView, settings: ScoringSettings,
+                now: float, reasons: dict[str, Reason]) -> list[str]:
+    """The cold queues this worker takes now: starved first, then the rest.
+
+    Each takes a load slot of its runtime; starved ones need nothing else. The rest
+    need a free permit each, and those taken under pressure fit the minute's budget
+    (idle joins do not: the worker would otherwise sit idle while tasks wait).
+    """
+    room = loader_room(worker, settings)
+    shared = worker.loader_room is None
+
+    def slot_for(model_id: str) -> str:
+        return "" if shared else runtime_of.get(model_id, "")
+
     admitted: list[str] = []
     starving.sort(key=lambda item: (-item[0], item[1]))
-    claims = min(settings.starvation_claims_per_decision, loader_room)
-    for _, model_id in starving[:claims]:
-        admitted.append(model_id)
-    for _, model_id in starving[claims:]:
-        reasons[model_id] = "no-capacity"
+    for _, model_id in starving:
+        slot = slot_for(model_id)
+        if room.get(slot, 0) > 0:
+            admitted.append(model_id)
+            room[slot] -= 1
+        else:
+            reasons[model_id] = "no-capacity"
 
     budget = cold_budget(worker, settings, now)
-    room = loader_room - len(admitted) if worker.free_permits > 0 else 0
+    permits = worker.free_permits
     pressured.sort(key=lambda item: (-item[0], item[1]))
     for _, model_id in pressured:
-        if room <= 0:
+        slot = slot_for(model_id)
+        if permits <= 0 or room.get(slot, 0) <= 0:
             reasons[model_id] = "no-capacity"
-        elif budget <= 0:
+        elif budget <= 0 and model_id not in idle_join:
             reasons[model_id] = "rate-limited"
         else:
             admitted.append(model_id)
-            budget -= 1
-            room -= 1
+            if model_id not in idle_join:
+                budget -= 1
+            permits -= 1
+            room[slot] -= 1
     return admitted

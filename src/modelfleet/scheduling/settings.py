@@ -49,15 +49,20 @@ class ScoringSettings(BaseModel):
 
     # Starvation: a queue with messages and no consumer anywhere.
     starvation_score: float = Field(default=1000.0, gt=0)
-    starvation_claims_per_decision: int = Field(default=1, ge=1)
 
-    # Cold subscriptions (model not resident here) per worker per minute.
+    # Cold subscriptions (model not resident here) per worker per minute, taken
+    # under pressure by a busy worker. Starved queues and idle joins are exempt.
     cold_subscribes_per_minute: int = Field(default=6, ge=0)
+    # Idle join: a worker with a free permit joins a queue under its fan-out cap,
+    # whatever its score, once this many tasks wait per consumer (counting it).
+    idle_join_backlog: float = Field(default=2.0, gt=0)
     # A worker takes no new cold queue while this many models are loading on it
     # (the new model would only wait behind them); a cold queue taken under
-    # pressure also needs a free permit, a starved one only the loader. Keep it
-    # equal to the runtime's concurrent loads (RuntimeSettings.max_concurrent_loads):
-    # at 1 with 2 loaders the simulator's fleet warmed up at half speed.
+    # pressure also needs a free permit, a starved one only the loader. Used when
+    # the worker does not report a loader per runtime (WorkerView.loader_room);
+    # the coordinator does, from each runtime's max_concurrent_loads. Keep it
+    # equal to the runtime's concurrent loads: at 1 with 2 loaders the
+    # simulator's fleet warmed up at half speed.
     max_loads_for_cold: int = Field(default=2, ge=1)
 
     # A cap on queues held at once. Keep it above the number of models a worker

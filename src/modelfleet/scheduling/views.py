@@ -21,6 +21,7 @@ Reason = Literal[
     "over-cap",        # more consumers than the cap: this worker steps back
     "rate-limited",    # cold, and this worker's cold budget for the minute is spent
     "no-capacity",     # cold, and this worker has no free permit or a busy loader
+    "idle-join",       # below the bar, but this worker has free permits and tasks wait
     "max-subscriptions",  # worth it, but this worker holds its maximum already
     "gone",            # held, but the queue is no longer in the snapshot
 ]
@@ -36,6 +37,8 @@ class QueueView:
     fanout_max_workers: int = 2  # from model.toml [fanout] max_workers
     plan: str = "free"  # "free" | "pro" | "enterprise"
     pinned: bool = False  # preloaded everywhere, exempt from the fan-out cap
+    batch_size: int = 1  # from model.toml [batching] max_batch_size: a batch must fit the window
+    runtime: str = ""  # which of this worker's runtimes would run it (each has its own loader)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +57,13 @@ class WorkerView:
     # as device-warm (a second load elsewhere would only race this one) and
     # they occupy the loader, so this worker takes no new cold work meanwhile.
     loading: frozenset[str] = frozenset()
+    # Free load slots per runtime (runtime name -> slots). None: one loader of
+    # ``ScoringSettings.max_loads_for_cold`` slots shared by every model.
+    loader_room: Mapping[str, int] | None = None
+    # Tasks running here now, per model (for the prefetch windows).
+    running: Mapping[str, int] = field(default_factory=dict)
+    # The prefetch window each held queue has now.
+    prefetch: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +81,9 @@ class Decision:
     scores: Mapping[str, float]
     reasons: Mapping[str, Reason]
     cold: frozenset[str] = frozenset()
+    # The prefetch window to set, for every queue subscribed anew and every held one
+    # whose window should change; a held queue missing here keeps the window it has.
+    prefetch: Mapping[str, int] = field(default_factory=dict)
 
     def apply(self, subscriptions: frozenset[str]) -> frozenset[str]:
         """The subscriptions after this decision, from the ones held before."""

@@ -46,13 +46,14 @@ from dataclasses import replace
 from typing import Any
 
 from modelfleet import metrics
-from modelfleet.broker import Broker, Delivery, Subscription
+from modelfleet.broker import Broker, Delivery, QueueStats, Subscription
 from modelfleet.errors import BrokerUnavailable, ModelfleetError, RuntimeCrashed
 from modelfleet.messages import Reply, decode_reply, encode_task, now_ms
 from modelfleet.repository import Catalog
-from modelfleet.scheduling import QueueView, WorkerView, choose_queues
+from modelfleet.scheduling import Decision, QueueView, Snapshot, WorkerView, decide, work_waiting
 from modelfleet.settings import Settings
 from modelfleet.worker.gate import SuspectGate
+from modelfleet.worker.idle import IdleMeter
 from modelfleet.worker.pinning import PinKeeper
 from modelfleet.worker.residency import Residency
 from modelfleet.worker.supervisor import RuntimeProcess, RuntimeSupervisor
@@ -93,6 +94,10 @@ class Coordinator:
         self._isolated_since: dict[str, float] = {}  # model id -> when its runtime was seen
         self._running: Counter[str] = Counter()  # model id -> tasks in flight here
         self._residency = Residency(clock)
+        self._counts: dict[str, QueueStats] = {}  # candidate queues as last counted
+        self._dirty: set[str] = set()  # queues to count afresh at the next re-score
+        self._idle = IdleMeter(self._cap, time.monotonic)
+        self._snapshot: Snapshot | None = None  # the last one decided on
         self._loops: list[asyncio.Task[None]] = []
         self._stopping = False
         self._seed = zlib.crc32(self.worker_id.encode())
@@ -146,6 +151,22 @@ class Coordinator:
     def loading(self) -> list[str]:
         return sorted({m for r in self._supervisor.all() for m in r.loading})
 
+    def _loader_free(self) -> bool:
+        """Has some shared runtime a free load slot now?
+
+        A model with a task running here and not resident is being loaded for it, even
+        before the runtime's next report says so.
+        """
+        device = self._residency.models("device")
+        unloaded = set(self._running) - device
+        slots = self._settings.runtime.max_concurrent_loads
+        for runtime in self._supervisor.shared:
+            loading = set(runtime.loading) | {
+                m for m in unloaded if self._supervisor.runtime_for(m) is runtime}
+            if len(loading) < slots:
+                return True
+        return False
+
     def state(self) -> dict[str, Any]:
         device = sorted(self._residency.models("device"))
         host = sorted(self._residency.models("host"))
@@ -154,7 +175,7 @@ class Coordinator:
             "worker_id": self.worker_id,
             "at": self._clock(),
             "ready": self.ready,
-            "accepting_cold_work": self.ready and not self.loading,
+            "accepting_cold_work": self.ready and self._loader_free(),
             "subscriptions": sorted(self._consumers),
             "resident": {"device": device, "host": host},
             "loading": self.loading,
@@ -165,38 +186,56 @@ class Coordinator:
         }
 
     # -- loops -----------------------------------------------------------------------
+    def _wake(self) -> None:
+        """Re-score now rather than at the next tick."""
+        self._supervisor.changed.set()
+
     async def _listen_events(self) -> None:
         while True:
             try:
                 async for event in self._broker.events():
-                    if event.get("kind") == "demand" and event.get("model_id") in self._catalog:
-                        first = event["model_id"] not in self._demand
-                        self._demand[event["model_id"]] = self._clock()
-                        if first:
-                            self._supervisor.changed.set()  # rescore now, not in a second
+                    model_id = event.get("model_id")
+                    if event.get("kind") != "demand" or not isinstance(model_id, str) \
+                            or model_id not in self._catalog:
+                        continue
+                    self._demand[model_id] = self._clock()
+                    if model_id not in self._consumers:
+                        # Work this worker does not pull may be waiting: count it afresh,
+                        # and decide now if a permit is free to take it.
+                        self._dirty.add(model_id)
+                        if len(self._in_flight) < self._cap:
+                            self._wake()
             except BrokerUnavailable:
                 pass
             await asyncio.sleep(self._settings.broker.reconnect_max_backoff_s / 5)
 
     async def _rescore_loop(self) -> None:
+        """Re-score every tick, and at once when woken: demand for a queue this worker does
+        not pull, a runtime's state change, or a task ending while work waits."""
+        interval = self._settings.worker.rescore_interval_s
+        full = True
         while True:
+            self._supervisor.changed.clear()  # before: a wake during the re-score counts
             try:
-                await self._rescore()
+                await self._rescore(full)
             except BrokerUnavailable as exc:
                 log.warning("rescore skipped: %s", exc)
             except Exception:
                 log.exception("rescore failed")
-            self._supervisor.changed.clear()
             # Each tick a little longer or shorter, so that workers started together drift
             # apart instead of re-scoring in lockstep and taking the same queue at once.
-            interval = self._settings.worker.rescore_interval_s
-            with contextlib.suppress(TimeoutError):
+            full = False
+            try:
                 await asyncio.wait_for(self._supervisor.changed.wait(),
                                        interval * self._jitter.uniform(0.75, 1.25))
-                # Woken by an event that every worker saw at once (a model's first demand):
-                # a random pause keeps the fleet from re-scoring in lockstep, so the first
-                # worker to take a starving queue is seen by the others before they decide.
-                await asyncio.sleep(self._jitter.uniform(0, interval / 2))
+            except TimeoutError:
+                full = True
+            else:
+                # Woken by an event every worker may have seen at once (an announcement):
+                # a short random pause spreads the fleet's reactions, and the fresh count
+                # before a cold subscription lets a later worker see the first one's claim.
+                await asyncio.sleep(self._jitter.uniform(0, self._settings.worker
+                                                         .rescore_jitter_s))
 
     async def _state_loop(self) -> None:
         while True:
@@ -204,59 +243,99 @@ class Coordinator:
                 await self._broker.publish_event(self.state())
             await asyncio.sleep(self._settings.worker.state_interval_s)
 
-    # -- choosing queues -----------------------------------------------------------
-    async def _rescore(self) -> None:
+    # -- choosing queues: observe -> decide -> act -----------------------------------
+    async def _rescore(self, full: bool = True) -> None:
         if self._stopping:
             return
+        snapshot = await self._observe(full)
+        if snapshot is None:
+            return
+        decision = decide(snapshot, self._settings.scheduling, self._seed)
+        await self._act(decision, snapshot)
+
+    async def _observe(self, full: bool) -> Snapshot | None:
+        """The snapshot ``decide`` needs: the candidate queues' counts and this worker.
+
+        ``full``: exact counts for every candidate (each tick). Otherwise (woken by an
+        event) only for queues newly in demand and those never counted, the rest as
+        counted at the last tick: a wake must be cheap, since it comes with demand.
+        """
         await self._residency.refresh(self._supervisor.all())
         now = self._clock()
         window = self._settings.worker.demand_window_s
         for model_id, seen in list(self._demand.items()):
             if now - seen > window:
                 del self._demand[model_id]
-        state = self.state()
-        device = frozenset(state["resident"]["device"])
-        host = frozenset(state["resident"]["host"])
+        device = self._residency.models("device")
+        host = self._residency.models("host")
         if self._pins.pinned and not (self._pinning and not self._pinning.done()):
             # A restarted runtime comes back empty: pinned models go back on it.
             self._pinning = asyncio.create_task(self._pins.keep(device | host))
         serviceable = {m for m in self._catalog_ids() if self._runtime_accepting(m)}
-        # Stop pulling what no runtime can run now, or what left the catalog.
-        for model_id in list(self._consumers):
-            if model_id not in serviceable:
-                await self._unsubscribe(model_id)
         candidates = (set(self._demand) | set(self._consumers) | device | host
                       | set(self._pins.pinned)) & serviceable
-        stats = await self._broker.queue_stats(sorted(candidates))
+        for model_id in set(self._counts) - candidates:
+            del self._counts[model_id]
+            with contextlib.suppress(KeyError):  # a gauge nobody updates would go stale
+                metrics.QUEUE_BACKLOG.remove(model_id)
+        ask = candidates if full else (self._dirty | (candidates - set(self._counts)))
+        self._dirty.clear()
+        if ask:
+            self._counts.update(await self._broker.queue_stats(sorted(ask & candidates)))
         queues = []
-        for model_id, qs in stats.items():
-            if model_id not in self._catalog:  # left the catalog while we asked
+        runtime_of: dict[str, RuntimeProcess] = {}
+        for model_id in sorted(candidates):
+            qs = self._counts.get(model_id)
+            if qs is None or model_id not in self._catalog:  # gone while we asked
                 continue
             manifest = self._catalog.get(model_id).manifest
+            runtime = runtime_of[model_id] = self._supervisor.runtime_for(model_id)
             metrics.QUEUE_BACKLOG.labels(model_id).set(qs.backlog)
             queues.append(QueueView(model_id, qs.backlog, qs.consumers,
                                     manifest.fanout.max_workers, manifest.plan,
-                                    manifest.fanout.pinned))
-        free = self._cap - len(self._in_flight)
+                                    manifest.fanout.pinned,
+                                    manifest.batching.max_batch_size, runtime.name))
         # A model with a task running here but not resident yet is being loaded for it.
-        loading = frozenset(self.loading) | (frozenset(self._running) - device)
-        view = WorkerView(self.worker_id, frozenset(self._consumers), device, host,
-                          dict(self._last_served), tuple(self._cold_subscribes),
-                          free, self._cap, loading)
-        decision = choose_queues(queues, view, self._settings.scheduling, now, self._seed)
+        loading = {r.name: set(self._residency.loading(r.name)) for r in self._supervisor.all()}
+        for model_id in set(self._running) - device:
+            if model_id in runtime_of:
+                loading.setdefault(runtime_of[model_id].name, set()).add(model_id)
+        slots = self._settings.runtime.max_concurrent_loads
+        worker = WorkerView(
+            self.worker_id, frozenset(self._consumers), device, host,
+            dict(self._last_served), tuple(self._cold_subscribes),
+            self._cap - len(self._in_flight), self._cap,
+            frozenset().union(*loading.values()),
+            loader_room={name: slots - len(models) for name, models in loading.items()},
+            running=dict(self._running),
+            prefetch={m: c.prefetch for m, c in self._consumers.items()})
+        snapshot = self._snapshot = Snapshot(now, tuple(queues), worker)
+        self._idle.observe(free_permits=worker.free_permits,
+                           waiting=work_waiting(snapshot, self._settings.scheduling))
+        return snapshot
+
+    async def _act(self, decision: Decision, snapshot: Snapshot) -> None:
+        now = snapshot.now
+        device = snapshot.worker.resident_device
         for model_id in decision.unsubscribe:
             metrics.SUBSCRIBE_EVENTS.labels("unsubscribe", "warm" if model_id in device
                                             else "cold").inc()
             await self._unsubscribe(model_id)
-        for model_id in decision.subscribe:
+        for model_id in sorted(decision.subscribe):
             cold = model_id in decision.cold
-            if cold and model_id not in await self._still_open(frozenset({model_id}), queues):
+            if cold and model_id not in await self._still_open(frozenset({model_id}),
+                                                               list(snapshot.queues)):
                 continue
             if cold:
                 self._cold_subscribes.append(now)
             metrics.SUBSCRIBE_EVENTS.labels("subscribe", "cold" if cold else "warm").inc()
-            await self._subscribe(model_id)
-        await self._resize_prefetch(free)
+            await self._subscribe(model_id, decision.prefetch.get(model_id, 1))
+        for model_id, window in decision.prefetch.items():
+            consumer = self._consumers.get(model_id)
+            if consumer is not None and consumer.prefetch != window:
+                with contextlib.suppress(BrokerUnavailable):
+                    await consumer.subscription.set_prefetch(window)
+                    consumer.prefetch = window
         await self._retire_idle_runtimes(now)
         metrics.SUBSCRIPTIONS.set(len(self._consumers))
 
@@ -309,24 +388,9 @@ class Coordinator:
     def _catalog_ids(self) -> list[str]:
         return [entry.model_id for entry in self._catalog]
 
-    def _prefetch_for(self, model_id: str, free_permits: int) -> int:
-        """The consumer's window: what this worker could start now for this queue.
-
-        At least the model's batch size (a batch must be able to form), at least a fair
-        share of the permits (so one hot model can fill an otherwise idle worker, and a
-        model that batches one at a time is not capped at one broker round trip per
-        task), and never more than the permits free now: unclaimed work stays in the
-        queue, visible to other workers and to the autoscaler.
-        """
-        batch = (self._catalog.get(model_id).manifest.batching.max_batch_size
-                 if model_id in self._catalog else 1)
-        share = -(-self._cap // max(1, len(self._consumers)))
-        return max(1, min(max(batch, share), free_permits))
-
-    async def _subscribe(self, model_id: str) -> None:
+    async def _subscribe(self, model_id: str, prefetch: int) -> None:
         if model_id in self._consumers or self._stopping:
             return
-        prefetch = self._prefetch_for(model_id, self._cap - len(self._in_flight))
         subscription = await self._broker.subscribe(model_id, prefetch)
         consumer = _Consumer(subscription, asyncio.create_task(
             self._consume(subscription), name=f"consume-{model_id}"))
@@ -344,19 +408,6 @@ class Coordinator:
         await asyncio.wait({consumer.task})  # not `await`: our own cancellation stays ours
         log.info("unsubscribed from %s", model_id)
 
-    async def _resize_prefetch(self, free_permits: int) -> None:
-        """Keep each window near min(batch size, free permits), changing it only by 2x.
-
-        A prefetch change costs RabbitMQ a new consumer, so small swings of the free
-        permits (every task start and finish moves them) are not followed.
-        """
-        for model_id, consumer in list(self._consumers.items()):
-            wanted = self._prefetch_for(model_id, free_permits)
-            if wanted * 2 <= consumer.prefetch or wanted >= consumer.prefetch * 2:
-                with contextlib.suppress(BrokerUnavailable):
-                    await consumer.subscription.set_prefetch(wanted)
-                    consumer.prefetch = wanted
-
     # -- running tasks -------------------------------------------------------------
     async def _consume(self, subscription: Subscription) -> None:
         async for delivery in subscription:
@@ -370,12 +421,16 @@ class Coordinator:
             task = asyncio.create_task(self._run(delivery))
             self._in_flight.add(task)
             metrics.PERMITS_IN_USE.set(len(self._in_flight))
+            self._idle.observe(free_permits=self._cap - len(self._in_flight))
             task.add_done_callback(self._finished)
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._in_flight.discard(task)
         self._permits.release()
         metrics.PERMITS_IN_USE.set(len(self._in_flight))
+        self._idle.observe(free_permits=self._cap - len(self._in_flight))
+        if self._idle.waiting:
+            self._wake()  # a permit (and maybe a load slot) is free while work waits
         if not task.cancelled() and task.exception() is not None:
             log.error("task runner failed", exc_info=task.exception())
 
@@ -398,12 +453,9 @@ class Coordinator:
                 runtime.request_retry()
                 await self._settle_with_failure(delivery, runtime.failure)
                 return
-            gate = self._gates.setdefault(runtime.name, SuspectGate())
             try:
-                # A redelivered task may be the one that crashed a runtime: it runs alone.
                 async with asyncio.timeout(max(0.0, (task.deadline_ms - now_ms()) / 1000)):
-                    async with gate.slot(suspect=task.delivery_count > 0):
-                        reply = await self._infer(runtime, task.model_id, delivery)
+                    reply = await self._run_on(runtime, delivery)
             except TimeoutError:
                 metrics.EXPIRED_TASKS.labels(task.model_id).inc()
                 await delivery.ack()
@@ -459,6 +511,27 @@ class Coordinator:
             log.warning("runtime %s is down: stopped pulling %s", runtime.name,
                         ", ".join(affected))
 
+    async def _run_on(self, runtime: RuntimeProcess, delivery: Delivery) -> Reply:
+        """Run the task on its runtime once the runtime is up and the gate lets it in.
+
+        A redelivered task may be the one that crashed a runtime: it runs alone (the
+        suspect gate). A task whose runtime went down while it waited for its turn never
+        ran there: it waits for the restart and goes in then, without being charged a
+        delivery for a crash it had no part in (three crashes in a row otherwise
+        dead-letter an innocent task that was only queued behind a poison pill).
+        """
+        task = delivery.task
+        gate = self._gates.setdefault(runtime.name, SuspectGate())
+        while True:
+            async with gate.slot(suspect=task.delivery_count > 0):
+                if runtime.ready and runtime.client is not None:
+                    return await self._infer(runtime, task.model_id, delivery)
+            await runtime.wait_settled(float("inf"))  # bounded by the task's deadline
+            if runtime.failure is not None and not runtime.ready:
+                runtime.request_retry()
+                raise runtime.failure
+            await asyncio.sleep(0.01)  # settled but not yet handed a client: a moment
+
     async def _infer(self, runtime: RuntimeProcess, model_id: str, delivery: Delivery) -> Reply:
         task = delivery.task
         if runtime.client is None or not runtime.ready:
@@ -472,6 +545,9 @@ class Coordinator:
                 accepts=list(manifest.accepts))
         except TimeoutError as exc:
             raise RuntimeCrashed(f"runtime {runtime.name} did not answer in time") from exc
+        except RuntimeCrashed:
+            runtime.connection_lost()  # before the gate lets the next task in
+            raise
         return decode_reply(raw)
 
     async def _hand_back(self, delivery: Delivery, exc: RuntimeCrashed) -> None:

@@ -22,19 +22,26 @@ class Residency:
     def __init__(self, clock: Callable[[], float]) -> None:
         self._clock = clock
         self._by_runtime: dict[str, dict[str, list[str]]] = {}  # runtime -> tier -> ids
+        self._loading: dict[str, frozenset[str]] = {}  # runtime -> models loading on it
         self._load_times: deque[float] = deque()
 
     def models(self, tier: str) -> frozenset[str]:
         """Models resident in ``tier`` ("device" or "host") on any runtime of this worker."""
         return frozenset(m for tiers in self._by_runtime.values() for m in tiers.get(tier, []))
 
+    def loading(self, runtime: str) -> frozenset[str]:
+        """Models being loaded (or waiting for a load slot) on ``runtime`` at the last ask."""
+        return self._loading.get(runtime, frozenset())
+
     async def refresh(self, runtimes: list[RuntimeProcess]) -> None:
         totals = {"device": 0, "host": 0, "device_bytes": 0, "host_bytes": 0}
         for gone in set(self._by_runtime) - {r.name for r in runtimes}:
             del self._by_runtime[gone]  # retired: what it held is gone with it
+            self._loading.pop(gone, None)
         for runtime in runtimes:
             if not runtime.ready or runtime.client is None:
                 self._by_runtime.pop(runtime.name, None)
+                self._loading.pop(runtime.name, None)
                 continue
             try:
                 stats = await runtime.client.call("stats", timeout_s=5)
@@ -42,6 +49,7 @@ class Residency:
                 continue
             self._by_runtime[runtime.name] = {"device": list(stats["device"]),
                                               "host": list(stats["host"])}
+            self._loading[runtime.name] = frozenset(stats["loading"])
             totals["device"] += len(stats["device"])
             totals["host"] += len(stats["host"])
             totals["device_bytes"] += stats["device_used_bytes"]

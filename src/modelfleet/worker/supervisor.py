@@ -124,6 +124,15 @@ class RuntimeProcess:
         """Whether its queues should be pulled: ready, starting up, or failing fast."""
         return self.state in ("starting", "ready", "failed")
 
+    def connection_lost(self) -> None:
+        """The coordinator's connection to it dropped mid-call: it is down from now on.
+
+        Said before the supervisor reaps the process, so that no task waiting for its
+        turn (the suspect gate) is sent to a runtime that is already gone.
+        """
+        if self.state == "ready":
+            self._set("down")
+
     def request_retry(self) -> None:
         """A task wants this failed runtime: try building it again, if it failed long ago."""
         loop_time = asyncio.get_running_loop().time()

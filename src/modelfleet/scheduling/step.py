@@ -1,0 +1,81 @@
+"""One decision of a worker: observe -> decide -> act, with the middle step pure.
+
+The worker coordinator observes the broker and its runtimes into a :class:`Snapshot`,
+calls :func:`decide`, and carries the :class:`Decision` out (subscribe, unsubscribe,
+resize prefetch windows). The simulator builds the same snapshot from its own state
+and calls the same function, so what it predicts is what the worker decides.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from modelfleet.scheduling.scoring import choose_queues, is_starving
+from modelfleet.scheduling.settings import ScoringSettings
+from modelfleet.scheduling.views import Decision, QueueView, WorkerView
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """What one worker sees at ``now``: the queues that matter to it, and itself.
+
+    ``queues`` holds every queue the worker consumes and every queue it could take
+    (announced demand, resident or pinned models) whose runtime can run it now.
+    """
+
+    now: float
+    queues: tuple[QueueView, ...]
+    worker: WorkerView
+
+
+def decide(snapshot: Snapshot, settings: ScoringSettings, rng_seed: int) -> Decision:
+    """Which queues to take and drop, and the prefetch window of each held queue. Pure."""
+    decision = choose_queues(snapshot.queues, snapshot.worker, settings, snapshot.now, rng_seed)
+    held = decision.apply(snapshot.worker.subscriptions)
+    queues = {q.model_id: q for q in snapshot.queues}
+    windows: dict[str, int] = {}
+    for model_id in sorted(held):
+        queue = queues.get(model_id)
+        if queue is None:
+            continue
+        wanted = prefetch_window(queue, snapshot.worker, len(held))
+        current = snapshot.worker.prefetch.get(model_id)
+        if current is None or wanted * 2 <= current or wanted >= current * 2:
+            windows[model_id] = wanted
+    return replace(decision, prefetch=windows)
+
+
+def prefetch_window(queue: QueueView, worker: WorkerView, held: int) -> int:
+    """How many unsettled tasks of ``queue`` this worker may hold at once.
+
+    At least the model's batch size (a batch must be able to form) and a fair share of
+    the permits (one hot model can fill an otherwise idle worker); more while tasks wait
+    (what runs here plus what waits, so a burst is not fed one broker round trip at a
+    time), but never more than runs here plus the permits free now: work this worker
+    could not start stays in the queue, visible to other workers and the autoscaler.
+    The permit semaphore, not the window, bounds what starts.
+
+    A window changes only when it halves or doubles (see :func:`decide`): on RabbitMQ a
+    change costs a new consumer.
+    """
+    running = worker.running.get(queue.model_id, 0)
+    share = -(-worker.permits_cap // max(1, held))
+    wanted = max(share, running + queue.backlog)
+    return max(1, queue.batch_size, min(wanted, running + worker.free_permits))
+
+
+def work_waiting(snapshot: Snapshot, settings: ScoringSettings) -> bool:
+    """Is a task waiting that this worker could run? (held, starved, or under its cap)
+
+    While it is and a permit is free, the permit idles: the quantity that
+    ``modelfleet_worker_idle_permit_seconds_while_backlog_total`` integrates.
+    """
+    held = snapshot.worker.subscriptions
+    for queue in snapshot.queues:
+        if queue.backlog <= 0:
+            continue
+        if queue.model_id in held or is_starving(queue) or queue.pinned:
+            return True
+        if queue.consumers < settings.fanout_cap(queue.fanout_max_workers, queue.plan):
+            return True
+    return False
