@@ -244,10 +244,14 @@ def test_warm_subscriptions_are_not_rate_limited() -> None:
 
 def test_noise_keeps_identical_workers_from_herding_onto_one_queue() -> None:
     queues = [QueueView(f"q{i}", backlog=1, consumers=0) for i in range(5)]
-    picks = Counter(
-        next(iter(choose_queues(queues, worker(worker_id=f"worker-{i}"), ScoringSettings(),
-                                NOW, SEED).subscribe))
-        for i in range(10))
+
+    def first_choice(worker_id: str) -> str:
+        decision = choose_queues(queues, worker(worker_id=worker_id, loader_room={"": 1}),
+                                 ScoringSettings(), NOW, SEED)
+        [chosen] = decision.subscribe  # one free load slot: one claim
+        return chosen
+
+    picks = Counter(first_choice(f"worker-{i}") for i in range(10))
     assert len(picks) >= 3 and max(picks.values()) <= 5
 
 
@@ -353,3 +357,9 @@ def test_work_waiting_counts_only_tasks_this_worker_could_take() -> None:
     assert waiting(QueueView("open", backlog=1, consumers=1, fanout_max_workers=2))
     assert not waiting(QueueView("capped", backlog=9, consumers=2, fanout_max_workers=2))
     assert not waiting(QueueView("empty", backlog=0, consumers=0))
+    # What a new decision could change: only queues this worker does not consume yet.
+    assert not work_waiting(Snapshot(NOW, (QueueView("held", backlog=5, consumers=1),),
+                                     worker(subscriptions=frozenset({"held"}))),
+                            QUIET, held_too=False)
+    assert work_waiting(Snapshot(NOW, (QueueView("starved", backlog=1, consumers=0),),
+                                 worker()), QUIET, held_too=False)

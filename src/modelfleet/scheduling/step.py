@@ -64,17 +64,23 @@ def prefetch_window(queue: QueueView, worker: WorkerView, held: int) -> int:
     return max(1, queue.batch_size, min(wanted, running + worker.free_permits))
 
 
-def work_waiting(snapshot: Snapshot, settings: ScoringSettings) -> bool:
+def work_waiting(snapshot: Snapshot, settings: ScoringSettings, held_too: bool = True) -> bool:
     """Is a task waiting that this worker could run? (held, starved, or under its cap)
 
     While it is and a permit is free, the permit idles: the quantity that
     ``modelfleet_worker_idle_permit_seconds_while_backlog_total`` integrates.
+    ``held_too=False``: only in queues this worker does not consume (what a new
+    decision could change; held queues deliver by themselves as permits free up).
     """
     held = snapshot.worker.subscriptions
     for queue in snapshot.queues:
         if queue.backlog <= 0:
             continue
-        if queue.model_id in held or is_starving(queue) or queue.pinned:
+        if queue.model_id in held:
+            if held_too:
+                return True
+            continue
+        if is_starving(queue) or queue.pinned:
             return True
         if queue.consumers < settings.fanout_cap(queue.fanout_max_workers, queue.plan):
             return True

@@ -60,6 +60,8 @@ from modelfleet.worker.supervisor import RuntimeProcess, RuntimeSupervisor
 
 log = logging.getLogger("modelfleet.worker")
 
+RESIDENCY_MAX_AGE_S = 0.02
+
 
 def default_worker_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
@@ -98,6 +100,8 @@ class Coordinator:
         self._dirty: set[str] = set()  # queues to count afresh at the next re-score
         self._idle = IdleMeter(self._cap, time.monotonic)
         self._snapshot: Snapshot | None = None  # the last one decided on
+        self._untaken_work = False  # it saw tasks waiting in queues this worker does not pull
+        self._refreshed_at = -1e9
         self._loops: list[asyncio.Task[None]] = []
         self._stopping = False
         self._seed = zlib.crc32(self.worker_id.encode())
@@ -260,7 +264,11 @@ class Coordinator:
         event) only for queues newly in demand and those never counted, the rest as
         counted at the last tick: a wake must be cheap, since it comes with demand.
         """
-        await self._residency.refresh(self._supervisor.all())
+        if full or time.monotonic() - self._refreshed_at >= RESIDENCY_MAX_AGE_S:
+            # Residency takes a stats call to every runtime: woken re-scores (many a
+            # second under load) reuse one that is a few milliseconds old.
+            await self._residency.refresh(self._supervisor.all())
+            self._refreshed_at = time.monotonic()
         now = self._clock()
         window = self._settings.worker.demand_window_s
         for model_id, seen in list(self._demand.items()):
@@ -312,6 +320,7 @@ class Coordinator:
         snapshot = self._snapshot = Snapshot(now, tuple(queues), worker)
         self._idle.observe(free_permits=worker.free_permits,
                            waiting=work_waiting(snapshot, self._settings.scheduling))
+        self._untaken_work = work_waiting(snapshot, self._settings.scheduling, held_too=False)
         return snapshot
 
     async def _act(self, decision: Decision, snapshot: Snapshot) -> None:
@@ -429,7 +438,7 @@ class Coordinator:
         self._permits.release()
         metrics.PERMITS_IN_USE.set(len(self._in_flight))
         self._idle.observe(free_permits=self._cap - len(self._in_flight))
-        if self._idle.waiting:
+        if self._untaken_work:
             self._wake()  # a permit (and maybe a load slot) is free while work waits
         if not task.cancelled() and task.exception() is not None:
             log.error("task runner failed", exc_info=task.exception())
