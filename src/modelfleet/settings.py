@@ -66,6 +66,8 @@ class RuntimeSettings(_Section):
     device_budget_bytes: int = Field(default=2 * GiB, gt=0)
     host_budget_bytes: int = Field(default=4 * GiB, ge=0)
     max_concurrent_loads: int = Field(default=2, ge=1)
+    # Threads of each runtime's numerical libraries; 0: cores / worker.shared_runtimes.
+    compute_threads: int = Field(default=0, ge=0)
     eviction_policy: str = "gdsf"  # gdsf | lru
     compress_threshold_bytes: int = Field(default=16 * 1024, ge=0)
     url_fetch_max_bytes: int = Field(default=20 * MiB, gt=0)
