@@ -37,7 +37,8 @@ def render(results: dict[str, Any]) -> str:
         f"## modelfleet and its peers — {c.get('models')} MLPs, "
         f"{(c.get('total_bytes') or 0) / 2**20:.0f} MiB in all; "
         f"{m.get('nproc')} cores, {m.get('ram_gib')} GiB; load generator on the same machine"
-        + (" (QUICK: smoke run, figures mean nothing)" if results.get("quick") else ""),
+        + (" (QUICK: smoke run, figures mean nothing)" if results.get("quick") else "")
+        + (" (INTERRUPTED: partial)" if results.get("interrupted") else ""),
         "",
         f"zipf-32: 32 keep-alive clients, Zipf s=1.0 over the 50 models, "
         f"{fmt(d.get('zipf_warmup_s'), 0)} s warm-up + {fmt(d.get('zipf_measure_s'), 0)} s "

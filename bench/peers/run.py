@@ -197,6 +197,7 @@ class Bench:
         self.repo = cat.write_modelfleet_repo(self.catalog, self.run_dir / "repo")
         self.models = [m.name for m in self.catalog.models]
         self.venvs: dict[str, Path] = {}
+        self.systems: list[dict[str, Any]] = []  # results, in the order run
 
     def code_dir(self, system: str, files: list[str]) -> Path:
         """A folder holding mlp.py and the system's server files: the peer's path."""
@@ -439,6 +440,7 @@ class Bench:
         if system == "amqp-rtt":
             return self.run_amqp_rtt()
         result: dict[str, Any] = {"system": system, "workloads": {}}
+        self.systems.append(result)  # filled in place: an interrupted system keeps its part
         run: Running | None = None
         sampler: procs.RssSampler | None = None
         started = time.monotonic()
@@ -487,25 +489,28 @@ class Bench:
                 for step in run.cleanup:
                     step()
             result["wall_s"] = round(time.monotonic() - started, 1)
-        result["summary"] = summary_row(system, result)
+            result["summary"] = summary_row(system, result)
         return result
 
     def run_amqp_rtt(self) -> dict[str, Any]:
         a = self.args
         cfg = {"url": a.amqp, "warmup_s": a.warm_warmup_s, "measure_s": a.c1_s,
                "tag": self.tag}
+        result: dict[str, Any] = {"system": "amqp-rtt", "summary": {"system": "amqp-rtt"}}
+        self.systems.append(result)
         log("amqp-rtt: aio-pika round trip, c1")
         try:
             out = self.loadgen("amqp-rtt", cfg, cfg["warmup_s"] + cfg["measure_s"] + 60)
         except Exception as exc:
             log(f"amqp-rtt failed: {exc}")
-            return {"system": "amqp-rtt", "error": str(exc), "summary": {"system": "amqp-rtt"}}
+            result["error"] = result["summary"]["error"] = str(exc)
+            return result
         finally:
             self.delete_amqp([f"bench-rtt-{self.tag}.requests"], [])
         log(f"amqp-rtt: p50 {out['p50_ms']} ms, p99 {out['p99_ms']} ms")
-        return {"system": "amqp-rtt", "workloads": {"warm-c1": out},
-                "summary": {"system": "amqp-rtt", "c1_p50_ms": out["p50_ms"],
-                            "c1_p99_ms": out["p99_ms"]}}
+        result["workloads"] = {"warm-c1": out}
+        result["summary"].update({"c1_p50_ms": out["p50_ms"], "c1_p99_ms": out["p99_ms"]})
+        return result
 
     def scrape(self, urls: list[str]) -> dict[str, float]:
         texts = []
@@ -634,11 +639,10 @@ def main(argv: list[str] | None = None) -> int:
                     for name, venv in bench_venvs.items()}
         versions["modelfleet"] = {**versions_in(MODELFLEET_VENV / "bin" / "python",
                                                 PEER_PACKAGES["modelfleet"]), **git_describe()}
-        systems: list[dict[str, Any]] = []
         interrupted = False
         try:
             for system in args.systems:
-                systems.append(bench.run_system(system))
+                bench.run_system(system)
         except KeyboardInterrupt:
             interrupted = True
             log("interrupted: servers stopped; writing what was measured")
@@ -658,7 +662,7 @@ def main(argv: list[str] | None = None) -> int:
                       "c1_s": args.c1_s, "c32_s": args.c32_s,
                       "warm_warmup_s": args.warm_warmup_s,
                       "client_timeout_s": args.client_timeout_s},
-        "systems": systems,
+        "systems": bench.systems,
     }
     table = render(results)
     results["table_markdown"] = table

@@ -13,6 +13,7 @@ import json
 import math
 import random
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -70,10 +71,14 @@ def _digest(folder: Path) -> dict[str, str]:
             for p in sorted(folder.rglob("*.npz"))}
 
 
-def test_written_catalog_is_byte_identical_and_loads(tmp_path: Path) -> None:
+def test_written_catalog_is_byte_identical_and_loads(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     small = {"n": 3, "min_bytes": 20_000, "max_bytes": 80_000}
     one = cat.write_catalog(tmp_path / "a", **small)
+    now = time.time()
+    monkeypatch.setattr(time, "time", lambda: now + 86_400)  # written a day later: same bytes
     two = cat.write_catalog(tmp_path / "b", **small)
+    monkeypatch.undo()
     assert _digest(tmp_path / "a") == _digest(tmp_path / "b")
     assert len(_digest(tmp_path / "a")) == 3
     for spec in one.models:
