@@ -247,6 +247,12 @@ async def run_amqp_rtt(cfg: dict[str, Any]) -> dict[str, Any]:
             if t0 >= ws:
                 latencies.append(time.monotonic() - t0)
         result = summarize(latencies, measure_s)
+        try:
+            version = caller_conn.transport.connection.server_properties.get("version")
+            result["rabbitmq_version"] = version.decode() if isinstance(version, bytes) \
+                else version
+        except AttributeError:
+            pass
         await worker.queue_delete(request_q)
         return result
     finally:
