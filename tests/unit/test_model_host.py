@@ -7,6 +7,7 @@ import sys
 import textwrap
 import threading
 import types
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -298,3 +299,23 @@ async def test_models_that_fit_wait_for_loads_in_flight_rather_than_being_refuse
     tiers = {host.tier_of("a", "1"), host.tier_of("b", "1")}
     assert tiers == {"device", None}  # the one loaded second evicted the first
     assert sorted(load[0] for load in host.stats()["loads"]) == ["a", "b"]
+
+
+async def test_evicted_models_are_freed_without_stopping_the_loop_for_a_collection(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reference counting frees an evicted model; the full gc (for cycles) runs rarely."""
+    import gc
+
+    collections: list[int] = []
+    monkeypatch.setattr(gc, "collect", lambda *a: collections.append(1) or 0)
+    for name in ("a", "b", "c"):
+        package(tmp_path, name, 3)
+    host = host_for(tmp_path, 5, 0)  # room for one at a time: each load evicts the last
+    for name in ("a", "b", "c", "a"):
+        loaded, _ = await host.ensure(name, "1")
+        weights = weakref.ref(loaded.handler.w)
+        del loaded
+    await host.ensure("b", "1")  # evicts the last a
+    await asyncio.sleep(0.05)  # the thread that ran its unload() lets go of it
+    assert weights() is None  # freed: no collection needed
+    assert collections == [1]  # four evictions within a second, one collection
