@@ -48,6 +48,15 @@ class Task:
     plan: str = "free"
     params: dict[str, str] = field(default_factory=dict)
     delivery_count: int = 0  # set by the broker on receipt; 0 on first delivery
+    # Crash evidence, carried by the task from one delivery to the next: runtime crashes
+    # it was in flight for, and those of them it was alone on the runtime for.
+    crashes: int = 0
+    crashes_alone: int = 0
+
+    @property
+    def suspect(self) -> bool:
+        """Was it on a runtime that crashed, or with a consumer that died? (runs alone)"""
+        return self.delivery_count > 0 or self.crashes > 0
 
     def expired(self, at_ms: int | None = None) -> bool:
         return (now_ms() if at_ms is None else at_ms) >= self.deadline_ms

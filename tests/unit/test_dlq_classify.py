@@ -41,6 +41,11 @@ def task(request_id: str = REQUEST_ID, url: str = "") -> Task:
     ("runtime_crashed: runtime shared-0 is gone: connection closed (IncompleteReadError)",
      "deterministic", "poison-input"),
     ("runtime_crashed: runtime shared-0 did not answer in time", "deterministic", "poison-input"),
+    # What the coordinator writes after counting crash evidence (worker/coordinator.py).
+    ("runtime_crashed: crashed its runtime alone on each of 4 deliveries: runtime shared-0 "
+     "is gone: connection closed (IncompleteReadError)", "deterministic", "poison-input"),
+    ("runtime_crashed: was on 7 runtimes that crashed, never alone on one: runtime shared-0 "
+     "is gone: connection closed (IncompleteReadError)", "transient", "crash-never-alone"),
     ("runtime_crashed: runtime shared-0 is gone: connection lost: "
      "ConnectionResetError(104, 'Connection reset by peer')", "deterministic", "poison-input"),
     ("rejected", "deterministic", "rejected"),

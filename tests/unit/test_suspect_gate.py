@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from modelfleet.worker.gate import SuspectGate
+from modelfleet.worker.gate import CrashWitness, SuspectGate
 
 
 async def test_suspect_waits_for_running_tasks_and_blocks_new_ones() -> None:
@@ -54,3 +54,14 @@ async def test_ordinary_tasks_share() -> None:
 
     await asyncio.gather(*(ordinary() for _ in range(5)))
     assert most == 5
+
+
+def test_crash_witness_says_who_was_alone_on_the_runtime() -> None:
+    witness = CrashWitness()
+    with witness.on_runtime() as first_alone:
+        assert first_alone()  # nothing else in flight (yet)
+        with witness.on_runtime() as second_alone:
+            assert not second_alone()  # entered beside the first
+        assert not first_alone()  # someone ran beside it while it was in flight
+    with witness.on_runtime() as later_alone:
+        assert later_alone()  # the others are gone: alone again

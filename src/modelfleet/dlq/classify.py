@@ -86,10 +86,15 @@ RULES: tuple[Rule, ...] = (
          "both happen before or regardless of the input.",
          _codes("runtime_crashed"),
          re.compile(r"did not start within|during start-up|closed by coordinator")),
+    Rule("crash-never-alone", "transient",
+         "It was in flight on several runtimes that crashed but never alone on one: the "
+         "evidence points at its neighbours, not at it.",
+         _codes("runtime_crashed"), re.compile(r"\bnever alone\b")),
     Rule("poison-input", "deterministic",
-         "A runtime died or hung on this very input on every delivery. The coordinator hands "
-         "back all other in-flight work when a runtime dies, so only the task that kept "
-         "killing every runtime that tried it ends here. Replaying it crashes another one.",
+         "A runtime died or hung on this very input, with no other task on it, more times "
+         "than the delivery limit. Crashes it shared with other tasks were not counted (it "
+         "was retried alone), so this is evidence, not bad luck. Replaying it crashes "
+         "another one.",
          _codes("runtime_crashed")),
     Rule("rejected", "deterministic",
          "A consumer refused it outright (it could not even be decoded).",

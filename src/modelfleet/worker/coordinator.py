@@ -52,7 +52,7 @@ from modelfleet.messages import Reply, decode_reply, encode_task, now_ms
 from modelfleet.repository import Catalog
 from modelfleet.scheduling import Decision, QueueView, Snapshot, WorkerView, decide, work_waiting
 from modelfleet.settings import Settings
-from modelfleet.worker.gate import SuspectGate
+from modelfleet.worker.gate import CrashWitness, SuspectGate
 from modelfleet.worker.idle import IdleMeter
 from modelfleet.worker.pinning import PinKeeper
 from modelfleet.worker.residency import Residency
@@ -91,6 +91,7 @@ class Coordinator:
         self._last_served: dict[str, float] = {}
         self._cold_subscribes: deque[float] = deque(maxlen=256)
         self._gates: dict[str, SuspectGate] = {}  # runtime name -> its gate
+        self._witnesses: dict[str, CrashWitness] = {}  # runtime name -> who ran alone
         self._pinning: asyncio.Task[None] | None = None
         self._pins = PinKeeper(catalog, supervisor, clock)
         self._isolated_since: dict[str, float] = {}  # model id -> when its runtime was seen
@@ -469,11 +470,11 @@ class Coordinator:
                 metrics.EXPIRED_TASKS.labels(task.model_id).inc()
                 await delivery.ack()
                 return
-            except RuntimeCrashed as exc:
+            except _Crashed as crashed:
                 # Stop pulling this runtime's queues first, so the task handed back goes to
                 # another worker or waits for the restart instead of bouncing straight back.
                 await self._stop_pulling(runtime)
-                await self._hand_back(delivery, exc)
+                await self._hand_back(delivery, crashed.error, crashed.alone)
                 return
             reply = replace(reply, worker_id=self.worker_id, timings_ms={
                 **reply.timings_ms, "queue_wait": max(0, received_ms - task.enqueued_ms)})
@@ -531,10 +532,15 @@ class Coordinator:
         """
         task = delivery.task
         gate = self._gates.setdefault(runtime.name, SuspectGate())
+        witness = self._witnesses.setdefault(runtime.name, CrashWitness())
         while True:
-            async with gate.slot(suspect=task.delivery_count > 0):
+            async with gate.slot(suspect=task.suspect):
                 if runtime.ready and runtime.client is not None:
-                    return await self._infer(runtime, task.model_id, delivery)
+                    with witness.on_runtime() as alone:
+                        try:
+                            return await self._infer(runtime, task.model_id, delivery)
+                        except RuntimeCrashed as exc:
+                            raise _Crashed(exc, alone()) from exc
             await runtime.wait_settled(float("inf"))  # bounded by the task's deadline
             if runtime.failure is not None and not runtime.ready:
                 runtime.request_retry()
@@ -559,16 +565,44 @@ class Coordinator:
             raise
         return decode_reply(raw)
 
-    async def _hand_back(self, delivery: Delivery, exc: RuntimeCrashed) -> None:
+    async def _hand_back(self, delivery: Delivery, exc: RuntimeCrashed, alone: bool) -> None:
+        """A runtime crashed with this task in flight: charge it only if it was alone.
+
+        The task goes back to its queue as a new message carrying its crash evidence
+        (published and confirmed before the old one is acked), so the broker's own
+        delivery count, which also counts consumers that went away, decides nothing
+        here. A task is dead-lettered, and its caller answered at once, when it has
+        crashed a runtime alone more than ``broker.delivery_limit`` times: that is
+        evidence, and the dead letter is classified deterministic. A task that keeps
+        sharing crashes (the suspect gate makes that rare) is dead-lettered after twice
+        as many, as transient.
+        """
         task = delivery.task
-        if task.delivery_count >= self._settings.broker.delivery_limit:
-            reason = f"runtime crashed on each of {task.delivery_count + 1} deliveries: {exc}"
+        limit = self._settings.broker.delivery_limit
+        evidence = replace(task, crashes=task.crashes + 1,
+                           crashes_alone=task.crashes_alone + (1 if alone else 0))
+        if evidence.crashes_alone > limit or evidence.crashes > 2 * limit + 1:
+            if evidence.crashes_alone > limit:
+                reason = (f"crashed its runtime alone on each of {evidence.crashes_alone} "
+                          f"deliveries: {exc}")
+            else:
+                reason = (f"was on {evidence.crashes} runtimes that crashed, never alone "
+                          f"on one: {exc}")
             failure = Reply.failure(task.request_id, exc, worker_id=self.worker_id)
             metrics.DEAD_LETTERED.labels(task.model_id, "runtime_crashed").inc()
             await self._broker.publish_reply(task.reply_to, replace(
                 failure, error_message=f"model '{task.model_id}': {reason}; dead-lettered"))
-            await delivery.dead_letter(f"runtime_crashed: {exc}")
+            await delivery.dead_letter(f"runtime_crashed: {reason}")
             return
         metrics.REDELIVERED.labels(task.model_id).inc()
-        await delivery.reject(requeue=True)
+        await self._broker.republish(evidence)
+        await delivery.ack()
 
+
+class _Crashed(Exception):
+    """A runtime crash under a task, and whether the task was alone on the runtime."""
+
+    def __init__(self, error: RuntimeCrashed, alone: bool) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.alone = alone

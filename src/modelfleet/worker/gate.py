@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+import itertools
+from collections.abc import AsyncIterator, Callable, Iterator
 
 
 class SuspectGate:
@@ -62,3 +63,29 @@ class SuspectGate:
 
     def slot(self, suspect: bool) -> contextlib.AbstractAsyncContextManager[None]:
         return self.alone() if suspect else self.shared()
+
+
+class CrashWitness:
+    """Which tasks were alone on a runtime: only a crash a task had to itself is evidence.
+
+    A task is *alone* if no other task was in flight on the runtime at any moment of its
+    call: it entered an idle runtime and nothing entered after it. The suspect gate
+    makes that the case for every redelivered task.
+    """
+
+    def __init__(self) -> None:
+        self._overlapped: dict[int, bool] = {}
+        self._keys = itertools.count()
+
+    @contextlib.contextmanager
+    def on_runtime(self) -> Iterator[Callable[[], bool]]:
+        """Held for one call; yields a check: "has it been alone so far?"."""
+        key = next(self._keys)
+        crowded = bool(self._overlapped)
+        for other in self._overlapped:
+            self._overlapped[other] = True
+        self._overlapped[key] = crowded
+        try:
+            yield lambda: not self._overlapped[key]
+        finally:
+            del self._overlapped[key]
