@@ -155,3 +155,69 @@ def test_unreachable_broker_at_start_up_is_one_clear_line(tmp_path: Path) -> Non
         assert proc.popen.wait(60) == 3
         lines = [line for line in proc.log().splitlines() if "error" in line.lower()]
         assert lines and "127.0.0.1:1" in lines[-1] and "secret" not in proc.log()
+
+
+def unsettled(prefix: str) -> dict[str, tuple[int, int]]:
+    """(ready, unacked) messages of this test's model queues, by queue."""
+    listing = subprocess.run(["rabbitmqctl", "-q", "list_queues", "name", "messages_ready",
+                              "messages_unacknowledged"], check=True, timeout=60,
+                             capture_output=True, text=True).stdout
+    counts = {}
+    for line in listing.splitlines():
+        fields = line.split()
+        if len(fields) == 3 and fields[0].startswith(prefix) and fields[1].isdigit():
+            counts[fields[0]] = (int(fields[1]), int(fields[2]))
+    return counts
+
+
+def test_rabbitmq_restart_under_load_answers_everyone_and_leaves_nothing_unacked(
+        tmp_path: Path, env: dict[str, str], procs: list[Proc]) -> None:
+    """stop_app for ~8 s while 10 clients send: every request gets 200, 503 or 504 by its
+    deadline; the fleet serves again unaided; nothing is left unacked once idle."""
+    base = start_gateway(tmp_path, env, procs, "gw")
+    start_worker(tmp_path, env, procs, "w")
+    iris = {"features": [5.1, 3.5, 1.4, 0.2]}
+    assert httpx.post(f"{base}/v1/models/iris/infer", json=iris, timeout=30).status_code == 200
+    statuses: list[int] = []
+    late: list[float] = []
+
+    async def client(until: float) -> None:
+        async with httpx.AsyncClient(timeout=40) as http:
+            while time.monotonic() < until:
+                started = time.monotonic()
+                model, body = (("iris", iris) if len(statuses) % 2 else ("banner", "hi"))
+                response = await (http.post(f"{base}/v1/models/iris/infer", json=body,
+                                            headers={"x-request-timeout": "15"})
+                                  if model == "iris" else
+                                  http.post(f"{base}/v1/models/banner/infer", content=body,
+                                            headers={"content-type": "text/plain",
+                                                     "x-request-timeout": "15"}))
+                statuses.append(response.status_code)
+                if time.monotonic() - started > 15 + 5:
+                    late.append(time.monotonic() - started)
+                if response.status_code == 503:
+                    await asyncio.sleep(0.2)
+
+    async def scenario() -> None:
+        until = time.monotonic() + 30
+        clients = asyncio.gather(*(client(until) for _ in range(10)))
+        await asyncio.sleep(3)
+        await asyncio.to_thread(rabbitmqctl, "stop_app")
+        await asyncio.sleep(8)
+        await asyncio.to_thread(rabbitmqctl, "start_app")
+        await asyncio.to_thread(rabbitmqctl, "await_startup")
+        await clients
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        rabbitmqctl("start_app")  # whatever happened, leave the broker up
+    assert set(statuses) <= {200, 503, 504}, sorted(set(statuses))
+    assert not late, f"answers later than their deadline: {late}"
+    assert statuses[-20:].count(200) == 20, "not serving again after the restart"
+    prefix = env["MODELFLEET_BROKER__QUEUE_PREFIX"]
+    deadline = time.monotonic() + 30  # idle now: every delivery settles
+    while any(unacked for _, unacked in unsettled(prefix).values()):
+        assert time.monotonic() < deadline, unsettled(prefix)
+        time.sleep(0.5)
+    assert all(p.popen.poll() is None for p in procs)

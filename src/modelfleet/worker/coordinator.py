@@ -41,14 +41,14 @@ import socket
 import time
 import zlib
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Any
 
 from modelfleet import metrics
 from modelfleet.broker import Broker, Delivery, QueueStats, Subscription
 from modelfleet.errors import BrokerUnavailable, ModelfleetError, RuntimeCrashed
-from modelfleet.messages import Reply, decode_reply, encode_task, now_ms
+from modelfleet.messages import Reply, Task, decode_reply, encode_task, now_ms
 from modelfleet.repository import Catalog
 from modelfleet.scheduling import Decision, QueueView, Snapshot, WorkerView, decide, work_waiting
 from modelfleet.settings import Settings
@@ -478,13 +478,14 @@ class Coordinator:
                 return
             reply = replace(reply, worker_id=self.worker_id, timings_ms={
                 **reply.timings_ms, "queue_wait": max(0, received_ms - task.enqueued_ms)})
-            await self._broker.publish_reply(task.reply_to, reply)
-            await delivery.ack()
+            await self._reply_and_ack(delivery, reply)
             self._last_served[task.model_id] = self._clock()
             metrics.TASKS.labels(task.model_id, reply.status).inc()
         except BrokerUnavailable as exc:
-            # Not acked: the broker redelivers it once the connection is back.
-            log.warning("task %s for %s left unsettled: %s", task.request_id, task.model_id, exc)
+            # Could not even hand it back: its channel is gone with the connection, and
+            # the broker redelivers it (a reply sent already makes that a duplicate).
+            log.warning("task %s for %s: %s; the broker redelivers it", task.request_id,
+                        task.model_id, exc)
         except ModelfleetError as exc:
             # The runtime could not run it and said why: the caller hears it, the task is done.
             await self._settle_with_failure(delivery, exc)
@@ -507,11 +508,49 @@ class Coordinator:
 
     async def _settle_with_failure(self, delivery: Delivery, error: ModelfleetError) -> None:
         task = delivery.task
-        with contextlib.suppress(BrokerUnavailable):
-            await self._broker.publish_reply(task.reply_to, Reply.failure(
-                task.request_id, error, worker_id=self.worker_id))
+        await self._reply_and_ack(delivery, Reply.failure(task.request_id, error,
+                                                          worker_id=self.worker_id))
+        metrics.TASKS.labels(task.model_id, "error").inc()
+
+    async def _reply_and_ack(self, delivery: Delivery, reply: Reply) -> None:
+        """Send the reply, then ack: through a broker reconnect, never left unsettled.
+
+        While the connection is down (or not yet known to be back: a restored consumer
+        can deliver before the connection says so), the reply is retried until the
+        task's deadline; after it nobody waits, and the task is only acked. The ack is
+        tried once: a delivery whose channel died with the old connection cannot be
+        acked, and the broker redelivers it (the gateway ignores a duplicate reply).
+        A task held this way keeps its permit, so the worker takes no more work than it
+        can settle.
+        """
+        task = delivery.task
+        await self._through_reconnects(
+            task, "reply", lambda: self._broker.publish_reply(task.reply_to, reply))
+        try:
             await delivery.ack()
-            metrics.TASKS.labels(task.model_id, "error").inc()
+        except BrokerUnavailable as exc:
+            log.info("task %s answered; its ack was lost with the connection (%s): the "
+                     "broker redelivers it, and the duplicate reply is ignored",
+                     task.request_id, exc)
+
+    async def _through_reconnects(self, task: Task, what: str,
+                                  send: Callable[[], Awaitable[object]]) -> bool:
+        """``send`` until the broker takes it, retrying until ``task``'s deadline.
+
+        True once sent; False when the deadline passed first (nobody waits any more).
+        """
+        pause = 0.05
+        while True:
+            try:
+                await send()
+                return True
+            except BrokerUnavailable as exc:
+                if task.expired():
+                    log.info("%s for %s dropped: the broker was down until its deadline "
+                             "(%s)", what, task.request_id, exc)
+                    return False
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 1.0)
 
     async def _stop_pulling(self, runtime: RuntimeProcess) -> None:
         affected = [m for m in self._consumers if self._supervisor.runtime_for(m) is runtime]
@@ -588,14 +627,17 @@ class Coordinator:
             else:
                 reason = (f"was on {evidence.crashes} runtimes that crashed, never alone "
                           f"on one: {exc}")
-            failure = Reply.failure(task.request_id, exc, worker_id=self.worker_id)
+            failure = replace(Reply.failure(task.request_id, exc, worker_id=self.worker_id),
+                              error_message=f"model '{task.model_id}': {reason}; dead-lettered")
             metrics.DEAD_LETTERED.labels(task.model_id, "runtime_crashed").inc()
-            await self._broker.publish_reply(task.reply_to, replace(
-                failure, error_message=f"model '{task.model_id}': {reason}; dead-lettered"))
+            await self._through_reconnects(
+                task, "reply", lambda: self._broker.publish_reply(task.reply_to, failure))
             await delivery.dead_letter(f"runtime_crashed: {reason}")
             return
         metrics.REDELIVERED.labels(task.model_id).inc()
-        await self._broker.republish(evidence)
+        # Sent, or past its deadline with nobody waiting: either way this copy is done.
+        await self._through_reconnects(task, "hand-back",
+                                       lambda: self._broker.republish(evidence))
         await delivery.ack()
 
 
