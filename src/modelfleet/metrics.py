@@ -37,6 +37,8 @@ TASKS = Counter("modelfleet_worker_tasks_total",
                 "Tasks settled by this worker, by model and outcome", ["model", "outcome"])
 EXPIRED_TASKS = Counter("modelfleet_worker_expired_tasks_total",
                         "Tasks dropped unrun because their deadline had passed", ["model"])
+CANCELLED_TASKS = Counter("modelfleet_worker_cancelled_tasks_total",
+                          "Tasks dropped or abandoned because their caller hung up", ["model"])
 PERMITS_IN_USE = Gauge("modelfleet_worker_permits_in_use", "In-flight tasks on this worker")
 IDLE_PERMIT_SECONDS = Counter(
     "modelfleet_worker_idle_permit_seconds_while_backlog_total",

@@ -92,6 +92,8 @@ class Coordinator:
         self._cold_subscribes: deque[float] = deque(maxlen=256)
         self._gates: dict[str, SuspectGate] = {}  # runtime name -> its gate
         self._witnesses: dict[str, CrashWitness] = {}  # runtime name -> who ran alone
+        self._deadlines: dict[str, asyncio.Timeout] = {}  # request id -> its running deadline
+        self._cancelled: dict[str, float] = {}  # request ids whose callers hung up -> when
         self._pinning: asyncio.Task[None] | None = None
         self._pins = PinKeeper(catalog, supervisor, clock)
         self._isolated_since: dict[str, float] = {}  # model id -> when its runtime was seen
@@ -199,6 +201,9 @@ class Coordinator:
         while True:
             try:
                 async for event in self._broker.events():
+                    if event.get("kind") == "cancel":
+                        self._cancel(event.get("request_id"))
+                        continue
                     model_id = event.get("model_id")
                     if event.get("kind") != "demand" or not isinstance(model_id, str) \
                             or model_id not in self._catalog:
@@ -213,6 +218,24 @@ class Coordinator:
             except BrokerUnavailable:
                 pass
             await asyncio.sleep(self._settings.broker.reconnect_max_backoff_s / 5)
+
+    def _cancel(self, request_id: object) -> None:
+        """The caller hung up: its task ends as if its deadline had passed.
+
+        A task running here has its deadline moved to now (a runtime call under way is
+        abandoned, like at a deadline); one not delivered yet is remembered, and dropped
+        unrun when it arrives.
+        """
+        if not isinstance(request_id, str):
+            return
+        now = self._clock()
+        self._cancelled[request_id] = now
+        horizon = now - self._settings.gateway.max_timeout_s
+        while self._cancelled and next(iter(self._cancelled.values())) < horizon:
+            self._cancelled.pop(next(iter(self._cancelled)))
+        timeout = self._deadlines.get(request_id)
+        if timeout is not None:
+            timeout.reschedule(asyncio.get_running_loop().time())
 
     async def _rescore_loop(self) -> None:
         """Re-score every tick, and at once when woken: demand for a queue this worker does
@@ -449,8 +472,8 @@ class Coordinator:
         received_ms = now_ms()
         self._running[task.model_id] += 1
         try:
-            if task.expired(received_ms):
-                metrics.EXPIRED_TASKS.labels(task.model_id).inc()
+            if task.expired(received_ms) or task.request_id in self._cancelled:
+                self._count_dropped(task)
                 await delivery.ack()
                 return
             runtime = self._supervisor.runtime_for(task.model_id)
@@ -464,10 +487,14 @@ class Coordinator:
                 await self._settle_with_failure(delivery, runtime.failure)
                 return
             try:
-                async with asyncio.timeout(max(0.0, (task.deadline_ms - now_ms()) / 1000)):
+                async with asyncio.timeout(max(0.0, (task.deadline_ms - now_ms()) / 1000)) \
+                        as deadline:
+                    self._deadlines[task.request_id] = deadline
+                    if task.request_id in self._cancelled:  # hung up while it waited
+                        deadline.reschedule(asyncio.get_running_loop().time())
                     reply = await self._run_on(runtime, delivery)
             except TimeoutError:
-                metrics.EXPIRED_TASKS.labels(task.model_id).inc()
+                self._count_dropped(task)
                 await delivery.ack()
                 return
             except _Crashed as crashed:
@@ -502,9 +529,16 @@ class Coordinator:
                 await delivery.reject(requeue=True)  # drained past the timeout: hand it back
             raise
         finally:
+            self._deadlines.pop(task.request_id, None)
             self._running[task.model_id] -= 1
             if not self._running[task.model_id]:
                 del self._running[task.model_id]
+
+    def _count_dropped(self, task: Task) -> None:
+        if task.request_id in self._cancelled:
+            metrics.CANCELLED_TASKS.labels(task.model_id).inc()
+        else:
+            metrics.EXPIRED_TASKS.labels(task.model_id).inc()
 
     async def _settle_with_failure(self, delivery: Delivery, error: ModelfleetError) -> None:
         task = delivery.task
