@@ -13,7 +13,7 @@ import secrets
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
@@ -72,7 +72,9 @@ class RuntimeSettings(_Section):
     compress_threshold_bytes: int = Field(default=16 * 1024, ge=0)
     url_fetch_max_bytes: int = Field(default=20 * MiB, gt=0)
     url_fetch_timeout_s: float = Field(default=10, gt=0)
-    url_fetch_allow: tuple[str, ...] = ()  # hosts/CIDRs exempt from the private-address ban
+    # "host:port", "a.b.c.d/nn:port" or "[v6 or v6/nn]:port" exempt from the private-address
+    # ban, on that port only (see fetch_allow_entry).
+    url_fetch_allow: tuple[str, ...] = ()
     memory_limit_bytes: int | None = None  # default per-runtime limit for isolated models
     disk_cache_dir: str = ""
     disk_cache_bytes: int = Field(default=10 * GiB, gt=0)
@@ -81,6 +83,29 @@ class RuntimeSettings(_Section):
     ping_timeout_s: float = Field(default=10, gt=0)
     start_timeout_s: float = Field(default=60, gt=0)
     load_timeout_s: float = Field(default=600, gt=0)  # a load running longer is hung
+
+    @field_validator("url_fetch_allow")
+    @classmethod
+    def _entries_name_a_port(cls, entries: tuple[str, ...]) -> tuple[str, ...]:
+        for entry in entries:
+            fetch_allow_entry(entry)
+        return entries
+
+
+def fetch_allow_entry(entry: str) -> tuple[str, int]:
+    """``(host or network, port)`` of a ``runtime.url_fetch_allow`` entry; ValueError if it
+    names no port. A bare host once exempted every port on it, the gateway's own
+    /metrics included."""
+    if entry.startswith("["):
+        host, sep, port = entry[1:].partition("]:")
+    else:
+        host, sep, port = entry.rpartition(":")
+        sep = "" if ":" in host else sep  # a bare IPv6 address: the port is ambiguous
+    if not (sep and host and port.isascii() and port.isdigit() and 0 < int(port) < 65536):
+        raise ValueError(f"url_fetch_allow entry {entry!r} must name a host and a port: "
+                         "'host:port', 'a.b.c.d/nn:port' or '[v6addr]:port' (an entry "
+                         "without a port would open every port on that host)")
+    return host.lower(), int(port)
 
 
 class WorkerSettings(_Section):

@@ -23,14 +23,14 @@ DIGITS = ROOT / "tests" / "fixtures" / "digits"
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def server(tmp_path_factory: pytest.TempPathFactory, image_host: str) -> Iterator[str]:
     proc, base = serve(tmp_path_factory.mktemp("serve"), env={
         # Small limits so that each error path is cheap to reach.
         "MODELFLEET_GATEWAY__MAX_BODY_BYTES": str(2 * 1024 * 1024),
         "MODELFLEET_GATEWAY__INLINE_THRESHOLD_BYTES": "2048",
         "MODELFLEET_RUNTIME__COMPRESS_THRESHOLD_BYTES": "1024",
-        # Payload URLs on this machine's loopback are allowed here (and only here).
-        "MODELFLEET_RUNTIME__URL_FETCH_ALLOW": '["127.0.0.1"]',
+        # Payload URLs to the image host on this machine's loopback are allowed here.
+        "MODELFLEET_RUNTIME__URL_FETCH_ALLOW": json.dumps([image_host.removeprefix("http://")]),
     })
     yield base
     proc.stop()

@@ -66,7 +66,7 @@ async def test_loopback_is_refused_unless_allowed(origin: str) -> None:
     with pytest.raises(PayloadFetchForbidden, match=r"non-public address 127\.0\.0\.1"):
         await f.fetch(PayloadRef("url", url=f"{origin}/img"), 5)
     await f.close()
-    allowed = fetcher("127.0.0.0/8")
+    allowed = fetcher(f"127.0.0.0/8:{origin.rpartition(':')[2]}")
     assert await allowed.fetch(PayloadRef("url", url=f"{origin}/img"), 5) == (b"PNG!",
                                                                               "image/png")
     await allowed.close()
@@ -84,14 +84,14 @@ async def test_other_schemes_and_private_ranges_are_refused(url: str) -> None:
 
 @pytest.mark.parametrize("path", ["/big", "/big-chunked"])
 async def test_size_limit(origin: str, path: str) -> None:
-    f = fetcher("127.0.0.1")
+    f = fetcher(f"127.0.0.1:{origin.rpartition(':')[2]}")
     with pytest.raises(PayloadTooLarge):
         await f.fetch(PayloadRef("url", url=origin + path), 5)
     await f.close()
 
 
 async def test_time_limit_and_no_redirects(origin: str) -> None:
-    f = fetcher("127.0.0.1", timeout_s=0.3)
+    f = fetcher(f"127.0.0.1:{origin.rpartition(':')[2]}", timeout_s=0.3)
     with pytest.raises(PayloadUnavailable, match="longer than"):
         await f.fetch(PayloadRef("url", url=f"{origin}/slow"), 5)
     with pytest.raises(PayloadUnavailable, match="302"):

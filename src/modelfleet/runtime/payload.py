@@ -7,9 +7,12 @@ Three places the bytes can be (``PayloadRef.kind``):
   URL on that gateway (the URL came from our own broker, so it is trusted).
 - ``url``: the caller's own URL. That is untrusted input, so the fetch is limited in
   size and time, follows no redirects, and refuses loopback, link-local, private and
-  other non-global addresses unless ``runtime.url_fetch_allow`` names the host or a
-  network containing it. (The name is resolved and checked before connecting; a DNS
-  answer that changes between check and connect is outside what this guards.)
+  other non-global addresses unless ``runtime.url_fetch_allow`` names the host (or a
+  network containing its address) *and the port*. The name is resolved once, every
+  address it resolves to is checked, and the fetch connects to a checked address
+  (the URL rewritten to it, the Host header and TLS SNI and certificate check still
+  for the name): a DNS answer that changes between check and connect changes nothing.
+  A refused or oversized fetch says nothing about what is there (no size, no body).
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import socket
-from urllib.parse import urlsplit
+import ssl
+from dataclasses import dataclass, field
+from urllib.parse import SplitResult, urlsplit
 
 import httpx
 
@@ -28,7 +33,10 @@ from modelfleet.errors import (
     PayloadUnavailable,
 )
 from modelfleet.messages import PayloadRef
-from modelfleet.settings import RuntimeSettings
+from modelfleet.settings import RuntimeSettings, fetch_allow_entry
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 _NAT64 = (ipaddress.ip_network("64:ff9b::/96"), ipaddress.ip_network("64:ff9b:1::/48"))
 _NEVER_GLOBAL = (ipaddress.ip_network("::/96"),  # IPv4-compatible (deprecated)
@@ -62,20 +70,60 @@ def is_public(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
     return embedded_ipv4(address).is_global
 
 
+@dataclass(frozen=True)
+class _Target:
+    """Where a checked caller URL is fetched from: its addresses, in the resolver's
+    order, each already judged; the name for Host, SNI and the certificate."""
+
+    parts: SplitResult
+    port: int
+    addresses: list[IPAddress]
+    extensions: dict[str, str] = field(default_factory=dict)
+
+    def url_for(self, address: IPAddress) -> str:
+        host = f"[{address}]" if address.version == 6 else str(address)
+        netloc = f"{host}:{self.port}"
+        if self.parts.username is not None:  # keep credentials the caller put in the URL
+            netloc = self.parts.netloc.rpartition("@")[0] + "@" + netloc
+        return self.parts._replace(netloc=netloc).geturl()
+
+    @property
+    def host_header(self) -> str:
+        return self.parts.netloc.rpartition("@")[2]
+
+
+def shown(url: str) -> str:
+    """A URL fit for an error message or a log: no credentials, no query."""
+    try:
+        parts = urlsplit(url)
+        return parts._replace(netloc=parts.netloc.rpartition("@")[2], query="",
+                              fragment="").geturl()
+    except ValueError:
+        return "(a malformed URL)"
+
+
 class PayloadFetcher:
-    def __init__(self, settings: RuntimeSettings) -> None:
+    def __init__(self, settings: RuntimeSettings, verify: ssl.SSLContext | bool = True) -> None:
         self._settings = settings
-        self._client = httpx.AsyncClient(follow_redirects=False, trust_env=False)
-        self._allowed_networks: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = []
-        self._allowed_hosts: set[str] = set()
+        self._client = httpx.AsyncClient(follow_redirects=False, trust_env=False, verify=verify)
+        # Callers' URLs are fetched to an address, not a name: a pooled connection made
+        # (and its certificate checked) for one name must not carry another name's
+        # request to the same address. One connection per fetch.
+        self._callers = httpx.AsyncClient(follow_redirects=False, trust_env=False,
+                                          verify=verify,
+                                          limits=httpx.Limits(max_keepalive_connections=0))
+        self._allowed_networks: list[tuple[IPNetwork, int]] = []
+        self._allowed_hosts: set[tuple[str, int]] = set()
         for entry in settings.url_fetch_allow:
+            host, port = fetch_allow_entry(entry)
             try:
-                self._allowed_networks.append(ipaddress.ip_network(entry, strict=False))
+                self._allowed_networks.append((ipaddress.ip_network(host, strict=False), port))
             except ValueError:
-                self._allowed_hosts.add(entry.lower())
+                self._allowed_hosts.add((host, port))
 
     async def close(self) -> None:
         await self._client.aclose()
+        await self._callers.aclose()
 
     async def fetch(self, ref: PayloadRef, timeout_s: float) -> tuple[bytes, str | None]:
         """The payload bytes, and the content type the source declared (for ``url``)."""
@@ -83,44 +131,72 @@ class PayloadFetcher:
             return ref.data, None
         if timeout_s <= 0:
             raise DeadlineExceeded("deadline passed before the payload was fetched")
+        timeout_s = min(timeout_s, self._settings.url_fetch_timeout_s)
         if ref.kind == "gateway":
-            return await self._get(ref.url, min(timeout_s, self._settings.url_fetch_timeout_s),
-                                   limit=None, what="the gateway's copy of the payload")
-        await self._check_destination(ref.url)
-        return await self._get(ref.url, min(timeout_s, self._settings.url_fetch_timeout_s),
-                               limit=self._settings.url_fetch_max_bytes, what=ref.url)
+            return await self._get(self._client, ref.url, timeout_s, limit=None,
+                                   what="the gateway's copy of the payload")
+        try:
+            async with asyncio.timeout(timeout_s):
+                target = await self._check_destination(ref.url)
+        except TimeoutError as exc:
+            raise PayloadUnavailable(f"resolving the host of {shown(ref.url)} took longer "
+                                     f"than {timeout_s:.1f}s") from exc
+        what = shown(ref.url)
+        for i, address in enumerate(target.addresses):
+            try:
+                return await self._get(self._callers, target.url_for(address), timeout_s,
+                                       self._settings.url_fetch_max_bytes, what,
+                                       headers={"host": target.host_header},
+                                       extensions=target.extensions)
+            except _Unreachable as exc:
+                if i == len(target.addresses) - 1:
+                    raise PayloadUnavailable(f"fetching {what} failed: {exc.cause}") from exc
+        raise PayloadUnavailable(f"payload host of {what} has no address")  # not reached
 
-    async def _check_destination(self, url: str) -> None:
+    def _allowed(self, host: str, address: IPAddress, port: int) -> bool:
+        return (host, port) in self._allowed_hosts or any(
+            embedded_ipv4(address) in net and port == allowed_port
+            for net, allowed_port in self._allowed_networks)
+
+    async def _check_destination(self, url: str) -> _Target:
         try:
             parts = urlsplit(url)
-            port = parts.port
+            explicit = parts.port
         except ValueError as exc:
             raise PayloadFetchForbidden(f"payload URL is malformed: {exc}") from exc
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise PayloadFetchForbidden(f"payload URL must be http(s)://host/...: {url!r}")
+            raise PayloadFetchForbidden(f"payload URL must be http(s)://host/...: {shown(url)!r}")
         host = parts.hostname.lower()
-        if host in self._allowed_hosts:
-            return
+        port = explicit or (443 if parts.scheme == "https" else 80)
         try:
-            infos = await asyncio.get_running_loop().getaddrinfo(
-                host, port or (443 if parts.scheme == "https" else 80),
-                type=socket.SOCK_STREAM)
+            infos = await asyncio.get_running_loop().getaddrinfo(host, port,
+                                                                 type=socket.SOCK_STREAM)
         except OSError as exc:
             raise PayloadUnavailable(f"cannot resolve payload host {host!r}: {exc}") from exc
+        addresses: list[IPAddress] = []
         for info in infos:
             address = ipaddress.ip_address(info[4][0])
-            if any(embedded_ipv4(address) in net for net in self._allowed_networks):
-                continue
-            if not is_public(address):
+            if address not in addresses:
+                addresses.append(address)
+        for address in addresses:
+            if not self._allowed(host, address, port) and not is_public(address):
                 raise PayloadFetchForbidden(
                     f"payload URL host {host!r} resolves to non-public address {address}; "
-                    "list it in runtime.url_fetch_allow to permit it")
+                    f"list '{host}:{port}' in runtime.url_fetch_allow to permit it")
+        if not addresses:
+            raise PayloadUnavailable(f"cannot resolve payload host {host!r}: no address")
+        is_name = not _is_ip_literal(host)
+        extensions = {"sni_hostname": host} if parts.scheme == "https" and is_name else {}
+        return _Target(parts, port, addresses, extensions)
 
-    async def _get(self, url: str, timeout_s: float, limit: int | None,
-                   what: str) -> tuple[bytes, str | None]:
+    async def _get(self, client: httpx.AsyncClient, url: str, timeout_s: float,
+                   limit: int | None, what: str,
+                   headers: dict[str, str] | None = None,
+                   extensions: dict[str, str] | None = None) -> tuple[bytes, str | None]:
         try:
             async with asyncio.timeout(timeout_s):
-                async with self._client.stream("GET", url, timeout=timeout_s) as response:
+                async with client.stream("GET", url, timeout=timeout_s, headers=headers,
+                                         extensions=extensions) as response:
                     if response.status_code in (403, 404, 410):
                         raise PayloadUnavailable(
                             f"fetching {what} got HTTP {response.status_code} "
@@ -128,18 +204,36 @@ class PayloadFetcher:
                     if response.status_code != 200:
                         raise PayloadUnavailable(f"fetching {what} got HTTP "
                                                  f"{response.status_code}")
-                    declared = response.headers.get("content-length")
-                    if limit is not None and declared and int(declared) > limit:
-                        raise PayloadTooLarge(f"{what} is {declared} bytes; the limit is {limit}")
+                    declared = response.headers.get("content-length", "")
+                    # The size of what is there is not ours to tell: only the limit.
+                    too_large = PayloadTooLarge(f"{what} exceeds the limit of {limit} bytes")
+                    if limit is not None and declared.isdigit() and int(declared) > limit:
+                        raise too_large
                     chunks, size = [], 0
                     async for chunk in response.aiter_bytes():
                         size += len(chunk)
                         if limit is not None and size > limit:
-                            raise PayloadTooLarge(f"{what} exceeds the limit of {limit} bytes")
+                            raise too_large
                         chunks.append(chunk)
                     ctype = response.headers.get("content-type")
                     return b"".join(chunks), ctype.split(";")[0].strip() if ctype else None
         except TimeoutError as exc:
             raise PayloadUnavailable(f"fetching {what} took longer than {timeout_s:.1f}s") from exc
+        except httpx.ConnectError as exc:
+            raise _Unreachable(repr(exc)) from exc
         except httpx.HTTPError as exc:
             raise PayloadUnavailable(f"fetching {what} failed: {exc!r}") from exc
+
+
+class _Unreachable(Exception):  # internal: this address refused; the next may not
+    def __init__(self, cause: str) -> None:
+        super().__init__(cause)
+        self.cause = cause
+
+
+def _is_ip_literal(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
