@@ -153,11 +153,12 @@ async def _drop_and_resume(broker: AmqpBroker, proxy: TcpProxy) -> None:
 async def test_a_waiting_task_renews_its_queue_lease(make_broker: BrokerFactory) -> None:
     """Deterministic against RabbitMQ's timer: quorum queues check expiry on a ~5 s tick,
     so an unrenewed 8 s lease is surely gone 13.1 s after its last use, while one renewed
-    at 7 s lives at least until 15 s. We look at 14 s."""
+    at 7 s lives at least until 15 s. We look at 14 s. (Tasks expire at their deadline
+    now, so each deadline outlives the moment we look at it.)"""
     loop = asyncio.get_running_loop()
     broker = await make_broker(queue_idle_expiry_s=8)
     start = loop.time()
-    await broker.publish_task(make_task("m1", deadline_s=1))
+    await broker.publish_task(make_task("m1", deadline_s=5))
     sub = await broker.subscribe("m1", prefetch=1)
     deliveries: Collector[Delivery] = Collector(sub)
     await (await deliveries.next()).ack()
@@ -165,7 +166,7 @@ async def test_a_waiting_task_renews_its_queue_lease(make_broker: BrokerFactory)
     await deliveries.stop()
 
     await asyncio.sleep(start + 7 - loop.time())
-    task = make_task("m1", deadline_s=6)
+    task = make_task("m1", deadline_s=10)  # alive at 14 s; the lease it renews is the test
     await broker.publish_task(task)
     await asyncio.sleep(start + 14 - loop.time())
 

@@ -10,7 +10,15 @@ Topology (see ``amqp_topology`` for why each queue has the type it has):
   as long as ``queue_idle_expiry_s`` exceeds the longest deadline (plus 5 s);
 - the dead-letter queue (durable quorum, no expiry);
 - one classic exclusive inbox per gateway, and one classic exclusive queue per
-  ``events()`` iterator bound to the fanout exchange ``modelfleet.events``.
+  ``events()`` iterator bound to the fanout exchange ``modelfleet.events``; both named
+  under ``queue_prefix`` (``<prefix>_inbox.<uuid>``, ``<prefix>_events.<uuid>``: a model
+  id cannot start with ``_``, so they never meet a model queue).
+
+Every task is published with an AMQP ``expiration`` of the time left until its
+deadline (a re-published copy too): a task nobody took in time leaves its queue by
+itself instead of inflating the backlog that workers score. Quorum queues honour
+per-message TTL from RabbitMQ 3.10 (checked at the head of the queue, also with no
+consumer); what expires is dead-lettered like the rest, with reason ``expired``.
 
 Connections: one robust connection per broker. The *first* connect fails loudly
 (``BrokerUnavailable``, one line: URL without password, cause); later drops are
@@ -62,7 +70,15 @@ from modelfleet.broker.amqp_topology import (
 )
 from modelfleet.broker.base import DEAD_LETTER_QUEUE, QueueStats
 from modelfleet.errors import BrokerError, BrokerUnavailable, ConfigError
-from modelfleet.messages import Reply, Task, encode_event, encode_reply, encode_task, now_ms
+from modelfleet.messages import (
+    Reply,
+    Task,
+    decode_task,
+    encode_event,
+    encode_reply,
+    encode_task,
+    now_ms,
+)
 from modelfleet.settings import BrokerSettings
 
 log = logging.getLogger(__name__)
@@ -77,6 +93,12 @@ class _Returned(Exception):  # an internal signal: never leaves this module
 
 class _Stoppable(Protocol):
     def stop(self) -> None: ...
+
+
+def _time_left_s(task: Task) -> float:
+    """The task's AMQP expiration: the time left until its deadline (at least 1 ms, as
+    RabbitMQ reads 0 as "deliver now or never")."""
+    return max(0.001, (task.deadline_ms - now_ms()) / 1000)
 
 
 def redacted(url: str) -> str:
@@ -226,7 +248,8 @@ class AmqpBroker:
         return self._settings.queue_prefix + model_id
 
     async def _publish(self, body: bytes, routing_key: str, what: str, *, persistent: bool,
-                       headers: dict[str, Any] | None = None) -> None:
+                       headers: dict[str, Any] | None = None,
+                       expiration_s: float | None = None) -> None:
         """Publish through the default exchange, mandatory, and wait for the confirm.
 
         Raises ``_Returned`` when no queue has that name.
@@ -234,7 +257,7 @@ class AmqpBroker:
         self._require(what)
         assert self._publisher is not None
         message = aio_pika.Message(
-            body, headers=headers, content_type=MSGPACK,
+            body, headers=headers, content_type=MSGPACK, expiration=expiration_s,
             delivery_mode=DeliveryMode.PERSISTENT if persistent else DeliveryMode.NOT_PERSISTENT)
         async with rpc(what, self._timeout_s):
             try:
@@ -259,22 +282,29 @@ class AmqpBroker:
         await self._keeper.ensure(name, remaining_s)
         body = encode_task(task)
         try:
-            await self._publish(body, name, what, persistent=True)
+            await self._publish(body, name, what, persistent=True,
+                                expiration_s=_time_left_s(task))
         except _Returned:
             # The queue vanished although our lease said otherwise (deleted by hand,
             # expired while we were away): declare it again and publish once more.
             self._leases.forget(name)
             await self._keeper.ensure(name, remaining_s)
             try:
-                await self._publish(body, name, what, persistent=True)
+                await self._publish(body, name, what, persistent=True,
+                                    expiration_s=_time_left_s(task))
             except _Returned as exc:
                 raise BrokerError(f"{what}: RabbitMQ returned it twice (queue deleted "
                                   "as soon as declared?)") from exc
 
     async def _republish_copy(self, body: bytes, queue: str, headers: dict[str, Any]) -> None:
         try:
+            task: Task | None = decode_task(body)
+        except Exception:  # not ours to judge here: the consumer dead-letters what it cannot read
+            task = None
+        try:
             await self._publish(body, queue, f"re-publish a task to {queue}", persistent=True,
-                                headers=headers)
+                                headers=headers,
+                                expiration_s=_time_left_s(task) if task is not None else None)
         except _Returned as exc:
             raise BrokerUnavailable(f"re-publish a task to {queue}: the queue vanished") from exc
 
@@ -348,7 +378,8 @@ class AmqpBroker:
 
     async def open_inbox(self) -> AmqpInbox:
         connection = self._require("open a reply inbox")
-        inbox = await AmqpInbox.open(connection, self._timeout_s, self._untrack)
+        inbox = await AmqpInbox.open(connection, self._timeout_s, self._untrack,
+                                     self._settings.queue_prefix)
         self._track(inbox)
         return inbox
 
@@ -357,7 +388,8 @@ class AmqpBroker:
         bound; earlier ones are missed, as with the embedded broker) until close."""
         connection = self._require("listen to events")
         listener = await EventListener.open(connection, self._events_exchange_name,
-                                            self._timeout_s, self._untrack)
+                                            self._timeout_s, self._untrack,
+                                            self._settings.queue_prefix)
         self._track(listener)
         try:
             async for event in listener:

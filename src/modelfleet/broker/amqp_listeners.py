@@ -35,7 +35,7 @@ EVENT_BUFFER = 1024  # per listener; a slow listener loses the oldest events (as
 class AmqpInbox:
     """A gateway's reply queue: classic, exclusive to our connection, auto-delete.
 
-    Named by us (``modelfleet.inbox.<uuid>``) rather than by the server, so that after a
+    Named by us (``<queue_prefix>_inbox.<uuid>``) rather than by the server, so that after a
     reconnect aio-pika re-declares it under the *same* name and the reply address that
     rides in tasks already queued stays valid. Replies published while we were
     disconnected are returned to their publisher (``publish_reply`` -> False).
@@ -55,9 +55,9 @@ class AmqpInbox:
 
     @classmethod
     async def open(cls, connection: AbstractRobustConnection, timeout_s: float,
-                   on_closed: Callable[[AmqpInbox], None]) -> AmqpInbox:
+                   on_closed: Callable[[AmqpInbox], None], prefix: str) -> AmqpInbox:
         channel = connection.channel(publisher_confirms=False)
-        inbox = cls(channel, f"modelfleet.inbox.{uuid.uuid4().hex}", timeout_s, on_closed)
+        inbox = cls(channel, f"{prefix}_inbox.{uuid.uuid4().hex}", timeout_s, on_closed)
         try:
             async with rpc("open a reply inbox", timeout_s):
                 await channel.initialize()
@@ -111,23 +111,24 @@ class EventListener:
     """One ``events()`` iterator: an exclusive auto-delete classic queue bound to the
     fanout exchange, consumed with auto-ack into a bounded buffer."""
 
-    def __init__(self, channel: AbstractRobustChannel, timeout_s: float,
+    def __init__(self, channel: AbstractRobustChannel, queue_name: str, timeout_s: float,
                  on_closed: Callable[[EventListener], None]) -> None:
         self._channel = channel
+        self.queue_name = queue_name
         self._timeout_s = timeout_s
         self._on_closed = on_closed
         self._events: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue(EVENT_BUFFER)
 
     @classmethod
     async def open(cls, connection: AbstractRobustConnection, exchange: str, timeout_s: float,
-                   on_closed: Callable[[EventListener], None]) -> EventListener:
+                   on_closed: Callable[[EventListener], None], prefix: str) -> EventListener:
         channel = connection.channel(publisher_confirms=False)
-        listener = cls(channel, timeout_s, on_closed)
+        listener = cls(channel, f"{prefix}_events.{uuid.uuid4().hex}", timeout_s, on_closed)
         try:
             async with rpc("listen to events", timeout_s):
                 await channel.initialize()
                 queue = await channel.declare_queue(
-                    f"modelfleet.events.{uuid.uuid4().hex}", exclusive=True, auto_delete=True)
+                    listener.queue_name, exclusive=True, auto_delete=True)
                 await queue.bind(exchange, routing_key="")
                 await queue.consume(listener._on_message, no_ack=True)
         except BaseException:
