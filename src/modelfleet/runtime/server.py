@@ -27,6 +27,7 @@ from modelfleet.errors import (
 )
 from modelfleet.messages import Reply, Task, decode_task, encode_reply, now_ms
 from modelfleet.model import Output, Request
+from modelfleet.redaction import secure_logging
 from modelfleet.repository import open_store
 from modelfleet.runtime.host import ModelHost
 from modelfleet.runtime.ipc import error_response, pack_frame, read_frame
@@ -193,5 +194,6 @@ def main(argv: list[str] | None = None) -> int:
     settings = Settings.model_validate_json(os.environ[SETTINGS_ENV])
     logging.basicConfig(level=settings.log_level.upper(),
                         format=f"%(asctime)s %(levelname)s [{args.name}] %(message)s")
+    secure_logging()  # payload URLs are signed: no URL is logged whole, at any level
     asyncio.run(RuntimeServer(settings, args.name).serve(args.socket))
     return 0
