@@ -4,11 +4,16 @@
 ``gateway`` and ``worker`` are the distributed halves. Shutdown, on SIGINT or
 SIGTERM, runs in this order:
 
-1. the HTTP server stops accepting and lets in-flight requests finish (their
-   answers still need the worker, so it stops second);
-2. the worker stops pulling, drains in-flight tasks, stops its runtimes;
-3. the gateway's reply and event loops stop;
-4. the broker connection closes.
+1. the gateway drains (``RequestsInFlight.drain``): readiness says 503 and new
+   requests get 503 shutting_down at once, while the listener stays open (runtimes
+   still fetch the payloads of requests in flight from it); requests in flight get
+   ``gateway.drain_timeout_s`` to be answered, then a JSON 503 shutting_down. A second
+   signal cuts the wait short;
+2. the HTTP server stops accepting and closes its connections once their answers are
+   written (their answers needed the worker, so it stops after);
+3. the worker stops pulling, drains in-flight tasks, stops its runtimes;
+4. the gateway's reply and event loops stop;
+5. the broker connection closes.
 """
 
 from __future__ import annotations
@@ -18,15 +23,18 @@ import contextlib
 import logging
 import signal
 import socket
-from collections.abc import AsyncIterator, Generator
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator
 from typing import Any
 
 import uvicorn
+from yarl import URL
 
 from modelfleet.broker import Broker, create_broker
 from modelfleet.errors import ConfigError, ManifestError
 from modelfleet.gateway.app import create_app
+from modelfleet.gateway.edge import EdgeApp, EdgeLimits, edge_protocol
 from modelfleet.gateway.service import GatewayService
+from modelfleet.redaction import secure_logging
 from modelfleet.repository import Catalog, ModelStore, open_store
 from modelfleet.repository.catalog import model_of_location
 from modelfleet.settings import Settings
@@ -51,12 +59,45 @@ def open_repository(settings: Settings) -> tuple[ModelStore, Catalog]:
     return store, Catalog.from_store(store)
 
 
-def _http_server(app: Any, settings: Settings) -> _Server:
-    """uvicorn over a socket bound already (``_listen``)."""
-    config = uvicorn.Config(app, log_level="warning", lifespan="off",
-                            timeout_graceful_shutdown=int(settings.gateway.drain_timeout_s) or 1,
-                            access_log=False)
+# After the gateway's drain, how long the HTTP server waits for answers being written
+# before it cancels what is left (each cancelled request still gets a JSON 503).
+_CLOSE_GRACE_S = 5
+Drain = Callable[[asyncio.Event], Awaitable[None]]
+
+
+def _http_server(app: Any, settings: Settings, edge: bool = False) -> _Server:
+    """uvicorn over a socket bound already (``_listen``); with ``edge``, the gateway's
+    connection limits and read timeouts (``modelfleet.gateway.edge``)."""
+    gw = settings.gateway
+    options: dict[str, Any] = {}
+    if edge:
+        app = EdgeApp(app)
+        options["http"] = edge_protocol(EdgeLimits(gw.header_read_timeout_s,
+                                                   gw.body_read_timeout_s, gw.max_connections))
+    # log_config=None: uvicorn's records go through our root handlers (and their redaction).
+    config = uvicorn.Config(app, log_level="warning", lifespan="off", log_config=None,
+                            timeout_graceful_shutdown=_CLOSE_GRACE_S, access_log=False,
+                            timeout_keep_alive=max(1, round(gw.keep_alive_timeout_s)),
+                            h11_max_incomplete_event_size=gw.max_header_bytes, **options)
     return _Server(config)
+
+
+def _secure_logs(settings: Settings) -> None:
+    password = URL(settings.broker.url).password if "://" in settings.broker.url else None
+    secure_logging([settings.secret, *([password] if password else [])])
+
+
+def _draining(service: GatewayService, settings: Settings) -> Drain:
+    async def drain(hurry: asyncio.Event) -> None:
+        timeout_s = settings.gateway.drain_timeout_s
+        in_flight = len(service.requests)
+        log.info("draining: readiness says 503; %d request(s) in flight get up to %gs",
+                 in_flight, timeout_s)
+        cut = await service.requests.drain(timeout_s, hurry)
+        if cut:
+            log.warning("drain: %d request(s) still waiting answered 503 shutting_down", cut)
+
+    return drain
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -80,16 +121,20 @@ def _listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-async def _until_signalled(server: _Server, listener: socket.socket) -> None:
-    stop = asyncio.Event()
+async def _until_signalled(server: _Server, listener: socket.socket,
+                           drain: Drain | None = None) -> None:
+    stop, hurry = asyncio.Event(), asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+        # The first signal stops; a second one cuts the drain short.
+        loop.add_signal_handler(sig, lambda: hurry.set() if stop.is_set() else stop.set())
     serving = asyncio.create_task(server.serve(sockets=[listener]), name="http")
     stopping = asyncio.create_task(stop.wait())
     await asyncio.wait({serving, stopping}, return_when=asyncio.FIRST_COMPLETED)
     log.info("shutting down")
-    server.should_exit = True  # stop accepting; in-flight requests finish
+    if drain is not None and not serving.done():
+        await drain(hurry)  # still accepting: readiness 503, new work refused
+    server.should_exit = True  # stop accepting; answers being written finish
     await serving
     stopping.cancel()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -146,6 +191,7 @@ async def _connect(settings: Settings) -> Broker:
 
 
 async def serve(settings: Settings) -> None:
+    _secure_logs(settings)
     store, catalog = open_repository(settings)
     with _listen(settings.gateway.host, settings.gateway.port) as listener:
         broker = await _connect(settings)
@@ -166,7 +212,8 @@ async def serve(settings: Settings) -> None:
                              "(broker: %s)", len(catalog), settings.repo, gw.host,
                              listener.getsockname()[1], _redact(settings.broker.url))
                     async with _refreshing(store, catalog, settings):
-                        await _until_signalled(_http_server(app, settings), listener)
+                        await _until_signalled(_http_server(app, settings, edge=True),
+                                               listener, _draining(service, settings))
                 finally:
                     await coordinator.stop()
             finally:
@@ -177,6 +224,7 @@ async def serve(settings: Settings) -> None:
 
 
 async def gateway(settings: Settings) -> None:
+    _secure_logs(settings)
     store, catalog = open_repository(settings)
     with _listen(settings.gateway.host, settings.gateway.port) as listener:
         broker = await _connect(settings)
@@ -188,8 +236,9 @@ async def gateway(settings: Settings) -> None:
                          settings.gateway.host, listener.getsockname()[1],
                          _redact(settings.broker.url))
                 async with _refreshing(store, catalog, settings):
-                    await _until_signalled(_http_server(create_app(service), settings),
-                                           listener)
+                    await _until_signalled(_http_server(create_app(service), settings,
+                                                        edge=True),
+                                           listener, _draining(service, settings))
             finally:
                 await service.stop()
         finally:
@@ -197,6 +246,7 @@ async def gateway(settings: Settings) -> None:
 
 
 async def worker(settings: Settings, host: str, port: int) -> None:
+    _secure_logs(settings)
     store, catalog = open_repository(settings)
     with _listen(host, port) as listener:
         broker = await _connect(settings)

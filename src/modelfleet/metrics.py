@@ -22,6 +22,12 @@ REQUEST_SECONDS = Histogram("modelfleet_gateway_request_seconds",
 PARKED = Gauge("modelfleet_gateway_parked_requests", "Requests waiting for their reply")
 CLIENT_DISCONNECTS = Counter("modelfleet_gateway_client_disconnects_total",
                              "Callers that hung up before their answer was ready")
+OPEN_CONNECTIONS = Gauge("modelfleet_gateway_open_connections",
+                         "HTTP connections open on this gateway")
+CONNECTIONS_REFUSED = Counter("modelfleet_gateway_connections_refused_total",
+                              "Connections refused (503) beyond gateway.max_connections")
+READ_TIMEOUTS = Counter("modelfleet_gateway_read_timeouts_total",
+                        "Requests whose headers or body did not arrive in time", ["phase"])
 LATE_REPLIES = Counter("modelfleet_gateway_late_replies_total",
                        "Replies that found no waiting request (duplicate or after deadline)")
 PAYLOAD_STORE_BYTES = Gauge("modelfleet_gateway_payload_store_bytes",

@@ -59,7 +59,16 @@ class GatewaySettings(_Section):
     # requests wait: how soon a worker that pulls nothing of it learns of new work.
     demand_announce_interval_s: float = Field(default=0.25, gt=0)
     worker_stale_after_s: float = Field(default=10, gt=0)
+    # After SIGTERM: readiness says 503 and new work is refused at once; requests in
+    # flight get this long to be answered, then a 503 shutting_down (with Retry-After).
     drain_timeout_s: float = Field(default=5, gt=0)
+    # A connection must deliver a request's headers this long after it opened (or after
+    # the previous answer on it); the whole body within body_read_timeout_s. 408 if not.
+    header_read_timeout_s: float = Field(default=10, gt=0)
+    body_read_timeout_s: float = Field(default=60, gt=0)
+    keep_alive_timeout_s: float = Field(default=5, gt=0)  # idle kept-alive connections close
+    max_connections: int = Field(default=1000, gt=0)  # open at once; more get 503 at once
+    max_header_bytes: int = Field(default=16 * 1024, ge=1024)  # a request's head; 400 above
 
 
 class RuntimeSettings(_Section):

@@ -21,10 +21,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from modelfleet import __version__, metrics
 from modelfleet.errors import ClientGone, ModelfleetError, PayloadTooLarge
 from modelfleet.gateway.http import STATUS_BY_CODE, error_body, error_response
+from modelfleet.gateway.inflight import RequestTimeout
 from modelfleet.gateway.service import GatewayService
 from modelfleet.manifest import CONTENT_TYPES
 
@@ -48,6 +50,7 @@ def create_app(service: GatewayService, readiness: list[ReadinessCheck] | None =
     checks = readiness or []
     alive = liveness or []
     limit = service.settings.gateway.max_body_bytes
+    body_timeout_s = service.settings.gateway.body_read_timeout_s
 
     @app.exception_handler(ModelfleetError)
     async def _domain_error(_: Request, exc: ModelfleetError) -> JSONResponse:
@@ -81,14 +84,17 @@ def create_app(service: GatewayService, readiness: list[ReadinessCheck] | None =
         started = time.perf_counter()
         status = 500
         try:
-            manifest = service.catalog.get(model).version(version)
-            deadline_ms = service.deadline_ms(manifest.timeout_s,
-                                              request.headers.get("x-request-timeout"))
-            body = await _read_body(request, limit)
-            content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
-            params = {k: v for k, v in request.query_params.items()}
-            answer = await service.infer(model, version, body, content_type, deadline_ms, params,
-                                         disconnected=_disconnect_waiter(request))
+            async with service.requests.track() as guard:
+                manifest = service.catalog.get(model).version(version)
+                deadline_ms = service.deadline_ms(manifest.timeout_s,
+                                                  request.headers.get("x-request-timeout"))
+                with guard.reading(body_timeout_s):
+                    body = await _read_body(request, limit)
+                content_type = request.headers.get("content-type", "").split(";")[0].strip()
+                params = {k: v for k, v in request.query_params.items()}
+                answer = await service.infer(model, version, body, content_type.lower(),
+                                             deadline_ms, params,
+                                             disconnected=_disconnect_waiter(request))
             status = 200
             for phase, ms in answer.reply.timings_ms.items():
                 metrics.PHASE_SECONDS.labels(phase).observe(ms / 1000)
@@ -98,12 +104,15 @@ def create_app(service: GatewayService, readiness: list[ReadinessCheck] | None =
                 "Server-Timing": ", ".join(f"{k};dur={v:.2f}"
                                            for k, v in answer.reply.timings_ms.items()),
             })
-        except ClientGone as exc:
+        except ClientGone as exc:  # nobody reads the answer; counted, not an error of ours
             metrics.CLIENT_DISCONNECTS.inc()
             status = STATUS_BY_CODE[exc.code]
+            log.info("request for %s: %s", model, exc.message)
             return error_response(exc)
         except ModelfleetError as exc:
             status = STATUS_BY_CODE.get(exc.code, 500)
+            if isinstance(exc, RequestTimeout):
+                metrics.READ_TIMEOUTS.labels("body").inc()
             return error_response(exc)
         except Exception as exc:  # a bug of ours: still a JSON error, and logged
             log.exception("request for %s failed", model)
@@ -146,7 +155,9 @@ def create_app(service: GatewayService, readiness: list[ReadinessCheck] | None =
 
     @app.get("/readyz")
     async def readyz() -> JSONResponse:
-        reasons = [] if service.broker.connected else ["broker not connected"]
+        reasons = ["shutting down"] if service.requests.draining else []
+        if not service.broker.connected:
+            reasons.append("broker not connected")
         for check in checks:
             ok, why = check()
             if not ok:
@@ -182,16 +193,21 @@ def _describe(entry: Any, warm: dict[str, list[str]]) -> dict[str, Any]:
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
-    """The whole body, refusing (413) before reading past ``limit`` bytes."""
+    """The whole body, refusing (413) before reading past ``limit`` bytes; ClientGone if
+    the caller hangs up before it is whole."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLarge(f"payload is {declared} bytes; the limit is {limit}")
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLarge(f"payload exceeds the limit of {limit} bytes")
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise PayloadTooLarge(f"payload exceeds the limit of {limit} bytes")
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise ClientGone(f"the caller hung up during the upload, after {size} of "
+                         f"{declared or 'an unknown number of'} bytes") from None
     return b"".join(chunks)
 
 

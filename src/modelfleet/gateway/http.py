@@ -10,6 +10,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "bad_request": 400,
     "payload_fetch_forbidden": 400,
     "model_not_found": 404,
+    "request_timeout": 408,
     "payload_too_large": 413,
     "unsupported_content_type": 415,
     "invalid_input": 422,
@@ -23,9 +24,16 @@ STATUS_BY_CODE: dict[str, int] = {
     "no_capacity": 503,
     "broker_unavailable": 503,
     "broker_error": 503,
+    "shutting_down": 503,
+    "too_many_connections": 503,
     "deadline_exceeded": 504,
     "model_too_large": 507,
 }
+
+
+# Answers after which the connection is closed: the caller was too slow to be kept, or
+# should come back through another gateway.
+CLOSE_AFTER = frozenset({"request_timeout", "shutting_down"})
 
 
 def error_response(error: ModelfleetError) -> JSONResponse:
@@ -34,6 +42,8 @@ def error_response(error: ModelfleetError) -> JSONResponse:
     if status == 503:
         retry = error.retry_after_s if isinstance(error, NoCapacity) else 1
         headers["Retry-After"] = str(retry)
+    if error.code in CLOSE_AFTER:
+        headers["Connection"] = "close"
     return JSONResponse({"error": {"code": error.code, "message": error.message}},
                         status_code=status, headers=headers)
 

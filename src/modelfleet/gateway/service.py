@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -23,6 +24,7 @@ import zstandard
 
 from modelfleet.broker import Broker, Inbox
 from modelfleet.errors import (
+    BrokerError,
     BrokerUnavailable,
     ClientGone,
     ConfigError,
@@ -33,6 +35,7 @@ from modelfleet.errors import (
     error_from_code,
 )
 from modelfleet.gateway.fleet import FleetView
+from modelfleet.gateway.inflight import RequestsInFlight
 from modelfleet.gateway.parking import ParkedRequests
 from modelfleet.gateway.payloads import PayloadStore
 from modelfleet.messages import PayloadRef, Reply, Task, now_ms
@@ -40,6 +43,7 @@ from modelfleet.repository import Catalog
 from modelfleet.settings import Settings
 
 log = logging.getLogger("modelfleet.gateway")
+_DECIMAL = re.compile(r"[0-9]+(?:\.[0-9]*)?|\.[0-9]+")
 
 
 @dataclass(frozen=True)
@@ -105,6 +109,8 @@ class GatewayService:
         self.parked = ParkedRequests()
         self.payloads = PayloadStore(settings.gateway.payload_store_bytes, settings.secret)
         self.fleet = FleetView(settings.gateway.worker_stale_after_s)
+        self.requests = RequestsInFlight()
+        self._cancels: set[asyncio.Task[None]] = set()
         self._inbox: Inbox | None = None
         self._announced: dict[str, float] = {}
         self._loops: list[asyncio.Task[None]] = []
@@ -120,6 +126,8 @@ class GatewayService:
         ]
 
     async def stop(self) -> None:
+        if self._cancels:  # cancel events already on their way: a moment to get out
+            await asyncio.wait(self._cancels, timeout=self.settings.broker.declare_timeout_s)
         for loop in self._loops:
             loop.cancel()
         await asyncio.gather(*self._loops, return_exceptions=True)
@@ -136,13 +144,12 @@ class GatewayService:
         gw = self.settings.gateway
         timeout_s = min(model_timeout_s or gw.default_timeout_s, gw.max_timeout_s)
         if requested is not None:
-            try:
-                asked = float(requested)
-            except ValueError:
-                asked = float("nan")
-            if not asked > 0:  # also rejects NaN
+            # Plain decimals only: float() also takes "1_0", "1e3", "inf", "+5", " 5 ".
+            asked = float(requested) if _DECIMAL.fullmatch(requested) else 0.0
+            if not asked > 0:
                 raise RequestRejected(
-                    f"X-Request-Timeout must be a positive number of seconds, got {requested!r}")
+                    "X-Request-Timeout must be a positive decimal number of seconds "
+                    f"(like 2.5), got {requested!r}")
             timeout_s = min(asked, gw.max_timeout_s)
         return now_ms() + int(timeout_s * 1000)
 
@@ -174,7 +181,14 @@ class GatewayService:
         try:
             await self.broker.publish_task(task)
             await self._announce(model_id)
-            reply = await self._wait(waiting, deadline_ms, disconnected)
+            try:
+                reply = await self._wait(waiting, deadline_ms, disconnected)
+            except ClientGone:
+                self._cancel(task, "client_disconnected")
+                raise
+            except asyncio.CancelledError:  # cut off by the drain at shutdown
+                self._cancel(task, "shutting_down" if self.requests.draining else "cancelled")
+                raise
         finally:
             self.parked.unpark(request_id)
             self.payloads.free(request_id)
@@ -199,9 +213,23 @@ class GatewayService:
         if waiting in done:
             return waiting.result()
         if hangup is not None and hangup in done:
-            raise ClientGone("the caller hung up before the answer was ready")
+            raise ClientGone("the caller hung up while waiting for the answer")
         raise DeadlineExceeded(f"no answer within the deadline "
                                f"({remaining_s:.1f}s); the request may still run once")
+
+    def _cancel(self, task: Task, reason: str) -> None:
+        """Tell workers nobody waits for ``task`` any more: an event
+        ``{"kind": "cancel", "request_id", "model_id", "reason"}``. Published in the
+        background (the caller is gone, or the request is being cut off); best effort."""
+        async def publish() -> None:
+            with contextlib.suppress(BrokerError):
+                await self.broker.publish_event({"kind": "cancel", "request_id": task.request_id,
+                                                 "model_id": task.model_id, "reason": reason,
+                                                 "at": time.time()})
+
+        pending = asyncio.create_task(publish(), name=f"cancel-{task.request_id}")
+        self._cancels.add(pending)
+        pending.add_done_callback(self._cancels.discard)
 
     async def _announce(self, model_id: str) -> None:
         """Tell workers this model has demand (at most once per interval per model)."""

@@ -1,0 +1,238 @@
+"""The gateway's HTTP edge: connection limits, read timeouts, last-resort JSON answers.
+
+uvicorn (h11) on its own holds a connection for as long as the caller likes while the
+request's headers are incomplete (its keep-alive timer is disarmed by every byte), takes
+as many connections as the kernel hands it, answers an over-limit request and a cancelled
+one in plain text, and accepts Content-Length together with Transfer-Encoding. Here:
+
+- ``EdgeProtocol`` (uvicorn's h11 protocol, subclassed) gives each connection
+  ``header_read_timeout_s`` to deliver a request's headers, counted from when it opened
+  or from the previous answer; it answers 408 (JSON) and closes, or closes silently if
+  not a byte of a next request came. A body still arriving ``BODY_GRACE_S`` after its
+  body read timeout (the app's own ``RequestGuard`` answers 408 at the timeout) has its
+  connection closed: also when the app answered without reading it.
+- A connection beyond ``max_connections`` is refused at once: a JSON 503
+  ``too_many_connections`` (Retry-After: 1) as soon as its request's headers arrive, or
+  after ``REFUSE_WAIT_S`` if they do not, then closed. (Not uvicorn's
+  ``limit_concurrency``, which answers in plain text and only after the headers.)
+- ``EdgeApp`` wraps the ASGI app: Content-Length with Transfer-Encoding is refused
+  (400, closed: the framing that request smuggling relies on), and a request cancelled
+  by the server before it answered still gets a JSON 503 ``shutting_down``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http
+import json
+import logging
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import h11
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from modelfleet import metrics
+
+log = logging.getLogger("modelfleet.gateway")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+# An over-limit connection whose headers do not come is answered after this long.
+REFUSE_WAIT_S = 1.0
+# The app answers a slow body with 408 at body_read_timeout_s; the connection of a body
+# still arriving this much later is closed (by then, the app has long answered).
+BODY_GRACE_S = 5.0
+
+
+@dataclass(frozen=True)
+class EdgeLimits:
+    header_read_timeout_s: float
+    body_read_timeout_s: float
+    max_connections: int
+
+
+def json_answer(status: int, code: str, message: str, retry_after: bool = False) -> bytes:
+    """A whole HTTP/1.1 answer with a modelfleet error body, closing the connection."""
+    body = json.dumps({"error": {"code": code, "message": message}},
+                      separators=(",", ":")).encode()
+    head = [f"HTTP/1.1 {status} {http.HTTPStatus(status).phrase}",
+            "content-type: application/json", f"content-length: {len(body)}",
+            "connection: close"]
+    if retry_after:
+        head.append("retry-after: 1")
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + body
+
+
+async def _send_json(send: Send, status: int, code: str, message: str,
+                     retry_after: bool = False) -> None:
+    body = json.dumps({"error": {"code": code, "message": message}},
+                      separators=(",", ":")).encode()
+    headers = [(b"content-type", b"application/json"), (b"connection", b"close"),
+               (b"content-length", str(len(body)).encode())]
+    if retry_after:
+        headers.append((b"retry-after", b"1"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+_TOO_MANY = "this gateway has too many open connections; retry in a moment"
+
+
+async def _refuse(scope: Scope, receive: Receive, send: Send) -> None:
+    """The app of a connection over the limit."""
+    await _send_json(send, 503, "too_many_connections", _TOO_MANY, retry_after=True)
+
+
+class EdgeProtocol(H11Protocol):
+    """uvicorn's h11 protocol with read timeouts and a connection limit (``EdgeLimits``);
+    make a bound subclass with ``edge_protocol``."""
+
+    limits: ClassVar[EdgeLimits]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._timer: asyncio.TimerHandle | None = None
+        self._phase = ""  # "head", "body", "refused" or "" (nothing timed)
+        self._refused = False
+
+    # -- the connection's lifetime --------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        metrics.OPEN_CONNECTIONS.set(len(self.connections))
+        if len(self.connections) > self.limits.max_connections:
+            self._refused = True
+            metrics.CONNECTIONS_REFUSED.inc()
+            self.app = _refuse  # answered as soon as its request's headers arrive...
+            self._arm("refused", min(REFUSE_WAIT_S, self.limits.header_read_timeout_s))
+        else:
+            self._arm("head", self.limits.header_read_timeout_s)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+        metrics.OPEN_CONNECTIONS.set(len(self.connections))
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        self._follow()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._follow()
+
+    def _follow(self) -> None:
+        """Time the phase the connection is in now: a request's head, its body, or none."""
+        if self._refused or self.transport.is_closing():
+            return
+        theirs = self.conn.their_state
+        if theirs is h11.IDLE and self.conn.our_state is h11.IDLE:
+            phase, timeout_s = "head", self.limits.header_read_timeout_s
+        elif theirs is h11.SEND_BODY:
+            phase, timeout_s = "body", self.limits.body_read_timeout_s + BODY_GRACE_S
+        else:
+            phase, timeout_s = "", 0.0
+        if phase != self._phase:
+            self._disarm()
+            if phase:
+                self._arm(phase, timeout_s)
+
+    def _arm(self, phase: str, timeout_s: float) -> None:
+        self._phase = phase
+        self._timer = self.loop.call_later(timeout_s, self._expired)
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = None
+        self._phase = ""
+
+    def _expired(self) -> None:
+        phase, self._timer, self._phase = self._phase, None, ""
+        if self.transport.is_closing():
+            return
+        if phase == "refused":
+            if self.cycle is None:  # no request came: answer for it
+                self._answer_and_close(json_answer(503, "too_many_connections", _TOO_MANY,
+                                                   retry_after=True))
+            return
+        if phase == "head":
+            pending, _ = self.conn.trailing_data
+            if not pending:  # idle between requests: nothing to answer
+                self.transport.close()
+                return
+            metrics.READ_TIMEOUTS.labels("header").inc()
+            self._answer_and_close(json_answer(
+                408, "request_timeout",
+                f"the request's headers did not arrive within "
+                f"{self.limits.header_read_timeout_s:g} s (gateway.header_read_timeout_s)"))
+            return
+        # "body": still arriving well after the app answered (or should have) 408.
+        metrics.READ_TIMEOUTS.labels("body").inc()
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_started:
+            cycle.disconnected = True  # the app's own answer, if it comes, goes nowhere
+            cycle.message_event.set()
+            self._answer_and_close(json_answer(
+                408, "request_timeout", "the request body did not arrive in time "
+                "(gateway.body_read_timeout_s)"))
+        else:
+            self.transport.close()
+
+    def _answer_and_close(self, answer: bytes) -> None:
+        self.transport.write(answer)
+        self.transport.close()
+
+    def send_400_response(self, msg: str) -> None:
+        """A request h11 cannot parse (or whose head is over max_header_bytes): JSON 400."""
+        self._answer_and_close(json_answer(400, "bad_request", f"malformed HTTP request: {msg}"))
+
+
+def edge_protocol(limits: EdgeLimits) -> type[EdgeProtocol]:
+    """``EdgeProtocol`` bound to ``limits``: uvicorn makes one per connection."""
+    return type("BoundEdgeProtocol", (EdgeProtocol,), {"limits": limits})
+
+
+class EdgeApp:
+    """The outermost ASGI layer of the gateway (see the module docstring)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self._app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self._app(scope, receive, send)
+            return
+        names = {name for name, _ in scope["headers"]}
+        if b"transfer-encoding" in names and b"content-length" in names:
+            await _send_json(send, 400, "bad_request",
+                             "a request with both Content-Length and Transfer-Encoding is "
+                             "refused: its length is ambiguous")
+            return
+        started = False
+
+        async def tracked(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self._app(scope, receive, tracked)
+        except asyncio.CancelledError:
+            # Only the server's shutdown cancels a request (after the drain cut off what
+            # was waiting, so this is a last resort). Answer in JSON, and end normally:
+            # re-raising would make uvicorn log a traceback and answer text.
+            if started:
+                raise
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+            await _send_json(send, 503, "shutting_down",
+                             "this gateway shut down before the answer was ready; retry",
+                             retry_after=True)
