@@ -128,6 +128,9 @@ class WorkerSettings(_Section):
     state_interval_s: float = Field(default=1.0, gt=0)
     drain_timeout_s: float = Field(default=5, gt=0)
     restart_backoff_max_s: float = Field(default=10, gt=0)
+    # After a crash, a shared runtime keeps a started spare process this long (0: never):
+    # the next crash then costs a swap, not an interpreter start.
+    standby_keep_s: float = Field(default=300, ge=0)
     demand_window_s: float = Field(default=60, gt=0)  # how long a demand announcement counts
     isolated_idle_stop_s: float = Field(default=600, gt=0)  # an unused own runtime is stopped
 

@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -114,6 +115,9 @@ class ModelHost:
         self._moves: dict[str, asyncio.Lock] = {}  # residency key -> one tier move at a time
         self._load_slots = asyncio.Semaphore(settings.max_concurrent_loads)
         self._collected_at = -1e9
+        # Modules that loading models imported (e.g. sklearn.svm, torch): a standby runtime
+        # imports them ahead, so that a crash does not also cost their import.
+        self.frameworks: set[str] = set()
         self.events = HostEvents()
 
     @property
@@ -204,6 +208,7 @@ class ModelHost:
                 handlers.append(import_handler(manifest, package_dir)())
                 return handlers[0]
 
+            before = set(sys.modules)
             try:
                 measured = await asyncio.to_thread(measure_load, device, package_dir, prepare,
                                                    lambda: handlers[0].load(ctx))
@@ -212,6 +217,9 @@ class ModelHost:
             except Exception as exc:
                 raise ModelLoadFailed(f"model '{model_id}' failed to load: {exc!r}") from exc
             handler = handlers.pop()
+            own = handler.__class__.__module__.split(".")[0]
+            self.frameworks |= {name for name in set(sys.modules) - before
+                                if not name.startswith(("modelfleet", "_", own))}
         except BaseException:
             self.cache.release(key)
             raise

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import json
 import logging
 import os
@@ -37,6 +38,10 @@ from modelfleet.settings import Settings
 
 log = logging.getLogger("modelfleet.runtime")
 SETTINGS_ENV = "MODELFLEET_RUNTIME_SETTINGS"
+# Top-level modules to import before serving (a standby runtime imports what the runtime
+# it may replace had imported for its models, so that their reloads are quick).
+PRELOAD_ENV = "MODELFLEET_RUNTIME_PRELOAD"
+MAX_PRELOAD = 5000  # module names reported: a bound on the health answer
 MEMORY_LIMIT_ENV = "MODELFLEET_MEMORY_LIMIT_BYTES"
 
 
@@ -124,7 +129,8 @@ class RuntimeServer:
                                     args.get("accepts", []))
         if op == "health":
             return {"pid": os.getpid(), "loading": self.host.loading,
-                    "load_ages_s": self.host.load_ages_s()}
+                    "load_ages_s": self.host.load_ages_s(),
+                    "frameworks": sorted(self.host.frameworks)[:MAX_PRELOAD]}
         if op == "stats":
             return self.host.stats()
         if op == "load":
@@ -195,5 +201,20 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=settings.log_level.upper(),
                         format=f"%(asctime)s %(levelname)s [{args.name}] %(message)s")
     secure_logging()  # payload URLs are signed: no URL is logged whole, at any level
+    preload(os.environ.get(PRELOAD_ENV, ""))
     asyncio.run(RuntimeServer(settings, args.name).serve(args.socket))
     return 0
+
+
+def preload(modules: str) -> None:
+    """Import the named modules now (best effort: a failure is only logged)."""
+    names = [name for name in modules.split(",") if name]
+    if not names:
+        return
+    started = time.perf_counter()
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:
+            log.info("preloading %s failed: %r", name, exc)
+    log.info("preloaded %d modules in %.2fs", len(names), time.perf_counter() - started)
