@@ -127,7 +127,10 @@ def serve(tmp_path: Path, env: dict[str, str] | None = None, name: str = "serve"
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     proc = _started(["serve", "--repo", str(repo), "--port", str(port), "--broker", broker],
-                    {"MODELFLEET_EXAMPLE_SLOWLOAD_S": "3", **(env or {})},
+                    {"MODELFLEET_EXAMPLE_SLOWLOAD_S": "3",
+                     # serve archives its dead letters: into this test's folder, not ~/.cache
+                     "MODELFLEET_DLQ_DB": str(tmp_path / f"{name}-dlq.sqlite3"),
+                     **(env or {})},
                     tmp_path / f"{name}.log", f"{base}/readyz")
     return proc, base
 

@@ -30,6 +30,8 @@ import uvicorn
 from yarl import URL
 
 from modelfleet.broker import Broker, create_broker
+from modelfleet.dlq.archive import default_location
+from modelfleet.dlq.inprocess import archiving
 from modelfleet.errors import ConfigError, ManifestError
 from modelfleet.gateway.app import create_app
 from modelfleet.gateway.edge import EdgeApp, EdgeLimits, edge_protocol
@@ -190,6 +192,14 @@ async def _connect(settings: Settings) -> Broker:
     return broker
 
 
+def _dead_letters_archived(broker: Broker, settings: Settings
+                           ) -> contextlib.AbstractAsyncContextManager[None]:
+    """On the embedded broker, serve archives its own dead letters (nobody else can)."""
+    if settings.broker.url != "memory":
+        return contextlib.nullcontext()
+    return archiving(broker, default_location())
+
+
 async def serve(settings: Settings) -> None:
     _secure_logs(settings)
     store, catalog = open_repository(settings)
@@ -211,7 +221,8 @@ async def serve(settings: Settings) -> None:
                     log.info("modelfleet serving %d models from %s on http://%s:%d "
                              "(broker: %s)", len(catalog), settings.repo, gw.host,
                              listener.getsockname()[1], _redact(settings.broker.url))
-                    async with _refreshing(store, catalog, settings):
+                    async with _refreshing(store, catalog, settings), \
+                            _dead_letters_archived(broker, settings):
                         await _until_signalled(_http_server(app, settings, edge=True),
                                                listener, _draining(service, settings))
                 finally:

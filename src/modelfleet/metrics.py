@@ -43,6 +43,9 @@ TASKS = Counter("modelfleet_worker_tasks_total",
                 "Tasks settled by this worker, by model and outcome", ["model", "outcome"])
 EXPIRED_TASKS = Counter("modelfleet_worker_expired_tasks_total",
                         "Tasks dropped unrun because their deadline had passed", ["model"])
+DEAD_LETTERS_DROPPED = Counter(
+    "modelfleet_dead_letters_dropped_total",
+    "Dead letters the embedded broker dropped because its bounded queue was full")
 CANCELLED_TASKS = Counter("modelfleet_worker_cancelled_tasks_total",
                           "Tasks dropped or abandoned because their caller hung up", ["model"])
 PERMITS_IN_USE = Gauge("modelfleet_worker_permits_in_use", "In-flight tasks on this worker")

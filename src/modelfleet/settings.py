@@ -43,6 +43,9 @@ class BrokerSettings(_Section):
     # Names shared by one deployment; give each deployment on a vhost its own.
     events_exchange: str = "modelfleet.events"
     dead_letter_queue: str = "modelfleet.dead-letters"
+    # The embedded broker's dead-letter queue holds at most this many (oldest dropped);
+    # serve archives them as they come (see modelfleet.dlq.inprocess).
+    dead_letter_max: int = Field(default=10_000, ge=1)
 
 
 class GatewaySettings(_Section):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 import time
 import uuid
 from collections import deque
@@ -20,12 +21,14 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from modelfleet import metrics
 from modelfleet.broker.base import DEAD_LETTER_QUEUE, QueueStats
 from modelfleet.errors import BrokerUnavailable
 from modelfleet.messages import Reply, Task
 from modelfleet.settings import BrokerSettings
 
 _EVENT_BUFFER = 1024
+log = logging.getLogger("modelfleet.broker")
 
 
 @dataclass
@@ -250,6 +253,13 @@ class MemoryBroker:
 
     def to_dead_letters(self, message: _Message, reason: str) -> None:
         dlq = self._dead_letter_queue()
+        if len(dlq.ready) >= self._settings.dead_letter_max:
+            # Nobody archives them (or not fast enough): bounded, the oldest go first.
+            dropped = dlq.ready.popleft()
+            metrics.DEAD_LETTERS_DROPPED.inc()
+            log.warning("embedded dead-letter queue full (%d): dropped %s (%s)",
+                        self._settings.dead_letter_max, dropped.task.request_id,
+                        dropped.death_reason)
         dlq.ready.append(_Message(message.task, message.delivery_count, reason))
         dlq.dispatch()
 

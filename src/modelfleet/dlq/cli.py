@@ -30,7 +30,13 @@ from modelfleet.dlq.archive import Archive, ArchiveError, default_location, open
 from modelfleet.dlq.archiver import archive_dead_letters
 from modelfleet.dlq.classify import FAILURE_CLASSES
 from modelfleet.dlq.records import DeadLetterRecord, Selection
-from modelfleet.dlq.replay import ReplayOutcome, ReplayRequest, plan_replay, replay
+from modelfleet.dlq.replay import (
+    ReplayOutcome,
+    ReplayRequest,
+    plan_replay,
+    replay,
+    replay_through_gateway,
+)
 from modelfleet.errors import ConfigError, ModelfleetError
 from modelfleet.exits import EXIT_CONFIG, EXIT_FAILED, EXIT_INTERRUPTED, report
 from modelfleet.settings import BrokerSettings
@@ -92,6 +98,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="republish and exit; replies go to the original (gone) gateway")
     again.add_argument("--dry-run", action="store_true",
                        help="print what would be replayed, and republish nothing")
+    again.add_argument("--gateway", default=None, metavar="URL",
+                       help="send them again through this gateway's HTTP API instead of "
+                            "the broker (what 'modelfleet serve' on its embedded broker "
+                            "needs; works against any deployment)")
     return parser
 
 
@@ -108,8 +118,10 @@ def broker_settings(url: str) -> BrokerSettings:
         raise ConfigError(
             "the dlq command needs a broker shared across processes: 'memory' is the embedded "
             "broker that lives inside one 'modelfleet serve' process, so from here there is "
-            "nothing to consume or republish to. Pass --broker amqp://user:pass@host:5672/ "
-            "or set MODELFLEET_BROKER.")
+            "nothing to consume or republish to. 'modelfleet serve' archives its dead letters "
+            "itself ('modelfleet dlq list' reads them); replay them with 'modelfleet dlq "
+            "replay --gateway http://host:port'. For RabbitMQ pass --broker "
+            "amqp://user:pass@host:5672/ or set MODELFLEET_BROKER.")
     values: dict[str, str] = {"url": url}
     for name in BrokerSettings.model_fields:
         value = os.environ.get(f"MODELFLEET_BROKER__{name.upper()}")
@@ -143,7 +155,8 @@ def main(argv: list[str]) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     # Check the broker URL before opening anything, so a wrong one costs nothing.
-    needs_broker = args.command == "archive" or (args.command == "replay" and not args.dry_run)
+    needs_broker = args.command == "archive" or (
+        args.command == "replay" and not args.dry_run and not args.gateway)
     settings = broker_settings(args.broker) if needs_broker else None
     archive = open_archive(args.db)
     try:
@@ -229,13 +242,16 @@ def _replay(settings: BrokerSettings | None, archive: Archive, args: argparse.Na
             print(f"would replay  {record.request_id}  {record.model_id}@{record.version}  "
                   f"{record.failure_class}/{record.rule}  {record.signature}")
         return 0
-    assert settings is not None
     timeout_ms = int(args.timeout_s * 1000) if args.timeout_s else None
 
     def report(outcome: ReplayOutcome) -> None:
         print(render.outcome_line(outcome), flush=True)
 
     async def run() -> list[ReplayOutcome]:
+        if args.gateway:
+            return await replay_through_gateway(args.gateway, archive, plan,
+                                                timeout_ms=timeout_ms, on_outcome=report)
+        assert settings is not None
         broker = create_broker(settings)
         await broker.connect()
         try:
@@ -246,6 +262,7 @@ def _replay(settings: BrokerSettings | None, archive: Archive, args: argparse.Na
 
     outcomes = asyncio.run(run())
     good = sum(o.status in ("ok", "sent") for o in outcomes)
-    print(f"{len(outcomes)} replayed: {good} {'sent' if args.no_wait else 'ok'}, "
+    sent = args.no_wait and not args.gateway
+    print(f"{len(outcomes)} replayed: {good} {'sent' if sent else 'ok'}, "
           f"{len(outcomes) - good} failed or unanswered")
     return 0 if good == len(outcomes) else EXIT_FAILED

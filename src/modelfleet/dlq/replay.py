@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Literal
+
+import httpx
 
 from modelfleet.broker.base import Broker, Inbox
 from modelfleet.dlq.archive import Archive
@@ -175,3 +178,55 @@ async def _collect(inbox: Inbox, sent: dict[str, tuple[DeadLetterRecord, int]],
         outcomes.append(outcome)
         on_outcome(outcome)
     return outcomes
+
+
+async def replay_through_gateway(base_url: str, archive: Archive, plan: ReplayPlan, *,
+                                 timeout_ms: int | None = None,
+                                 clock_ms: Callable[[], int] = now_ms,
+                                 on_outcome: Callable[[ReplayOutcome], None]
+                                 = lambda outcome: None) -> list[ReplayOutcome]:
+    """Send the plan's requests again through a gateway's HTTP API, one at a time.
+
+    What ``modelfleet serve`` on its embedded broker needs (no broker is reachable from
+    outside that process), and what works against any deployment: the request goes in
+    as a caller's would, to the version that died (``/v1/models/M/versions/V/infer``),
+    with the payload it had (inline bytes, or its URL as ``{"url": ...}``).
+    """
+    outcomes = []
+    async with httpx.AsyncClient(base_url=base_url.rstrip("/")) as client:
+        for record in plan.records:
+            timeout_s = (timeout_ms or record.timeout_ms or DEFAULT_TIMEOUT_MS) / 1000
+            if record.payload_kind == "url":
+                body = json.dumps({"url": record.payload_url}).encode()
+                content_type = "application/json"
+            else:
+                body, content_type = record.payload_inline, record.content_type
+            at_ms = clock_ms()
+            await asyncio.to_thread(archive.mark_replayed, record.request_id, at_ms)
+            try:
+                response = await client.post(
+                    f"/v1/models/{record.model_id}/versions/{record.version}/infer",
+                    content=body, timeout=timeout_s + 5,
+                    headers={"content-type": content_type,
+                             "x-request-timeout": f"{timeout_s:.3f}"})
+            except httpx.HTTPError as exc:
+                outcome = ReplayOutcome(record.request_id, record.model_id, "error",
+                                        "gateway_unreachable", f"{base_url}: {exc!r}")
+            else:
+                outcome = _http_outcome(record, response, clock_ms() - at_ms)
+            outcomes.append(outcome)
+            on_outcome(outcome)
+    return outcomes
+
+
+def _http_outcome(record: DeadLetterRecord, response: httpx.Response,
+                  elapsed_ms: int) -> ReplayOutcome:
+    if response.status_code == 200:
+        return ReplayOutcome(record.request_id, record.model_id, "ok", elapsed_ms=elapsed_ms)
+    try:
+        error = response.json()["error"]
+        code, message = str(error["code"]), str(error["message"])
+    except (ValueError, KeyError, TypeError):
+        code, message = f"http_{response.status_code}", response.text[:200]
+    return ReplayOutcome(record.request_id, record.model_id, "error", code, message,
+                         elapsed_ms=elapsed_ms)
