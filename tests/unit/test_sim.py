@@ -51,18 +51,18 @@ def test_workers_hold_real_model_caches_and_pull_runs_the_real_scoring(
         monkeypatch: pytest.MonkeyPatch) -> None:
     catalog, trace = build_catalog(TINY), build_trace(TINY)
     calls = []
-    real = modelfleet.scheduling.choose_queues
+    real = modelfleet.scheduling.decide
 
     def spy(*args: object, **kwargs: object) -> object:
         calls.append(1)
         return real(*args, **kwargs)  # type: ignore[arg-type]
 
-    # The pull router calls modelfleet.scheduling's function, not a copy of it.
-    assert pull.choose_queues is real
-    monkeypatch.setattr(pull, "choose_queues", spy)
+    # The pull router calls the worker's own decision step, not a copy of it.
+    assert pull.decide is real
+    monkeypatch.setattr(pull, "decide", spy)
     sim = Simulation(TINY, catalog, trace, make_router("pull-affinity", TINY, ScoringSettings()))
     sim.run()
-    assert calls  # every worker re-scored through choose_queues
+    assert calls  # every worker re-scored through decide
     assert all(type(w.cache) is ModelCache for w in sim.workers)
     assert all(isinstance(w.cache.policy, GdsfPolicy) for w in sim.workers)
     assert all(w.cache.host_budget_bytes == TINY.host_budget_bytes for w in sim.workers)

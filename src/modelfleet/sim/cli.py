@@ -3,6 +3,7 @@
     python -m modelfleet.sim --models 2000 --workers 40 --zipf 1.0 --seed 1
     python -m modelfleet.sim --json --no-plot
     python -m modelfleet.sim --scoring noise_amplitude=0 --routers pull-affinity,round-robin
+    python -m modelfleet.sim --scenario peers     # bench/peers: 1 worker, 32 clients
 
 Every field of ``ScenarioConfig`` is an option (``--duration-s`` has the
 shorter alias ``--duration``). The table goes to stdout (or the JSON form with
@@ -23,7 +24,7 @@ from pydantic import ValidationError
 from modelfleet.scheduling import ScoringSettings
 from modelfleet.sim.compare import ABLATIONS, ROUTER_NAMES, compare
 from modelfleet.sim.report import format_table, plot, summarise, to_json
-from modelfleet.sim.scenario import ScenarioConfig
+from modelfleet.sim.scenario import SCENARIOS, ScenarioConfig, scenario
 
 HELP = {
     "models": "catalog size",
@@ -40,6 +41,9 @@ HELP = {
     "loaders": "concurrent model loads per worker",
     "pinned": "most popular models preloaded and pinned on every worker",
     "rescore_s": "pull-affinity re-scoring period per worker",
+    "clients": "closed-loop clients instead of the Poisson trace (0: open loop)",
+    "cores": "CPUs per worker machine shared by all its work (0: not modelled)",
+    "runtimes_per_worker": "runtime processes per worker; a model runs on crc32(id) % this",
 }
 
 
@@ -47,19 +51,22 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="modelfleet sim", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--scenario", choices=sorted(SCENARIOS), default="fleet",
+                        help="a preset the other options apply on top of (default: fleet)")
     for field in dataclasses.fields(ScenarioConfig):
         flag = "--" + field.name.replace("_", "-")
         flags = [flag, "--duration"] if field.name == "duration_s" else [flag]
         default = field.default
         if isinstance(default, bool):
-            parser.add_argument(*flags, action=argparse.BooleanOptionalAction, default=default,
-                                help=HELP.get(field.name))
+            parser.add_argument(*flags, action=argparse.BooleanOptionalAction, default=None,
+                                help=f"{HELP.get(field.name, '')} (default: {default})".strip())
             continue
         kind: Callable[[str], object] = float if default is None else type(default)
-        parser.add_argument(*flags, dest=field.name, type=kind, default=default,
+        parser.add_argument(*flags, dest=field.name, type=kind, default=None,
                             help=f"{HELP.get(field.name, '')} (default: {default})".strip())
-    parser.add_argument("--routers", default=",".join(ROUTER_NAMES),
-                        help=f"comma-separated, from: {', '.join(ROUTER_NAMES + ABLATIONS)}")
+    parser.add_argument("--routers", default=None,
+                        help=f"comma-separated, from: {', '.join(ROUTER_NAMES + ABLATIONS)} "
+                             "(default: all four; pull-affinity alone with one worker)")
     parser.add_argument("--scoring", action="append", default=[], metavar="KEY=VALUE",
                         help="override a ScoringSettings field (JSON value), repeatable")
     parser.add_argument("--json", action="store_true", help="print the table as JSON")
@@ -86,9 +93,15 @@ def scoring_settings(pairs: list[str]) -> ScoringSettings:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    config = ScenarioConfig(**{f.name: getattr(args, f.name)
-                               for f in dataclasses.fields(ScenarioConfig)})
-    routers = [r.strip() for r in args.routers.split(",") if r.strip()]
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(ScenarioConfig)
+             if getattr(args, f.name) is not None}
+    try:
+        config = scenario(args.scenario, **given)
+        config.check()
+    except ValueError as exc:
+        parser.error(str(exc))
+    default_routers = "pull-affinity" if config.workers == 1 else ",".join(ROUTER_NAMES)
+    routers = [r.strip() for r in (args.routers or default_routers).split(",") if r.strip()]
     unknown = [r for r in routers if r not in ROUTER_NAMES + ABLATIONS]
     if unknown:
         parser.error(f"unknown router(s) {', '.join(unknown)}; "
@@ -98,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, ValidationError) as exc:
         parser.error(f"--scoring: {exc}")
 
-    bars = [] if args.no_progress else _progress_bars()
+    bars = [] if args.no_progress or config.clients > 0 else _progress_bars()
     started = time.perf_counter()
     results = compare(config, routers, scoring, bars[0] if bars else None)
     elapsed = time.perf_counter() - started
@@ -107,12 +120,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(to_json(summaries))
     else:
-        print(f"# {config.models} models, {config.workers} workers, zipf {config.zipf}, "
-              f"{config.total_rate:g} req/s, {config.duration_s:g} s (first "
-              f"{config.warmup_s:g} s not counted), seed {config.seed}: "
-              f"{len(results[0].latency_s) if results else 0} requests counted; "
-              f"{elapsed:.1f} s wall")
-        print(format_table(summaries))
+        load = (f"{config.clients} closed-loop clients" if config.clients > 0
+                else f"{config.total_rate:g} req/s")
+        print(f"# {config.models} models, {config.workers} workers x "
+              f"{config.runtimes_per_worker} runtimes, zipf {config.zipf}, {load}, "
+              f"{config.duration_s:g} s (first {config.warmup_s:g} s not counted), seed "
+              f"{config.seed}: {len(results[0].latency_s) if results else 0} requests "
+              f"counted; {elapsed:.1f} s wall")
+        print(format_table(summaries, closed_loop=config.clients > 0))
     if not args.no_plot and results:
         path = args.plot or f"sim-{config.seed}.png"
         title = (f"{config.models} models, {config.workers} workers, zipf {config.zipf}, "

@@ -41,6 +41,6 @@ def compare(config: ScenarioConfig, routers: Sequence[str] = ROUTER_NAMES,
     results = []
     for name in routers:
         router = make_router(name, config, scoring)
-        callback = progress(name, len(trace)) if progress is not None else None
+        callback = progress(name, len(trace)) if progress is not None and len(trace) else None
         results.append(Simulation(config, catalog, trace, router, callback).run())
     return results

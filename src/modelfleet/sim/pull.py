@@ -1,31 +1,102 @@
-"""Pull-affinity: one queue per model; each worker chooses the queues it consumes.
+"""Pull-affinity: one queue per model; each worker's coordinator chooses the queues it
+consumes with the real ``modelfleet.scheduling.decide``.
 
-Every ``rescore_s`` (staggered across workers) a worker snapshots the queues
-that matter to it (those with backlog, those it holds, those of models warm in
-its cache) and its own state, and calls the real
-``modelfleet.scheduling.choose_queues``. The broker hands a message to a
-consumer of its queue that has a free permit (round-robin among them); a
-worker that frees a permit pulls from its queues, best score first. A worker
-takes a message for a model it would have to load only while its loader is
-free: the worker never holds work it cannot start (the design's tiny prefetch).
+Three parties, each modelled on the code it stands for:
+
+- **The broker** (``modelfleet.broker.memory``, which follows RabbitMQ): a queue of
+  ready messages per model; a consumer holds at most its prefetch window of unsettled
+  deliveries; ready messages go round-robin to the consumers with room; a delivery is
+  settled when its task gives its permit back; cancelling a consumer puts what it had
+  not started back at the head of the queue. ``backlog`` counts ready messages only,
+  not deliveries buffered at a consumer.
+- **The gateway** (``modelfleet.gateway.service``): it publishes each request's task,
+  announces demand for its model at once unless it did within
+  ``announce_interval_s``, and every ``announce_interval_s`` announces again each
+  model with requests still waiting for an answer. Workers hear an announcement
+  ``announce_s`` (the broker's) later.
+- **The coordinator** (``modelfleet.worker.coordinator``), per worker: a consumer loop
+  per subscription takes a delivery, waits for a permit (one FIFO semaphore of
+  ``permits``), starts the task, takes the next. The re-score loop re-scores every
+  ``rescore_s`` x uniform(0.75, 1.25) with exact counts for every candidate queue,
+  and at once (after a pause uniform(0, ``rescore_jitter_s``)) when woken: by an
+  announcement for a model it does not consume while a permit is free, or by a task
+  finishing while its last snapshot saw work waiting; a woken re-score counts afresh
+  only the queues announced since (the others keep their last counts, as in the
+  coordinator). The periodic timeout restarts after every re-score, woken or not.
+  A re-score costs time: one stats round trip per runtime (``stats_s``), one count
+  per queue counted (the broker's ``count_s``), the decision's CPU
+  (``decide_cpu_s`` + ``decide_cpu_per_queue_s`` per queue), then acting: a cold
+  subscription first counts its queue afresh and skips it if the fan-out cap is
+  reached meanwhile; each subscription costs the broker's ``subscribe_s``.
+  ``Decision.prefetch`` sets the consumers' windows.
+
+The decision's inputs are built as the coordinator builds them: candidates are the
+models announced within ``demand_window_s``, those consumed, resident or pinned;
+``loader_room`` per runtime counts models loading there (and models with a task
+running here that are not on the device). Queues that cannot change the decision
+(not held, not resident, no backlog counted) are left out of the snapshot, which
+changes only ``Decision.scores`` and ``reasons``, not what is decided.
 """
 
 from __future__ import annotations
 
+import itertools
+import random
+import zlib
 from collections import deque
+from dataclasses import dataclass, field
+from functools import partial
 
-from modelfleet.cache import CacheSnapshot
-from modelfleet.scheduling import QueueView, ScoringSettings, WorkerView, choose_queues
-from modelfleet.scheduling.scoring import COLD_WINDOW_S
-from modelfleet.sim.engine import TICK, Simulation
-from modelfleet.sim.scenario import ScenarioConfig
-from modelfleet.sim.worker import (
-    CacheFactory,
-    SimWorker,
-    Task,
-    gdsf_with_host,
-    lru_device_only,
+from modelfleet.scheduling import (
+    QueueScorer,
+    QueueView,
+    ScoringSettings,
+    Snapshot,
+    WorkerView,
+    decide,
 )
+from modelfleet.scheduling import work_waiting as scheduling_work_waiting
+from modelfleet.scheduling.scoring import COLD_WINDOW_S
+from modelfleet.sim.engine import Simulation
+from modelfleet.sim.worker import CacheFactory, SimWorker, Task, gdsf_with_host, lru_device_only
+
+# The re-score loop's states.
+WAITING, PAUSING, RESCORING = range(3)
+
+
+@dataclass(eq=False, slots=True)
+class Consumer:
+    """One subscription: the broker's side (window, unsettled) and the consume loop's."""
+
+    model: int
+    window: int
+    owner: int  # the worker's index
+    held: int = 0  # delivered, not settled: buffered, blocked on the semaphore, or running
+    buffer: deque[Task] = field(default_factory=deque)
+    blocked: Task | None = None  # the delivery its loop holds while waiting for a permit
+    cancelled: bool = False
+
+
+@dataclass(eq=False, slots=True)
+class Coordinator:
+    worker: SimWorker
+    rng: random.Random
+    consumers: dict[int, Consumer] = field(default_factory=dict)
+    waiters: deque[Consumer] = field(default_factory=deque)  # the permit semaphore's FIFO
+    counts: dict[int, tuple[int, int]] = field(default_factory=dict)  # as last counted
+    dirty: set[int] = field(default_factory=set)
+    changed: bool = False
+    state: int = WAITING
+    generation: int = 0  # invalidates a pending timeout when a wake comes first
+    waiting: bool = False  # did the last snapshot see work waiting (scheduling.work_waiting)?
+    untaken: bool = False  # ... in queues this worker does not consume (wakes on a task's end)
+    refreshed_at: float = -1e9  # the runtimes' stats last asked
+    residency: tuple[set[int], set[int], list[set[int]]] = (set(), set(), [])
+    # Idle-permit meter (modelfleet.worker.idle.IdleMeter), over the measured window.
+    meter_since: float = 0.0
+    meter_free: int = 0
+    idle_permit_s: float = 0.0
+    rescores: int = 0
 
 
 class PullAffinity:
@@ -45,158 +116,439 @@ class PullAffinity:
         self._sim: Simulation | None = None
         self._queues: list[deque[Task]] = []
         self._nonempty: set[int] = set()
-        self._consumers: list[set[int]] = []
-        self._held: list[set[int]] = []  # per worker: model indexes it consumes
-        self._turn = 0
+        self._consumers: list[list[Consumer]] = []  # per model, in subscription order
+        self._turn: list[int] = []
+        self._coords: list[Coordinator] = []
+        self._delivered: dict[int, Consumer] = {}  # request index -> the consumer it came by
+        self._parked: dict[int, int] = {}  # model -> requests waiting for an answer
+        self._announced: dict[int, float] = {}  # model -> last announcement (gateway)
+        self._demand: dict[int, float] = {}  # model -> last announcement heard (workers)
+        self._demand_log: deque[tuple[float, int]] = deque()
+        self._names: tuple[str, ...] = ()
 
     @property
     def sim(self) -> Simulation:
         assert self._sim is not None, "attach() first"
         return self._sim
 
-    def cache_factory(self, config: ScenarioConfig) -> CacheFactory:
+    def cache_factory(self, device_budget_bytes: int, host_budget_bytes: int) -> CacheFactory:
         if self.device_only_lru:
-            return lru_device_only(config.device_budget_bytes)
-        return gdsf_with_host(config.device_budget_bytes, config.host_budget_bytes)
+            return lru_device_only(device_budget_bytes)
+        return gdsf_with_host(device_budget_bytes, host_budget_bytes)
 
     def attach(self, sim: Simulation) -> None:
         self._sim = sim
+        cfg = sim.config
         models = len(sim.catalog.names)
+        self._names = sim.catalog.names
         self._queues = [deque() for _ in range(models)]
-        self._consumers = [set() for _ in range(models)]
-        self._held = [set() for _ in sim.workers]
-        period = sim.config.rescore_s
+        self._consumers = [[] for _ in range(models)]
+        self._turn = [0] * models
         for worker in sim.workers:
-            # Staggered: coordinators do not re-score in lockstep.
-            sim.schedule(period * (worker.index + 0.5) / len(sim.workers), TICK, worker, None)
+            rng = random.Random(zlib.crc32(f"{self.rng_seed}/{worker.name}".encode()))
+            coord = Coordinator(worker, rng, meter_since=cfg.warmup_s, meter_free=worker.permits)
+            self._coords.append(coord)
+            # Workers started together: each first re-score somewhere in the first period.
+            coord.generation += 1
+            generation = coord.generation
+            sim.after(rng.uniform(0.0, cfg.rescore_s), partial(self._timeout, coord, generation))
+        sim.after(cfg.announce_interval_s, self._announce_waiting)
 
-    # --- the broker -----------------------------------------------------------------------
+    def window_stats(self) -> tuple[float, int]:
+        for coord in self._coords:
+            self._meter(coord)
+        return sum(c.idle_permit_s for c in self._coords), sum(c.rescores for c in self._coords)
+
+    # --- the gateway ------------------------------------------------------------------------
 
     def on_arrival(self, task: Task) -> None:
         model = task[1]
+        self._parked[model] = self._parked.get(model, 0) + 1
         self._queues[model].append(task)
         self._nonempty.add(model)
-        consumers = self._consumers[model]
-        if not consumers:
-            return
-        ordered = sorted(consumers)
-        start = self._turn % len(ordered)
-        self._turn += 1
-        workers = self.sim.workers
-        for k in range(len(ordered)):
-            worker = workers[ordered[(start + k) % len(ordered)]]
-            self._drain(worker, model)
-            if model not in self._nonempty:
-                return
+        self._dispatch(model)
+        self._announce(model)
 
-    def _can_take(self, worker: SimWorker, model: int) -> bool:
-        if worker.in_flight >= worker.permits:
-            return False
-        if model in worker.loading or model in worker.promoting:
-            return True
-        return (worker.cache.tier_of(self.sim.catalog.names[model]) is not None
-                or worker.loader_free)
+    def on_answered(self, index: int, model: int) -> None:
+        left = self._parked.get(model, 0) - 1
+        if left > 0:
+            self._parked[model] = left
+        else:
+            self._parked.pop(model, None)
 
-    def _drain(self, worker: SimWorker, model: int) -> bool:
-        """Hand ``worker`` what it can start from ``model``'s queue; True if it took any."""
-        queue = self._queues[model]
+    def _announce(self, model: int) -> None:
         sim = self.sim
-        took = False
-        while queue and self._can_take(worker, model):
+        if sim.now - self._announced.get(model, -1e9) < sim.config.announce_interval_s:
+            return
+        self._announced[model] = sim.now
+        sim.after(sim.config.broker_costs.announce_s, lambda: self._heard(model))
+
+    def _announce_waiting(self) -> None:
+        sim = self.sim
+        for model in list(self._parked):
+            self._announce(model)
+        if sim.now < sim.config.duration_s + sim.config.deadline_s:
+            sim.after(sim.config.announce_interval_s, self._announce_waiting)
+
+    def _heard(self, model: int) -> None:
+        """Every worker's event listener gets a demand announcement."""
+        self._demand[model] = self.sim.now
+        self._demand_log.append((self.sim.now, model))
+        for coord in self._coords:
+            if model not in coord.consumers:
+                coord.dirty.add(model)
+                if coord.worker.in_flight < coord.worker.permits:
+                    self._wake(coord)
+
+    # --- the broker -------------------------------------------------------------------------
+
+    def _dispatch(self, model: int) -> None:
+        queue = self._queues[model]
+        consumers = self._consumers[model]
+        while queue and consumers:
+            open_ = [c for c in consumers if c.held < c.window]
+            if not open_:
+                break
+            consumer = open_[self._turn[model] % len(open_)]
+            self._turn[model] += 1
             task = queue.popleft()
-            if sim.expired(task):  # dropped at dequeue: nobody is waiting
-                sim.time_out(task)
-            else:
-                sim.start(worker, task)
-                took = True
+            consumer.held += 1
+            self._delivered[task[0]] = consumer
+            consumer.buffer.append(task)
+            if consumer.blocked is None:
+                self._take(self._coords[consumer.owner], consumer)
         if not queue:
             self._nonempty.discard(model)
-        return took
 
-    # --- the worker's side ----------------------------------------------------------------
+    def _requeue_front(self, model: int, task: Task) -> None:
+        self._delivered.pop(task[0], None)
+        self._queues[model].appendleft(task)
+        self._nonempty.add(model)
+
+    # --- the coordinator: consuming -----------------------------------------------------------
+
+    def _take(self, coord: Coordinator, consumer: Consumer) -> None:
+        """The consume loop: take deliveries and start them while permits are free."""
+        worker = coord.worker
+        while consumer.blocked is None and consumer.buffer and not consumer.cancelled:
+            task = consumer.buffer.popleft()
+            if worker.in_flight < worker.permits and not coord.waiters:
+                self._start(coord, task)
+            else:
+                consumer.blocked = task
+                coord.waiters.append(consumer)
+
+    def _start(self, coord: Coordinator, task: Task) -> None:
+        self._meter(coord)
+        self.sim.start(coord.worker, task)
+        coord.meter_free = coord.worker.free_permits
+
+    def on_settled(self, worker: SimWorker, task: Task) -> None:
+        coord = self._coords[worker.index]
+        self._meter(coord)
+        coord.meter_free = worker.free_permits
+        consumer = self._delivered.pop(task[0], None)
+        if consumer is not None:
+            consumer.held -= 1
+            if not consumer.cancelled:
+                self._dispatch(consumer.model)
+        # The semaphore hands the permit to the longest waiter.
+        while coord.waiters and worker.in_flight < worker.permits:
+            waiter = coord.waiters.popleft()
+            blocked, waiter.blocked = waiter.blocked, None
+            if blocked is None or waiter.cancelled:
+                continue
+            self._start(coord, blocked)
+            self._take(coord, waiter)
+        if coord.untaken:
+            self._wake(coord)  # a permit (and maybe a load slot) is free while work waits
 
     def on_free(self, worker: SimWorker) -> None:
-        if worker.in_flight >= worker.permits:
-            return
-        held = self._held[worker.index]
-        nonempty = self._nonempty
-        if len(nonempty) < len(held):
-            ready = [m for m in nonempty if m in held]
-        else:
-            ready = [m for m in held if m in nonempty]
-        if not ready:
-            return
-        names = self.sim.catalog.names
-        scores = worker.scores
-        ready.sort(key=lambda m: (-scores.get(names[m], 0.0), m))
-        for model in ready:
-            self._drain(worker, model)
-            if worker.in_flight >= worker.permits:
-                return
+        return None  # deliveries flow by the broker and the semaphore, not by polling
 
     def on_tick(self, worker: SimWorker) -> None:
-        sim = self.sim
-        now = sim.now
-        snapshot = worker.cache.snapshot()
-        views = self._views(worker, snapshot)
-        decision = choose_queues(views, self._worker_view(worker, snapshot),
-                                 self.settings, now, self.rng_seed)
-        held = self._held[worker.index]
-        index_of = sim.index_of
-        for name in decision.unsubscribe:
-            model = index_of[name]
-            self._consumers[model].discard(worker.index)
-            held.discard(model)
-        for name in decision.subscribe:
-            model = index_of[name]
-            self._consumers[model].add(worker.index)
-            held.add(model)
-        worker.recent_cold.extend(now for _ in decision.cold)
-        worker.subscriptions = decision.apply(worker.subscriptions)
-        worker.scores = dict(decision.scores)
-        sim.schedule(now + sim.config.rescore_s, TICK, worker, None)
-        self.on_free(worker)
+        return None
 
-    def _views(self, worker: SimWorker, snapshot: CacheSnapshot) -> list[QueueView]:
-        """The queues that matter to ``worker``: with backlog, held, or warm here."""
+    def _meter(self, coord: Coordinator) -> None:
+        """Close the idle-permit stretch since the last observation (window only)."""
+        cfg = self.sim.config
+        now = min(self.sim.now, cfg.duration_s)
+        start = max(coord.meter_since, cfg.warmup_s)
+        if coord.waiting and coord.meter_free > 0 and now > start:
+            coord.idle_permit_s += coord.meter_free * (now - start)
+        coord.meter_since = max(coord.meter_since, now)
+
+    # --- the coordinator: the re-score loop -----------------------------------------------------
+
+    def _wake(self, coord: Coordinator) -> None:
+        if coord.state == WAITING:
+            coord.generation += 1  # the pending timeout no longer counts
+            coord.state = PAUSING
+            pause = coord.rng.uniform(0.0, self.sim.config.rescore_jitter_s)
+            self.sim.after(pause, lambda: self._rescore(coord, full=False))
+        elif coord.state == RESCORING:
+            coord.changed = True  # seen when this re-score ends
+
+    def _timeout(self, coord: Coordinator, generation: int) -> None:
+        if generation == coord.generation and coord.state == WAITING:
+            self._rescore(coord, full=True)
+
+    def _rescore(self, coord: Coordinator, full: bool) -> None:
         sim = self.sim
-        cat = sim.catalog
-        index_of = sim.index_of
-        # While its loader is taken, this worker can take no cold queue (scoring's
-        # loader-room rule), so those cannot change the decision: leave them out.
-        if len(worker.loading) < self.settings.max_loads_for_cold:
-            wanted = set(self._nonempty)
-            wanted.update(self._held[worker.index])
+        coord.state = RESCORING
+        coord.changed = False
+        costs = sim.config.broker_costs
+        count_s = costs.count_s * self._to_count(coord, full)
+        if full or sim.now - coord.refreshed_at >= sim.config.residency_max_age_s:
+            # The runtimes' stats, one round trip each (CPU on both ends), then the counts;
+            # woken re-scores reuse stats a few milliseconds old.
+            def counted() -> None:
+                self._refresh(coord)
+                sim.after(count_s, lambda: self._observed(coord, full))
+            sim.work(coord.worker, sim.config.stats_s * len(coord.worker.runtimes), counted,
+                     "serve")
         else:
-            wanted = set(self._held[worker.index])
-        wanted.update(index_of[name] for name in snapshot.device)
-        wanted.update(index_of[name] for name in snapshot.host)
-        wanted.update(worker.loading)
-        views = []
-        for model in wanted:
-            queue = self._queues[model]
-            while queue and sim.expired(queue[0]):  # the queue's message TTL
-                sim.time_out(queue.popleft())
-            if not queue:
-                self._nonempty.discard(model)
-            views.append(QueueView(cat.names[model], len(queue), len(self._consumers[model]),
-                                   cat.fanout_max_workers[model], cat.plans[model],
-                                   model in cat.pinned))
-        return views
+            sim.after(count_s, lambda: self._observed(coord, full))
 
-    def _worker_view(self, worker: SimWorker, snapshot: CacheSnapshot) -> WorkerView:
-        now = self.sim.now
-        names = self.sim.catalog.names
+    def _refresh(self, coord: Coordinator) -> None:
+        """What the runtimes' ``stats`` say: device, host, and loading per runtime."""
+        index_of = self.sim.index_of
+        device: set[int] = set()
+        host: set[int] = set()
+        loading: list[set[int]] = []
+        for runtime in coord.worker.runtimes:
+            snap = runtime.cache.snapshot()
+            device.update(index_of[n] for n in snap.device)
+            host.update(index_of[n] for n in snap.host)
+            loading.append(set(runtime.loading))
+        coord.residency = (device, host, loading)
+        coord.refreshed_at = self.sim.now
+
+    def _to_count(self, coord: Coordinator, full: bool) -> int:
+        """How many queues this re-score counts (their cost; the counts come later)."""
+        if not full:
+            return len(coord.dirty)
+        self._expire_demand()
+        extra = sum(1 for m in coord.consumers if m not in self._demand)
+        return len(self._demand) + extra
+
+    def _expire_demand(self) -> None:
+        sim = self.sim
+        horizon = sim.now - sim.config.demand_window_s
+        log = self._demand_log
+        while log and log[0][0] < horizon:
+            seen, model = log.popleft()
+            if self._demand.get(model) == seen:
+                del self._demand[model]
+
+    def _observed(self, coord: Coordinator, full: bool) -> None:
+        sim = self.sim
+        worker = coord.worker
+        cat = sim.catalog
+        names = self._names
+        self._expire_demand()
+        held = set(coord.consumers)
+        index_of = sim.index_of
+        device, host, seen_loading = coord.residency
+        if not seen_loading:  # never asked yet
+            self._refresh(coord)
+            device, host, seen_loading = coord.residency
+        loading_by_runtime = [set(models) for models in seen_loading]
+        for model in worker.running:
+            if model not in device:
+                loading_by_runtime[cat.runtime[model]].add(model)
+        loading = set().union(*loading_by_runtime)
+        pinned = cat.pinned
+        resident = held | device | host | loading | set(pinned)
+        demand = self._demand
+        # Counts: every candidate at a tick, else only what was announced since. (Left
+        # out: candidates with nothing waiting that are not held or warm here; they
+        # cannot change the decision.)
+        counts = coord.counts
+        if full:
+            counts = coord.counts = {m: self._live_count(m) for m in resident}
+            for model in self._nonempty:
+                if model in demand and model not in counts:
+                    counts[model] = self._live_count(model)
+        else:
+            for model in coord.dirty:
+                if model in demand:
+                    counts[model] = self._live_count(model)
+        coord.dirty.clear()
+        now = sim.now
         while worker.recent_cold and now - worker.recent_cold[0] >= COLD_WINDOW_S:
             worker.recent_cold.popleft()
-        return WorkerView(
+        room = [r.loaders - len(models)
+                for r, models in zip(worker.runtimes, loading_by_runtime, strict=True)]
+        view = WorkerView(
             worker_id=worker.name,
-            subscriptions=worker.subscriptions,
-            resident_device=frozenset(snapshot.device),
-            resident_host=frozenset(snapshot.host),
+            subscriptions=frozenset(names[m] for m in held),
+            resident_device=frozenset(names[m] for m in device),
+            resident_host=frozenset(names[m] for m in host),
             last_served=worker.last_served,
             recent_cold_subscribes=tuple(worker.recent_cold),
             free_permits=worker.free_permits,
             permits_cap=worker.permits,
-            loading=frozenset(names[m] for m in worker.loading),
+            loading=frozenset(names[m] for m in loading),
+            loader_room={r.name: slots for r, slots in zip(worker.runtimes, room, strict=True)},
+            running={names[m]: n for m, n in worker.running.items()},
+            prefetch={names[m]: c.window for m, c in coord.consumers.items()},
         )
+        batch = max(1, sim.config.batch_size)
+
+        def view_of(model: int) -> QueueView:
+            counted = counts.get(model)
+            if counted is None:
+                counted = counts[model] = self._live_count(model)
+            return QueueView(names[model], counted[0], counted[1],
+                             cat.fanout_max_workers[model], cat.plans[model],
+                             model in pinned, batch, f"runtime-{cat.runtime[model]}")
+
+        # A queue neither held nor warm here is taken only with a free load slot on its
+        # runtime (scoring's rules 1, 5, 6), and starved ones strictly best score first,
+        # one per free slot: the others cannot change the decision and are left out
+        # (they still count for work_waiting, below).
+        relevant = [view_of(m) for m in resident]
+        starving: list[list[QueueView]] = [[] for _ in worker.runtimes]
+        left_out: list[QueueView] = []
+        no_room: list[int] = []  # found lazily when every runtime's loader is full
+        if max(room) > 0:
+            for model, (backlog, consumers) in counts.items():
+                if backlog <= 0 or model in resident:
+                    continue
+                runtime = cat.runtime[model]
+                if room[runtime] <= 0:
+                    no_room.append(model)
+                elif consumers == 0:
+                    starving[runtime].append(view_of(model))
+                else:
+                    relevant.append(view_of(model))
+            full_room = False
+        else:
+            full_room = True
+        scorer: QueueScorer | None = None
+        for runtime, queued in enumerate(starving):
+            if len(queued) > room[runtime]:
+                scorer = scorer or QueueScorer(view, self.settings, now, self.rng_seed)
+                queued.sort(key=partial(_rank, scorer))
+                left_out.extend(queued[room[runtime]:])
+                del queued[room[runtime]:]
+            relevant.extend(queued)
+        queues = sorted(relevant, key=lambda q: q.model_id)
+        snapshot = Snapshot(now, tuple(queues), view)
+        decision = decide(snapshot, self.settings, self.rng_seed)
+        self._meter(coord)
+        def waits(held_too: bool) -> bool:
+            if scheduling_work_waiting(snapshot, self.settings, held_too):
+                return True
+            unseen = (m for m, (backlog, _) in counts.items()
+                      if backlog > 0 and m not in resident) if full_room else iter(no_room)
+            others = itertools.chain(left_out, (view_of(m) for m in unseen))
+            return any(scheduling_work_waiting(Snapshot(now, (q,), view), self.settings,
+                                               held_too) for q in others)
+
+        coord.waiting = waits(True)
+        coord.untaken = coord.waiting if sim.config.wake_on_held_backlog else waits(False)
+        coord.meter_free = worker.free_permits
+        if sim.config.warmup_s <= now <= sim.config.duration_s:
+            coord.rescores += 1
+        worker.scores = dict(decision.scores)
+        # The coordinator builds and scores a view of every candidate, not just these.
+        candidates = len(demand) + sum(1 for m in resident if m not in demand)
+        cpu_s = sim.config.decide_cpu_s + sim.config.decide_cpu_per_queue_s * candidates
+        steps: deque[tuple[str, int, int]] = deque()
+        for name in sorted(decision.unsubscribe):
+            steps.append(("unsubscribe", index_of[name], 0))
+        for name in sorted(decision.subscribe):
+            steps.append(("cold" if name in decision.cold else "warm", index_of[name],
+                          decision.prefetch.get(name, 1)))
+        for name, window in decision.prefetch.items():
+            steps.append(("prefetch", index_of[name], window))
+        sim.work(worker, cpu_s, lambda: self._act(coord, steps), "serve")
+
+    def _live_count(self, model: int) -> tuple[int, int]:
+        return len(self._queues[model]), len(self._consumers[model])
+
+    def _act(self, coord: Coordinator, steps: deque[tuple[str, int, int]]) -> None:
+        """Carry the decision out step by step, each after what it waits for."""
+        sim = self.sim
+        costs = sim.config.broker_costs
+        while steps:
+            kind, model, value = steps.popleft()
+            if kind == "unsubscribe":
+                self._unsubscribe(coord, model)
+            elif kind == "prefetch":
+                consumer = coord.consumers.get(model)
+                if consumer is not None and consumer.window != value:
+                    consumer.window = value
+                    self._dispatch(model)
+            elif kind == "cold":
+                # A fresh count first: another worker may have taken it since the snapshot.
+                sim.after(costs.count_s, partial(self._cold, coord, model, value, steps))
+                return
+            else:
+                sim.after(costs.subscribe_s, partial(self._subscribed, coord, model, value, steps))
+                return
+        self._rescored(coord)
+
+    def _cold(self, coord: Coordinator, model: int, window: int,
+              steps: deque[tuple[str, int, int]]) -> None:
+        sim = self.sim
+        cat = sim.catalog
+        cap = self.settings.fanout_cap(cat.fanout_max_workers[model], cat.plans[model])
+        if model in cat.pinned or len(self._consumers[model]) < cap:
+            coord.worker.recent_cold.append(sim.now)
+            sim.after(sim.config.broker_costs.subscribe_s,
+                      lambda: self._subscribed(coord, model, window, steps))
+        else:
+            self._act(coord, steps)
+
+    def _subscribed(self, coord: Coordinator, model: int, window: int,
+                    steps: deque[tuple[str, int, int]]) -> None:
+        if model not in coord.consumers:
+            consumer = Consumer(model, max(1, window), coord.worker.index)
+            coord.consumers[model] = consumer
+            coord.worker.subscriptions = coord.worker.subscriptions | {self._names[model]}
+            self._consumers[model].append(consumer)
+            self._dispatch(model)
+        self._act(coord, steps)
+
+    def _unsubscribe(self, coord: Coordinator, model: int) -> None:
+        consumer = coord.consumers.pop(model, None)
+        if consumer is None:
+            return
+        coord.worker.subscriptions = coord.worker.subscriptions - {self._names[model]}
+        consumer.cancelled = True
+        self._consumers[model].remove(consumer)
+        # The broker takes back what was never taken out of the buffer (each to the
+        # head, as the embedded broker does), then the loop's own delivery goes back.
+        while consumer.buffer:
+            task = consumer.buffer.popleft()
+            consumer.held -= 1
+            self._requeue_front(model, task)
+        if consumer.blocked is not None:
+            task, consumer.blocked = consumer.blocked, None
+            consumer.held -= 1
+            self._requeue_front(model, task)
+            coord.waiters.remove(consumer)
+        self._dispatch(model)
+
+    def _rescored(self, coord: Coordinator) -> None:
+        sim = self.sim
+        if coord.changed:
+            coord.state = PAUSING
+            pause = coord.rng.uniform(0.0, sim.config.rescore_jitter_s)
+            sim.after(pause, lambda: self._rescore(coord, full=False))
+            return
+        coord.state = WAITING
+        coord.generation += 1
+        generation = coord.generation
+        if sim.now > sim.config.duration_s + sim.config.deadline_s:
+            return
+        sim.after(sim.config.rescore_s * coord.rng.uniform(0.75, 1.25),
+                  lambda: self._timeout(coord, generation))
+
+
+def _rank(scorer: QueueScorer, queue: QueueView) -> tuple[float, str]:
+    """The order in which scoring admits starved cold queues: best score first."""
+    return -scorer.score(queue, 0.0), queue.model_id

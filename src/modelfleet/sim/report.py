@@ -11,7 +11,13 @@ included; loads and busy time between the warm-up and the end of arrivals):
   out counts as the deadline (what its caller waited);
 - over_10s_share: share of requests that took more than 10 s (or timed out);
 - busy_fraction: share of worker time with anything running (an inference, a
-  load or a promotion), averaged over workers.
+  load or a promotion), averaged over workers;
+- req_per_s: answers (not timeouts) completed between the warm-up and the end of
+  arrivals, per second (closed-loop clients: the bench's throughput);
+- loads: full loads finished in that window (the bench's "loads" column).
+
+With closed-loop clients the latencies are those of the requests *sent* in the
+window (as bench/peers' load generator counts them).
 """
 
 from __future__ import annotations
@@ -19,13 +25,16 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 
+from modelfleet.scheduling import ScoringSettings
 from modelfleet.sim.engine import SimResult
+from modelfleet.sim.scenario import ScenarioConfig
 
 JSON_KEYS = ("router", "hit_rate", "loads_per_min", "p50_s", "p99_s", "p999_s",
-             "over_10s_share", "busy_fraction")
+             "over_10s_share", "busy_fraction", "req_per_s")
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,8 +47,13 @@ class RouterSummary:
     p999_s: float
     over_10s_share: float
     busy_fraction: float
+    req_per_s: float
     promotions_per_min: float  # table only: host -> device copies
     timeout_share: float  # table only
+    loads: int = 0  # table only: full loads in the window
+    cpu_utilisation: float = 0.0  # table only: of the machines' CPUs (0: not modelled)
+    idle_permit_s: float = 0.0  # pull only: permit-seconds idle while work waited
+    rescores: int = 0  # pull only: decisions taken in the window
 
     def as_json(self) -> dict[str, object]:
         """Exactly the keys of ``JSON_KEYS``."""
@@ -65,8 +79,13 @@ def summarise(result: SimResult) -> RouterSummary:
         p999_s=round(p999, 3),
         over_10s_share=round(float(np.mean(latency > 10.0)) if len(latency) else 0.0, 5),
         busy_fraction=round(result.busy_fraction, 4),
+        req_per_s=round(result.answered_in_window / (minutes * 60.0), 2),
         promotions_per_min=round(result.promotions / minutes, 2),
         timeout_share=round(result.timeouts / requests, 5),
+        loads=loads,
+        cpu_utilisation=round(result.cpu_utilisation, 4),
+        idle_permit_s=round(result.idle_permit_s, 2),
+        rescores=result.rescores,
     )
 
 
@@ -74,8 +93,20 @@ def to_json(summaries: Sequence[RouterSummary]) -> str:
     return json.dumps([s.as_json() for s in summaries], indent=2)
 
 
-def format_table(summaries: Sequence[RouterSummary]) -> str:
-    """A Markdown table, ready to paste."""
+def format_table(summaries: Sequence[RouterSummary], closed_loop: bool = False) -> str:
+    """A Markdown table, ready to paste. ``closed_loop``: the bench's columns (req/s,
+    p50/p99 in ms, loads in the window) instead of the fleet's."""
+    if closed_loop:
+        header = ("| router | req/s | p50 ms | p99 ms | loads | hit rate | CPU "
+                  "| idle permit-s while work waited | decisions | timeouts |")
+        rows = [header, "|" + "---|" * 10]
+        for s in summaries:
+            rows.append(
+                f"| {s.router} | {s.req_per_s:.1f} | {s.p50_s * 1000:.1f} "
+                f"| {s.p99_s * 1000:.1f} | {s.loads} | {s.hit_rate:.1%} "
+                f"| {s.cpu_utilisation:.1%} | {s.idle_permit_s:.1f} | {s.rescores} "
+                f"| {s.timeout_share:.2%} |")
+        return "\n".join(rows)
     header = ("| router | hit rate | loads/min | p50 s | p99 s | p99.9 s | over 10 s "
               "| busy | promotions/min | timeouts |")
     rule = "|" + "---|" * 10
@@ -87,6 +118,27 @@ def format_table(summaries: Sequence[RouterSummary]) -> str:
             f"| {s.busy_fraction:.1%} | {s.promotions_per_min:.1f} | {s.timeout_share:.2%} |"
         )
     return "\n".join(rows)
+
+
+def peers_row(config: ScenarioConfig, scoring: ScoringSettings | None = None,
+              router: str = "pull-affinity") -> dict[str, Any]:
+    """One run of a closed-loop scenario in bench/peers' units: req/s, p50/p99 in ms,
+    loads in the window (and what explains them)."""
+    from modelfleet.sim.compare import compare
+
+    result = compare(config, [router], scoring)[0]
+    s = summarise(result)
+    cpu_ms = (result.cpu_utilisation * config.cores * config.workers * 1000.0
+              / s.req_per_s if s.req_per_s else 0.0)
+    answered = s.req_per_s * (config.duration_s - config.warmup_s)
+    by_thread = {k: round(v * 1000 / answered, 3) if answered else 0.0
+                 for k, v in sorted(result.cpu_by_thread.items())}
+    return {"req_per_s": s.req_per_s, "p50_ms": round(s.p50_s * 1000, 2),
+            "cpu_ms_per_request": round(cpu_ms, 3), "cpu_ms_per_request_by": by_thread,
+            "p99_ms": round(s.p99_s * 1000, 2), "loads": s.loads,
+            "hit_rate": s.hit_rate, "cpu_utilisation": s.cpu_utilisation,
+            "idle_permit_s_while_backlog": s.idle_permit_s, "decisions": s.rescores,
+            "timeouts": round(s.timeout_share * len(result.latency_s))}
 
 
 def plot(results: Sequence[SimResult], path: str, title: str,

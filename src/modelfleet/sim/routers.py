@@ -9,7 +9,6 @@ permits they wait in its local FIFO (the server's accept queue).
 from __future__ import annotations
 
 from modelfleet.sim.engine import Simulation
-from modelfleet.sim.scenario import ScenarioConfig
 from modelfleet.sim.worker import CacheFactory, SimWorker, Task, lru_device_only
 
 MATCHING_TIMEOUT_S = 1.0  # Ray Serve's multiplexed_model_id_matching_timeout_s
@@ -30,8 +29,8 @@ class PushRouter:
         assert self._sim is not None, "attach() first"
         return self._sim
 
-    def cache_factory(self, config: ScenarioConfig) -> CacheFactory:
-        return lru_device_only(config.device_budget_bytes)
+    def cache_factory(self, device_budget_bytes: int, host_budget_bytes: int) -> CacheFactory:
+        return lru_device_only(device_budget_bytes)
 
     def attach(self, sim: Simulation) -> None:
         self._sim = sim
@@ -54,8 +53,17 @@ class PushRouter:
             else:
                 sim.start(worker, task)
 
+    def on_settled(self, worker: SimWorker, task: Task) -> None:
+        return None
+
+    def on_answered(self, index: int, model: int) -> None:
+        return None
+
     def on_tick(self, worker: SimWorker) -> None:
         return None
+
+    def window_stats(self) -> tuple[float, int]:
+        return 0.0, 0
 
     def _rotation(self) -> list[SimWorker]:
         """All workers, starting one further each call (ties then spread evenly)."""
@@ -110,8 +118,9 @@ class RayMultiplex(PushRouter):
         model = task[1]
         name = self.sim.catalog.names[model]
         rotation = self._rotation()
-        holders = [w for w in rotation
-                   if model in w.loading or w.cache.tier_of(name) == "device"]
+        runtime = self.sim.catalog.runtime[model]
+        holders = [w for w in rotation if model in w.runtimes[runtime].loading
+                   or w.runtimes[runtime].cache.tier_of(name) == "device"]
         with_room = [w for w in holders if connections(w) < w.permits]
         if with_room:
             return min(with_room, key=connections)
@@ -132,7 +141,7 @@ class RayMultiplex(PushRouter):
 
 def models_loaded(worker: SimWorker) -> int:
     """Models on the device plus those loading (the device policy ranks every resident)."""
-    return len(worker.cache.policy) + len(worker.loading)
+    return sum(len(r.cache.policy) + len(r.loading) for r in worker.runtimes)
 
 
 PUSH_ROUTERS: dict[str, type[PushRouter]] = {

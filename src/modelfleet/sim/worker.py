@@ -1,4 +1,5 @@
-"""One simulated worker: a real ``ModelCache``, permits, a loader, and its bookkeeping.
+"""One simulated worker: permits, runtimes (each a real ``ModelCache`` with its own
+loaders and batchers), a machine's CPUs, and its bookkeeping.
 
 The worker is plain state; :mod:`modelfleet.sim.engine` moves it through time.
 """
@@ -10,9 +11,40 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from modelfleet.cache import GdsfPolicy, LruPolicy, ModelCache
+from modelfleet.sim.cpu import Machine
 
 # A task is (request index, model index, arrival time).
 Task = tuple[int, int, float]
+
+
+@dataclass(eq=False, slots=True)
+class Batcher:
+    """``modelfleet.runtime.pipeline.Batcher`` for one model on one runtime: one predict
+    at a time over at most ``batch_size`` inputs, the next batch formed from whatever
+    waited meanwhile (``max_delay_ms`` = 0)."""
+
+    waiting: deque[Task] = field(default_factory=deque)
+    running: bool = False
+
+
+@dataclass(eq=False, slots=True)
+class SimRuntime:
+    """One runtime process of a worker: its cache, its load slots, its batchers."""
+
+    index: int
+    name: str
+    cache: ModelCache
+    loaders: int
+    load_queue: deque[int] = field(default_factory=deque)  # models waiting for a load slot
+    loads_running: int = 0
+    loading: dict[int, list[Task]] = field(default_factory=dict)  # model -> tasks waiting
+    promoting: dict[int, list[Task]] = field(default_factory=dict)
+    batchers: dict[int, Batcher] = field(default_factory=dict)
+    collected_at: float = -1e9  # the last full gc this runtime ran
+
+    @property
+    def loader_free(self) -> bool:
+        return self.loads_running + len(self.load_queue) < self.loaders
 
 
 @dataclass(eq=False, slots=True)
@@ -21,15 +53,12 @@ class SimWorker:
 
     index: int
     name: str
-    cache: ModelCache
+    runtimes: list[SimRuntime]
     permits: int
-    loaders: int
+    machine: Machine | None = None  # None: CPU not modelled
     in_flight: int = 0
+    running: dict[int, int] = field(default_factory=dict)  # model -> tasks holding permits
     local: deque[Task] = field(default_factory=deque)  # push routers: accepted, not started
-    load_queue: deque[int] = field(default_factory=deque)  # models waiting for a loader
-    loads_running: int = 0
-    loading: dict[int, list[Task]] = field(default_factory=dict)  # model -> tasks waiting
-    promoting: dict[int, list[Task]] = field(default_factory=dict)
     # Busy-time accounting: anything running (an inference, a load, a promotion).
     active: int = 0
     busy_since: float = 0.0
@@ -41,12 +70,23 @@ class SimWorker:
     scores: dict[str, float] = field(default_factory=dict)
 
     @property
+    def cache(self) -> ModelCache:
+        """The first runtime's cache (the only one unless ``runtimes_per_worker`` > 1)."""
+        return self.runtimes[0].cache
+
+    @property
     def free_permits(self) -> int:
         return self.permits - self.in_flight
 
     @property
-    def loader_free(self) -> bool:
-        return self.loads_running + len(self.load_queue) < self.loaders
+    def loading(self) -> dict[int, list[Task]]:
+        """Models being loaded on any runtime (or waiting for a load slot)."""
+        if len(self.runtimes) == 1:
+            return self.runtimes[0].loading
+        merged: dict[int, list[Task]] = {}
+        for runtime in self.runtimes:
+            merged.update(runtime.loading)
+        return merged
 
     def mark_busy(self, now: float, delta: int) -> None:
         if self.active == 0 and delta > 0:
@@ -61,6 +101,8 @@ class SimWorker:
 
 
 CacheFactory = Callable[[Callable[[], float]], ModelCache]
+CacheFactoryFor = Callable[[int, int], CacheFactory]
+"""Given (device budget, host budget) per runtime, a factory of caches."""
 
 
 def lru_device_only(device_budget_bytes: int) -> CacheFactory:
