@@ -1,0 +1,268 @@
+"""The simulator against bench/peers: the same catalog, the worker's own decision step,
+closed-loop clients, a CPU model, and the measured row it must predict."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+import sys
+import zlib
+from dataclasses import replace
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+import pytest
+
+import modelfleet.scheduling
+from modelfleet.scheduling import ScoringSettings
+from modelfleet.sim import pull
+from modelfleet.sim.cli import main
+from modelfleet.sim.compare import make_router
+from modelfleet.sim.cpu import Machine
+from modelfleet.sim.engine import Simulation
+from modelfleet.sim.report import peers_row
+from modelfleet.sim.scenario import (
+    ScenarioConfig,
+    Trace,
+    ZipfSampler,
+    build_catalog,
+    build_trace,
+    peers_artifact_bytes,
+    scenario,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+PEERS = ROOT / "bench" / "peers"
+MEASURED = ROOT / "bench" / "peers_measured.json"
+SHORT = {"warmup_s": 2.0, "duration_s": 10.0}
+
+
+def bench_module(name: str) -> ModuleType:
+    """bench/peers/<name>.py imported by path (its siblings importable, as run.py has it)."""
+    if str(PEERS) not in sys.path:
+        sys.path.insert(0, str(PEERS))
+    spec = importlib.util.spec_from_file_location(f"bench_peers_{name}", PEERS / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+# -- the catalog and the clients are the bench's -------------------------------------------
+
+
+def test_peers_catalog_has_the_bench_catalogs_sizes() -> None:
+    cat = bench_module("catalog")
+    specs = cat.catalog_spec()
+    sizes = peers_artifact_bytes()
+    assert len(sizes) == len(specs) == 50
+    # Each model's float32 weights, plus what np.savez adds: write the smallest for real.
+    overhead = sizes[0] - specs[0].weight_bytes
+    assert [s - overhead for s in sizes] == [spec.weight_bytes for spec in specs]
+    smallest = min(specs, key=lambda spec: spec.hidden)
+    out = io.BytesIO()
+    np.savez(out, **cat.make_weights(smallest))
+    assert len(out.getvalue()) == sizes[smallest.rank]
+    # And the files bench/peers wrote, when this checkout has them.
+    index = PEERS / ".cache" / "catalog" / "catalog.json"
+    if index.is_file() and json.loads(index.read_text())["seed"] == cat.SEED:
+        catalog = cat.Catalog(index.parent, specs)
+        on_disk = catalog.sizes()
+        assert [on_disk[spec.name] for spec in specs] == sizes
+    config = scenario("peers")
+    built = build_catalog(config)
+    assert built.names == tuple(spec.name for spec in specs)
+    assert list(built.size_bytes) == sizes
+    # The device budget per runtime is 16 % of the catalog's bytes, as the bench sets it.
+    sim = Simulation(config, built, build_trace(config),
+                     make_router("pull-affinity", config, ScoringSettings()))
+    assert sim.device_budget_bytes == int(sum(sizes) * 0.16)
+    assert [r.cache.device_budget_bytes for r in sim.workers[0].runtimes] == \
+        [sim.device_budget_bytes] * 2
+
+
+def test_clients_draw_models_like_the_bench_load_generator() -> None:
+    stats = bench_module("stats")
+    for seed in (1000, 1031):
+        theirs = stats.Zipf(50, 1.0, seed=seed)
+        ours = ZipfSampler(50, 1.0, seed)
+        assert [ours() for _ in range(500)] == [theirs() for _ in range(500)]
+
+
+# -- the worker's own decision code, runtimes and windows -----------------------------------
+
+
+def test_pull_runs_decide_with_a_loader_per_runtime(monkeypatch: pytest.MonkeyPatch) -> None:
+    config = scenario("peers", **SHORT)
+    snapshots: list[modelfleet.scheduling.Snapshot] = []
+    real = modelfleet.scheduling.decide
+
+    def spy(snapshot: modelfleet.scheduling.Snapshot, settings: ScoringSettings,
+            rng_seed: int) -> modelfleet.scheduling.Decision:
+        snapshots.append(snapshot)
+        return real(snapshot, settings, rng_seed)
+
+    assert pull.decide is real
+    monkeypatch.setattr(pull, "decide", spy)
+    catalog = build_catalog(config)
+    sim = Simulation(config, catalog, build_trace(config),
+                     make_router("pull-affinity", config, ScoringSettings()))
+    sim.run()
+    assert snapshots
+    for snapshot in snapshots:
+        assert set(snapshot.worker.loader_room or {}) == {"runtime-0", "runtime-1"}
+        for queue in snapshot.queues:
+            index = catalog.names.index(queue.model_id)
+            assert queue.runtime == f"runtime-{zlib.crc32(queue.model_id.encode()) % 2}"
+            assert queue.runtime == f"runtime-{catalog.runtime[index]}"
+            assert queue.batch_size == 16
+    # Each runtime's cache only ever held the models crc32 gives it.
+    for runtime in sim.workers[0].runtimes:
+        held = runtime.cache.snapshot().device
+        assert held and all(catalog.runtime[catalog.names.index(m)] == runtime.index
+                            for m in held)
+
+
+def test_a_consumer_never_takes_more_than_its_prefetch_window(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    config = scenario("peers", **SHORT)
+    router = make_router("pull-affinity", config, ScoringSettings())
+    assert isinstance(router, pull.PullAffinity)
+    windows_set: list[dict[str, int]] = []
+    real_decide = pull.decide
+
+    def spy(snapshot: Any, settings: ScoringSettings, rng_seed: int) -> Any:
+        decision = real_decide(snapshot, settings, rng_seed)
+        windows_set.append(dict(decision.prefetch))
+        return decision
+
+    monkeypatch.setattr(pull, "decide", spy)
+    real_dispatch = router._dispatch
+    deliveries = 0
+
+    def checked(model: int) -> None:
+        nonlocal deliveries
+        before = {id(c): c.held for c in router._consumers[model]}
+        real_dispatch(model)
+        for consumer in router._consumers[model]:
+            if consumer.held > before.get(id(consumer), 0):
+                deliveries += 1
+                assert consumer.held <= consumer.window
+    monkeypatch.setattr(router, "_dispatch", checked)
+    Simulation(config, build_catalog(config), build_trace(config), router).run()
+    assert deliveries > 100
+    assert any(windows_set) and all(w >= 16 for ws in windows_set for w in ws.values())
+
+
+# -- closed-loop clients -------------------------------------------------------------------
+
+
+def test_each_client_sends_its_next_request_when_the_answer_arrives() -> None:
+    config = scenario("peers", **SHORT)
+    sim = Simulation(config, build_catalog(config), build_trace(config),
+                     make_router("pull-affinity", config, ScoringSettings()))
+    result = sim.run()
+    assert result.closed_loop and len(sim.arrival) > 500
+    by_client: dict[int, list[int]] = {}
+    for index, client in enumerate(sim._client_of):
+        by_client.setdefault(client, []).append(index)
+    assert sorted(by_client) == list(range(32))
+    for requests in by_client.values():
+        for before, after in zip(requests, requests[1:], strict=False):
+            assert sim.arrival[after] == pytest.approx(sim.arrival[before]
+                                                      + sim.latency[before])
+    assert all(t < config.duration_s for t in sim.arrival)
+
+
+def test_a_cold_request_is_taken_by_a_woken_rescore_not_the_tick() -> None:
+    # One request for a model nobody pulls; ticks too rare to matter: the announcement
+    # wakes the coordinator, which subscribes, loads and answers within milliseconds.
+    config = scenario("peers", clients=0, rescore_s=1000.0, warmup_s=0.0, duration_s=2.0)
+    catalog = build_catalog(config)
+    model = 7
+    sim = Simulation(config, catalog, Trace([0.5], [model]),
+                     make_router("pull-affinity", config, ScoringSettings()))
+    sim.run()
+    latency = sim.latency[0]
+    floor = config.broker_costs.announce_s + catalog.load_s[model] + catalog.infer_s[model]
+    assert floor < latency < floor + config.rescore_jitter_s + 0.05
+
+
+# -- the machine -----------------------------------------------------------------------------
+
+
+def test_machine_shares_its_cores_among_threads_not_jobs() -> None:
+    now = [0.0]
+    timers: list[tuple[float, int]] = []
+    machine = Machine(1.0, lambda: now[0], lambda at, gen: timers.append((at, gen)))
+    done: dict[str, float] = {}
+
+    def finish(name: str) -> Any:
+        return lambda: done.setdefault(name, now[0])
+
+    # Four 1 s jobs queued on one loop and one 1 s load on a thread of its own: the two
+    # threads share the core, so the load is done at 2 s (not 5 s), the loop at 5 s.
+    for i in range(4):
+        machine.run(1.0, finish(f"loop{i}"), thread="serve")
+    machine.run(1.0, finish("load"), kind="load")
+    while timers:
+        at, generation = max(timers, key=lambda t: t[1])
+        timers.clear()
+        now[0] = at
+        machine.on_timer(generation)
+    assert done["load"] == pytest.approx(2.0)
+    assert max(done.values()) == pytest.approx(5.0)
+    assert machine.cpu_by_thread() == pytest.approx({"serve": 4.0, "load": 1.0})
+
+
+# -- the scenario and the measured row --------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def measured_and_simulated() -> tuple[dict[str, Any], dict[str, Any]]:
+    measured = json.loads(MEASURED.read_text())
+    overrides = measured.get("build", {}).get("sim_overrides", {})
+    return measured, peers_row(scenario("peers", **overrides))
+
+
+def test_peers_scenario_is_the_bench_setup() -> None:
+    config = scenario("peers")
+    assert (config.workers, config.runtimes_per_worker, config.models, config.clients,
+            config.permits, config.zipf, config.warmup_s, config.duration_s - config.warmup_s,
+            config.device_fraction, config.batch_size, config.broker) == \
+        (1, 2, 50, 32, 16, 1.0, 5.0, 45.0, 0.16, 16, "embedded")
+    assert replace(config, seed=2) != config
+
+
+def test_peers_throughput_within_a_quarter_of_the_measured_row(
+        measured_and_simulated: tuple[dict[str, Any], dict[str, Any]]) -> None:
+    measured, simulated = measured_and_simulated
+    assert not measured.get("placeholder"), "bench/peers_measured.json holds a placeholder"
+    assert simulated["req_per_s"] == pytest.approx(measured["zipf"]["req_per_s"], rel=0.25)
+
+
+@pytest.mark.xfail(strict=True, reason="known miss: the sim's p50 is ~0.7 of the measured; "
+                   "the real tasks hold their permits longer (bench/README_sim.md, "
+                   "'What the sim still misses')")
+def test_peers_p50_within_a_quarter_of_the_measured_row(
+        measured_and_simulated: tuple[dict[str, Any], dict[str, Any]]) -> None:
+    measured, simulated = measured_and_simulated
+    assert simulated["p50_ms"] == pytest.approx(measured["zipf"]["p50_ms"], rel=0.25)
+
+
+def test_cli_runs_the_peers_scenario(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--scenario", "peers", "--duration", "6", "--warmup-s", "1", "--json",
+                 "--no-plot"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [row["router"] for row in rows] == ["pull-affinity"]
+    assert rows[0]["req_per_s"] > 0
+
+
+def test_fleet_defaults_are_unchanged_by_the_peers_preset() -> None:
+    assert scenario("fleet") == ScenarioConfig()
+    with pytest.raises(ValueError, match="unknown scenario field"):
+        scenario("peers", no_such_field=1)
