@@ -48,11 +48,11 @@ class BrokerCosts:
     announce_s: float  # a demand event from a gateway's publish to a worker's listener
 
 
-# Measured with bench/sim_costs.py on the bench machine (see bench/README_sim.md):
-# RabbitMQ 3.11 on loopback through aio-pika; the embedded broker in-process.
+# Measured on the bench machine through the project's own brokers (bench/sim_vs_measured.py
+# --measure-costs): RabbitMQ on loopback (aio-pika), the embedded broker in-process.
 BROKERS: dict[str, BrokerCosts] = {
-    "rabbitmq": BrokerCosts(count_s=0.00055, subscribe_s=0.0011, announce_s=0.00045),
-    "embedded": BrokerCosts(count_s=0.000002, subscribe_s=0.00002, announce_s=0.00005),
+    "rabbitmq": BrokerCosts(count_s=0.00036, subscribe_s=0.0031, announce_s=0.0012),
+    "embedded": BrokerCosts(count_s=0.0000055, subscribe_s=0.000005, announce_s=0.00005),
 }
 
 
