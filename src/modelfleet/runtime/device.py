@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 
 
 def cuda_available() -> bool:
@@ -81,6 +80,9 @@ def held_bytes(root: Any, cuda_only: bool = False) -> int:
     Modules (and classes, functions) are not followed: what they hold is shared by
     every model. ``cuda_only``: count only tensors on a CUDA device.
     """
+    # Only libraries a model imported can hold its buffers (an isolated runtime's venv
+    # may have neither): look them up, never import them here.
+    numpy = sys.modules.get("numpy")
     torch = sys.modules.get("torch")
     seen_objects: set[int] = set()
     seen_buffers: set[int] = set()
@@ -91,9 +93,9 @@ def held_bytes(root: Any, cuda_only: bool = False) -> int:
         if id(obj) in seen_objects or isinstance(obj, _NOT_FOLLOWED):
             continue
         seen_objects.add(id(obj))
-        if isinstance(obj, np.ndarray):
+        if numpy is not None and isinstance(obj, numpy.ndarray):
             base = obj
-            while isinstance(base.base, np.ndarray):
+            while isinstance(base.base, numpy.ndarray):
                 base = base.base
             if not cuda_only and id(base) not in seen_buffers:
                 seen_buffers.add(id(base))
