@@ -85,6 +85,7 @@ class Coordinator:
     waiters: deque[Consumer] = field(default_factory=deque)  # the permit semaphore's FIFO
     counts: dict[int, tuple[int, int]] = field(default_factory=dict)  # as last counted
     dirty: set[int] = field(default_factory=set)
+    heard_upto: int = 0  # announcements (PullAffinity._heard_log) folded into dirty so far
     changed: bool = False
     state: int = WAITING
     generation: int = 0  # invalidates a pending timeout when a wake comes first
@@ -124,6 +125,7 @@ class PullAffinity:
         self._announced: dict[int, float] = {}  # model -> last announcement (gateway)
         self._demand: dict[int, float] = {}  # model -> last announcement heard (workers)
         self._demand_log: deque[tuple[float, int]] = deque()
+        self._heard_log: list[int] = []  # every announcement heard, in order
         self._names: tuple[str, ...] = ()
 
     @property
@@ -191,14 +193,26 @@ class PullAffinity:
             sim.after(sim.config.announce_interval_s, self._announce_waiting)
 
     def _heard(self, model: int) -> None:
-        """Every worker's event listener gets a demand announcement."""
-        self._demand[model] = self.sim.now
-        self._demand_log.append((self.sim.now, model))
+        """Every worker's event listener gets a demand announcement: a model it does not
+        pull is counted afresh at its next re-score (folded into ``dirty`` from the log
+        when that starts), and wakes it if a permit is free."""
+        now = self.sim.now
+        self._demand[model] = now
+        self._demand_log.append((now, model))
+        self._heard_log.append(model)
+        if not self.sim.config.event_rescores:
+            return
         for coord in self._coords:
-            if model not in coord.consumers:
-                coord.dirty.add(model)
-                if coord.worker.in_flight < coord.worker.permits:
-                    self._wake(coord)
+            if coord.state != PAUSING and model not in coord.consumers \
+                    and coord.worker.in_flight < coord.worker.permits:
+                self._wake(coord)
+
+    def _fold_heard(self, coord: Coordinator) -> None:
+        """Announcements heard since the last fold: those of models not pulled are dirty."""
+        log = self._heard_log
+        consumers = coord.consumers
+        coord.dirty.update(m for m in log[coord.heard_upto:] if m not in consumers)
+        coord.heard_upto = len(log)
 
     # --- the broker -------------------------------------------------------------------------
 
@@ -281,6 +295,8 @@ class PullAffinity:
     # --- the coordinator: the re-score loop -----------------------------------------------------
 
     def _wake(self, coord: Coordinator) -> None:
+        if not self.sim.config.event_rescores:
+            return  # the ablation: re-score on the periodic tick only
         if coord.state == WAITING:
             coord.generation += 1  # the pending timeout no longer counts
             coord.state = PAUSING
@@ -326,6 +342,7 @@ class PullAffinity:
 
     def _to_count(self, coord: Coordinator, full: bool) -> int:
         """How many queues this re-score counts (their cost; the counts come later)."""
+        self._fold_heard(coord)
         if not full:
             return len(coord.dirty)
         self._expire_demand()
@@ -371,6 +388,7 @@ class PullAffinity:
                 if model in demand and model not in counts:
                     counts[model] = self._live_count(model)
         else:
+            self._fold_heard(coord)  # what was heard while the stats were asked, too
             for model in coord.dirty:
                 if model in demand:
                     counts[model] = self._live_count(model)
