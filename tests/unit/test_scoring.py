@@ -363,3 +363,10 @@ def test_work_waiting_counts_only_tasks_this_worker_could_take() -> None:
                             QUIET, held_too=False)
     assert work_waiting(Snapshot(NOW, (QueueView("starved", backlog=1, consumers=0),),
                                  worker()), QUIET, held_too=False)
+    # A cold queue whose runtime's loader is full: taking it would start nothing sooner.
+    full = worker(loader_room={"r0": 0}, free_permits=4)
+    cold = QueueView("cold", backlog=3, consumers=0, runtime="r0")
+    assert not work_waiting(Snapshot(NOW, (cold,), full), QUIET)
+    assert work_waiting(Snapshot(NOW, (cold,), worker(loader_room={"r0": 1})), QUIET)
+    warm = worker(loader_room={"r0": 0}, resident_device=frozenset({"cold"}))
+    assert work_waiting(Snapshot(NOW, (cold,), warm), QUIET)  # resident: it can start

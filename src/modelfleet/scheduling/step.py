@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from modelfleet.scheduling.scoring import choose_queues, is_starving
+from modelfleet.scheduling.scoring import choose_queues, is_starving, loader_room
 from modelfleet.scheduling.settings import ScoringSettings
 from modelfleet.scheduling.views import Decision, QueueView, WorkerView
 
@@ -65,18 +65,25 @@ def prefetch_window(queue: QueueView, worker: WorkerView, held: int) -> int:
 
 
 def work_waiting(snapshot: Snapshot, settings: ScoringSettings, held_too: bool = True) -> bool:
-    """Is a task waiting that this worker could run? (held, starved, or under its cap)
+    """Is a task waiting that this worker could start now? (held, starved, under its cap)
 
-    While it is and a permit is free, the permit idles: the quantity that
-    ``modelfleet_worker_idle_permit_seconds_while_backlog_total`` integrates.
+    A task for a model this worker would have to load counts only while the runtime
+    that would load it has a free load slot: a worker whose loader is full cannot start
+    it any sooner by taking it. While such a task waits and a permit is free, the permit
+    idles: what ``modelfleet_worker_idle_permit_seconds_while_backlog_total`` integrates.
     ``held_too=False``: only in queues this worker does not consume (what a new
     decision could change; held queues deliver by themselves as permits free up).
     """
-    held = snapshot.worker.subscriptions
+    worker = snapshot.worker
+    room = loader_room(worker, settings)
+    warm = worker.resident_device | worker.resident_host | worker.loading
     for queue in snapshot.queues:
         if queue.backlog <= 0:
             continue
-        if queue.model_id in held:
+        if queue.model_id not in warm and not queue.pinned and room.get(
+                "" if worker.loader_room is None else queue.runtime, 0) <= 0:
+            continue  # it would wait for the loader here as well as in its queue
+        if queue.model_id in worker.subscriptions:
             if held_too:
                 return True
             continue

@@ -104,6 +104,7 @@ class Coordinator:
         self._idle = IdleMeter(self._cap, time.monotonic)
         self._snapshot: Snapshot | None = None  # the last one decided on
         self._untaken_work = False  # it saw tasks waiting in queues this worker does not pull
+        self._held_backlog: set[str] = set()  # held queues it saw tasks waiting in
         self._refreshed_at = -1e9
         self._loops: list[asyncio.Task[None]] = []
         self._stopping = False
@@ -262,6 +263,7 @@ class Coordinator:
                 # Woken by an event every worker may have seen at once (an announcement):
                 # a short random pause spreads the fleet's reactions, and the fresh count
                 # before a cold subscription lets a later worker see the first one's claim.
+                # It also bounds how often a busy worker re-scores (wakes coalesce).
                 await asyncio.sleep(self._jitter.uniform(0, self._settings.worker
                                                          .rescore_jitter_s))
 
@@ -310,7 +312,10 @@ class Coordinator:
             del self._counts[model_id]
             with contextlib.suppress(KeyError):  # a gauge nobody updates would go stale
                 metrics.QUEUE_BACKLOG.remove(model_id)
-        ask = candidates if full else (self._dirty | (candidates - set(self._counts)))
+        # Woken: count afresh what was announced, never counted, or held with a backlog
+        # (its window is sized to what waits there).
+        ask = candidates if full else (self._dirty | self._held_backlog
+                                       | (candidates - set(self._counts)))
         self._dirty.clear()
         if ask:
             self._counts.update(await self._broker.queue_stats(sorted(ask & candidates)))
@@ -345,6 +350,8 @@ class Coordinator:
         self._idle.observe(free_permits=worker.free_permits,
                            waiting=work_waiting(snapshot, self._settings.scheduling))
         self._untaken_work = work_waiting(snapshot, self._settings.scheduling, held_too=False)
+        self._held_backlog = {q.model_id for q in queues
+                              if q.backlog > 0 and q.model_id in self._consumers}
         return snapshot
 
     async def _act(self, decision: Decision, snapshot: Snapshot) -> None:
@@ -462,8 +469,10 @@ class Coordinator:
         self._permits.release()
         metrics.PERMITS_IN_USE.set(len(self._in_flight))
         self._idle.observe(free_permits=self._cap - len(self._in_flight))
-        if self._untaken_work:
-            self._wake()  # a permit (and maybe a load slot) is free while work waits
+        if self._untaken_work or self._held_backlog:
+            # A permit (and maybe a load slot) is free while work waits: elsewhere, or
+            # in a held queue whose window may be too small for what waits there now.
+            self._wake()
         if not task.cancelled() and task.exception() is not None:
             log.error("task runner failed", exc_info=task.exception())
 
