@@ -86,6 +86,7 @@ class Coordinator:
     counts: dict[int, tuple[int, int]] = field(default_factory=dict)  # as last counted
     dirty: set[int] = field(default_factory=set)
     heard_upto: int = 0  # announcements (PullAffinity._heard_log) folded into dirty so far
+    held_backlog: set[int] = field(default_factory=set)  # held queues last seen with backlog
     changed: bool = False
     state: int = WAITING
     generation: int = 0  # invalidates a pending timeout when a wake comes first
@@ -274,8 +275,10 @@ class PullAffinity:
                 continue
             self._start(coord, blocked)
             self._take(coord, waiter)
-        if coord.untaken:
-            self._wake(coord)  # a permit (and maybe a load slot) is free while work waits
+        if coord.untaken or coord.held_backlog:
+            # A permit (and maybe a load slot) is free while work waits: elsewhere, or in
+            # a held queue whose window may be too small for what waits there now.
+            self._wake(coord)
 
     def on_free(self, worker: SimWorker) -> None:
         return None  # deliveries flow by the broker and the semaphore, not by polling
@@ -314,17 +317,18 @@ class PullAffinity:
         coord.state = RESCORING
         coord.changed = False
         costs = sim.config.broker_costs
-        count_s = costs.count_s * self._to_count(coord, full)
+        count_all = full or sim.config.recount_on_wake
+        count_s = costs.count_s * self._to_count(coord, count_all)
         if full or sim.now - coord.refreshed_at >= sim.config.residency_max_age_s:
             # The runtimes' stats, one round trip each (CPU on both ends), then the counts;
             # woken re-scores reuse stats a few milliseconds old.
             def counted() -> None:
                 self._refresh(coord)
-                sim.after(count_s, lambda: self._observed(coord, full))
+                sim.after(count_s, lambda: self._observed(coord, count_all))
             sim.work(coord.worker, sim.config.stats_s * len(coord.worker.runtimes), counted,
                      "serve")
         else:
-            sim.after(count_s, lambda: self._observed(coord, full))
+            sim.after(count_s, lambda: self._observed(coord, count_all))
 
     def _refresh(self, coord: Coordinator) -> None:
         """What the runtimes' ``stats`` say: device, host, and loading per runtime."""
@@ -344,7 +348,7 @@ class PullAffinity:
         """How many queues this re-score counts (their cost; the counts come later)."""
         self._fold_heard(coord)
         if not full:
-            return len(coord.dirty)
+            return len(coord.dirty | coord.held_backlog)
         self._expire_demand()
         extra = sum(1 for m in coord.consumers if m not in self._demand)
         return len(self._demand) + extra
@@ -391,6 +395,9 @@ class PullAffinity:
             self._fold_heard(coord)  # what was heard while the stats were asked, too
             for model in coord.dirty:
                 if model in demand:
+                    counts[model] = self._live_count(model)
+            for model in coord.held_backlog:  # held, with a backlog when last counted
+                if model in coord.consumers:
                     counts[model] = self._live_count(model)
         coord.dirty.clear()
         now = sim.now
@@ -467,6 +474,8 @@ class PullAffinity:
 
         coord.waiting = waits(True)
         coord.untaken = coord.waiting if sim.config.wake_on_held_backlog else waits(False)
+        coord.held_backlog = {m for m in held if counts.get(m, (0, 0))[0] > 0} \
+            if sim.config.recount_held_backlog else set()
         coord.meter_free = worker.free_permits
         if sim.config.warmup_s <= now <= sim.config.duration_s:
             coord.rescores += 1

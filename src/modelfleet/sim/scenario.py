@@ -113,6 +113,8 @@ class ScenarioConfig:
     rescore_s: float = 1.0  # periodic re-score, each tick x uniform(0.75, 1.25)
     rescore_jitter_s: float = 0.01  # pause before a re-score woken by an event
     event_rescores: bool = True  # woken by announcements and task ends (False: ticks only)
+    recount_held_backlog: bool = True  # woken re-scores recount held queues seen with backlog
+    recount_on_wake: bool = False  # an ablation: woken re-scores count every candidate too
     announce_interval_s: float = 0.25  # demand announced at once, then at most this often
     demand_window_s: float = 60.0  # how long an announcement keeps a queue a candidate
     stats_s: float = 0.00016  # a runtime's stats round trip (CPU), per runtime per re-score
