@@ -319,3 +319,29 @@ async def test_evicted_models_are_freed_without_stopping_the_loop_for_a_collecti
     await asyncio.sleep(0.05)  # the thread that ran its unload() lets go of it
     assert weights() is None  # freed: no collection needed
     assert collections == [1]  # four evictions within a second, one collection
+
+
+async def test_concurrent_loads_of_models_that_fit_are_never_refused(tmp_path: Path) -> None:
+    """A burst over a catalog far bigger than the budget: every model fits alone, so
+    every request gets its model, however the loads and evictions interleave."""
+    import random
+
+    from modelfleet.errors import ModelfleetError
+
+    sizes = {f"m{i}": random.Random(i).choice([1, 2, 3, 4, 6]) for i in range(12)}
+    for name, mb in sizes.items():
+        package(tmp_path, name, mb, load_s=0.01)
+    host = host_for(tmp_path, 10, 0)
+    rng = random.Random(1)
+    refused: list[str] = []
+
+    async def one() -> None:
+        try:
+            await host.ensure(rng.choice(list(sizes)), "1")
+        except ModelfleetError as exc:
+            refused.append(str(exc))
+
+    for _ in range(40):
+        await asyncio.gather(*(one() for _ in range(8)))
+    assert refused == []
+    assert host.cache.snapshot().device_used_bytes <= 10 * MiB

@@ -32,7 +32,13 @@ from modelfleet.errors import ModelfleetError, ModelLoadFailed, NoCapacity
 from modelfleet.manifest import Manifest, load_manifest
 from modelfleet.model import Context, Model, import_handler
 from modelfleet.repository import ModelStore
-from modelfleet.runtime.device import measure_load, move, release_device_memory, resolve_device
+from modelfleet.runtime.device import (
+    measure_load,
+    move,
+    package_bytes,
+    release_device_memory,
+    resolve_device,
+)
 from modelfleet.runtime.pipeline import Batcher
 from modelfleet.settings import RuntimeSettings
 
@@ -195,11 +201,15 @@ class ModelHost:
         package_dir, source = await asyncio.to_thread(self._store.materialize, model_id, version)
         manifest = load_manifest(package_dir / "model.toml")
         pinned = pinned or manifest.fanout.pinned  # pinned stays pinned across restarts
+        device = resolve_device(manifest.device)
         size = self.cache.last_measured_bytes(key) or manifest.memory_estimate_bytes
+        if device == "cpu":
+            # On CPU a load measures at least its package's bytes: reserve that much, or
+            # an estimate a little short would overflow at commit beside other loads.
+            size = max(size, await asyncio.to_thread(package_bytes, package_dir))
         evictions = await self._reserve(key, size, pinned)
         try:
             await self._carry_out(evictions)
-            device = resolve_device(manifest.device)
             limit = manifest.memory_limit_bytes or self._settings.memory_limit_bytes
             ctx = Context(model_id, version, package_dir, device, limit)
             handlers: list[Model] = []
