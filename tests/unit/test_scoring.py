@@ -342,6 +342,12 @@ def test_decide_sizes_prefetch_windows_to_the_work_waiting_and_the_free_permits(
     assert windows["hot"] == 16  # what runs here plus the permits free, not the whole backlog
     assert "batchy" not in windows  # a batch must fit: 8 stays 8
     assert "calm" not in windows  # 6 -> fair share 6: unchanged, no consumer churn
+    # A window full while tasks wait and permits are free grows at once (not at 2x).
+    busy = worker(subscriptions=frozenset({"hot"}), resident_device=frozenset({"hot"}),
+                  free_permits=3, permits_cap=16, running={"hot": 8}, prefetch={"hot": 8})
+    grown = decide(Snapshot(NOW, (QueueView("hot", backlog=16, consumers=1),), busy),
+                   QUIET, SEED).prefetch
+    assert grown == {"hot": 11}
     fresh = decide(Snapshot(NOW, (QueueView("new", backlog=3, consumers=0),),
                             worker(free_permits=10, permits_cap=16)), QUIET, SEED)
     assert fresh.subscribe == {"new"} and fresh.prefetch["new"] == 10  # the free permits

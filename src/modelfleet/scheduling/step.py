@@ -40,7 +40,9 @@ def decide(snapshot: Snapshot, settings: ScoringSettings, rng_seed: int) -> Deci
             continue
         wanted = prefetch_window(queue, snapshot.worker, len(held))
         current = snapshot.worker.prefetch.get(model_id)
-        if current is None or wanted * 2 <= current or wanted >= current * 2:
+        # Grow at once (a window smaller than what waits idles free permits); shrink only
+        # once it halves, so that the window does not follow every task's start and end.
+        if current is None or wanted > current or wanted * 2 <= current:
             windows[model_id] = wanted
     return replace(decision, prefetch=windows)
 
@@ -55,8 +57,8 @@ def prefetch_window(queue: QueueView, worker: WorkerView, held: int) -> int:
     could not start stays in the queue, visible to other workers and the autoscaler.
     The permit semaphore, not the window, bounds what starts.
 
-    A window changes only when it halves or doubles (see :func:`decide`): on RabbitMQ a
-    change costs a new consumer.
+    A window grows as soon as more waits, and shrinks only when it halves (see
+    :func:`decide`): on RabbitMQ a change costs a new consumer.
     """
     running = worker.running.get(queue.model_id, 0)
     share = -(-worker.permits_cap // max(1, held))
