@@ -25,9 +25,9 @@ import signal
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import uvicorn
-from yarl import URL
 
 from modelfleet.broker import Broker, create_broker
 from modelfleet.dlq.archive import default_location
@@ -85,8 +85,9 @@ def _http_server(app: Any, settings: Settings, edge: bool = False) -> _Server:
 
 
 def _secure_logs(settings: Settings) -> None:
-    password = URL(settings.broker.url).password if "://" in settings.broker.url else None
-    secure_logging([settings.secret, *([password] if password else [])])
+    password = urlsplit(settings.broker.url).password if "://" in settings.broker.url else None
+    # As written in the URL (percent-encoded) and as the client sends it (decoded).
+    secure_logging([settings.secret, *({password, unquote(password)} if password else ())])
 
 
 def _draining(service: GatewayService, settings: Settings) -> Drain:
