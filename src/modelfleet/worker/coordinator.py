@@ -210,15 +210,30 @@ class Coordinator:
                             or model_id not in self._catalog:
                         continue
                     self._demand[model_id] = self._clock()
-                    if model_id not in self._consumers:
+                    if model_id not in self._consumers and model_id not in self._dirty \
+                            and not self._at_cap(model_id):
                         # Work this worker does not pull may be waiting: count it afresh,
-                        # and decide now if a permit is free to take it.
+                        # and decide now if a permit is free to take it. Once per model
+                        # until it is counted, and not for a queue just seen at its
+                        # fan-out cap: gateways re-announce every model with a request in
+                        # flight, and in a fleet most of them are others' to serve.
                         self._dirty.add(model_id)
                         if len(self._in_flight) < self._cap:
                             self._wake()
             except BrokerUnavailable:
                 pass
             await asyncio.sleep(self._settings.broker.reconnect_max_backoff_s / 5)
+
+    def _at_cap(self, model_id: str) -> bool:
+        """Did the last count see this queue with as many consumers as its fan-out cap?"""
+        counted = self._counts.get(model_id)
+        if counted is None or model_id not in self._catalog:
+            return False
+        manifest = self._catalog.get(model_id).manifest
+        if manifest.fanout.pinned:
+            return False
+        cap = self._settings.scheduling.fanout_cap(manifest.fanout.max_workers, manifest.plan)
+        return counted.consumers >= cap
 
     def _cancel(self, request_id: object) -> None:
         """The caller hung up: its task ends as if its deadline had passed.
