@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import io
+import itertools
 import json
 import sys
 import zlib
@@ -172,7 +173,7 @@ def test_each_client_sends_its_next_request_when_the_answer_arrives() -> None:
         by_client.setdefault(client, []).append(index)
     assert sorted(by_client) == list(range(32))
     for requests in by_client.values():
-        for before, after in zip(requests, requests[1:], strict=False):
+        for before, after in itertools.pairwise(requests):
             assert sim.arrival[after] == pytest.approx(sim.arrival[before]
                                                       + sim.latency[before])
     assert all(t < config.duration_s for t in sim.arrival)
