@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 
-
 def cuda_available() -> bool:
     try:
         import torch
