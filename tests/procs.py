@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import textwrap
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -29,6 +30,15 @@ def metric_sum(base: str, name: str, **labels: str) -> float:
         if match and all(f'{k}="{v}"' in (match.group(1) or "") for k, v in labels.items()):
             total += float(match.group(2))
     return total
+
+
+def write_package(root: Path, name: str, manifest: str, handler: str) -> Path:
+    """A model package ``root/name/1`` from a model.toml body and a handler module."""
+    folder = root / name / "1"
+    folder.mkdir(parents=True)
+    (folder / "model.toml").write_text(textwrap.dedent(manifest))
+    (folder / "handler.py").write_text(textwrap.dedent(handler))
+    return folder
 
 
 def free_port() -> int:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import textwrap
 import time
 import uuid
 from collections import Counter
@@ -17,7 +16,7 @@ import pytest
 from modelfleet.broker.amqp import AmqpBroker
 from modelfleet.settings import BrokerSettings
 from tests.conftest import rabbitmq_url, require_rabbitmq
-from tests.procs import Proc, gateway, worker
+from tests.procs import Proc, gateway, worker, write_package
 
 pytestmark = pytest.mark.rabbitmq
 MODELS = [f"m{i}" for i in range(6)]
@@ -27,9 +26,7 @@ WEIGHTS = [0.5, 0.2, 0.12, 0.08, 0.06, 0.04]  # m0 is hot, m5 is the tail
 
 def write_repo(root: Path) -> Path:
     for model_id in MODELS:
-        folder = root / model_id / "1"
-        folder.mkdir(parents=True)
-        (folder / "model.toml").write_text(textwrap.dedent(f'''
+        write_package(root, model_id, f'''
             name = "{model_id}"
             entrypoint = "handler:Echo"
             accepts = ["application/json"]
@@ -38,8 +35,7 @@ def write_repo(root: Path) -> Path:
             max_batch_size = 4
             [fanout]
             max_workers = {CAP[model_id]}
-        '''))
-        (folder / "handler.py").write_text(textwrap.dedent(f'''
+        ''', f'''
             import time
             from modelfleet import Model
 
@@ -53,7 +49,7 @@ def write_repo(root: Path) -> Path:
                 def predict(self, batch):
                     time.sleep(0.01 * len(batch))
                     return [{{"model": "{model_id}", "n": x["n"]}} for x in batch]
-        '''))
+        ''')
     return root
 
 

@@ -10,28 +10,24 @@ claim per re-score: minutes.
 from __future__ import annotations
 
 import asyncio
-import textwrap
 import time
 from pathlib import Path
 
 import httpx
 
-from tests.procs import metric_sum, serve
+from tests.procs import metric_sum, serve, write_package
 
 MODELS = [f"tail-{i:02d}" for i in range(24)]
 
 
 def write_repo(root: Path) -> Path:
     for model_id in MODELS:
-        folder = root / model_id / "1"
-        folder.mkdir(parents=True)
-        (folder / "model.toml").write_text(textwrap.dedent(f'''
+        write_package(root, model_id, f'''
             name = "{model_id}"
             entrypoint = "handler:Affine"
             accepts = ["application/json"]
             memory_estimate_mb = 1
-        '''))
-        (folder / "handler.py").write_text(textwrap.dedent(f'''
+        ''', f'''
             import time
             import numpy as np
             from modelfleet import Model
@@ -47,7 +43,7 @@ def write_repo(root: Path) -> Path:
                 def predict(self, batch):
                     return [{{"model": "{model_id}", "y": float(self.w[0]) * x}}
                             for x in batch]
-        '''))
+        ''')
     return root
 
 
@@ -84,17 +80,17 @@ def test_cold_models_are_served_without_waiting_for_the_rescore_tick(tmp_path: P
 def test_backlog_gauge_of_a_queue_no_longer_considered_is_removed(tmp_path: Path) -> None:
     """A gauge nobody updates any more would show a stale backlog forever."""
     repo = write_repo(tmp_path / "repo")
-    folder = repo / "fails" / "1"
-    folder.mkdir(parents=True)
-    (folder / "model.toml").write_text('name = "fails"\nentrypoint = "handler:F"\n'
-                                       'accepts = ["application/json"]\n')
-    (folder / "handler.py").write_text(textwrap.dedent('''
+    write_package(repo, "fails", '''
+        name = "fails"
+        entrypoint = "handler:F"
+        accepts = ["application/json"]
+    ''', '''
         from modelfleet import Model
 
         class F(Model):
             def load(self, ctx):
                 raise RuntimeError("no weights")
-    '''))
+    ''')
     proc, base = serve(tmp_path, repo=repo, env={
         # Demand counts for a second, and an idle subscription is kept for a second.
         "MODELFLEET_WORKER__DEMAND_WINDOW_S": "1",

@@ -102,7 +102,6 @@ class Coordinator:
         self._counts: dict[str, QueueStats] = {}  # candidate queues as last counted
         self._dirty: set[str] = set()  # queues to count afresh at the next re-score
         self._idle = IdleMeter(self._cap, time.monotonic)
-        self._snapshot: Snapshot | None = None  # the last one decided on
         self._untaken_work = False  # it saw tasks waiting in queues this worker does not pull
         self._held_backlog: set[str] = set()  # held queues it saw tasks waiting in
         self._refreshed_at = -1e9
@@ -361,7 +360,7 @@ class Coordinator:
             loader_room={name: slots - len(models) for name, models in loading.items()},
             running=dict(self._running),
             prefetch={m: c.prefetch for m, c in self._consumers.items()})
-        snapshot = self._snapshot = Snapshot(now, tuple(queues), worker)
+        snapshot = Snapshot(now, tuple(queues), worker)
         self._idle.observe(free_permits=worker.free_permits,
                            waiting=work_waiting(snapshot, self._settings.scheduling))
         self._untaken_work = work_waiting(snapshot, self._settings.scheduling, held_too=False)
