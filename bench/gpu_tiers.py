@@ -45,7 +45,7 @@ def main() -> int:
         print("gpu_tiers: no CUDA device here; run it on a GPU machine", file=sys.stderr)
         return 2
 
-    from modelfleet.torch_model import TorchModel
+    from modelfleet.model import TorchModel
 
     class Stack(TorchModel):
         def __init__(self, size_bytes: int) -> None:

@@ -307,7 +307,7 @@ def measure_decide() -> dict[str, float]:
 
 
 def measure_embedded_broker() -> dict[str, float]:
-    from modelfleet.broker.memory import MemoryBroker
+    from modelfleet.broker.embedded import MemoryBroker
     from modelfleet.settings import BrokerSettings
 
     async def run() -> dict[str, float]:
@@ -356,7 +356,7 @@ def measure_rabbitmq(url: str) -> dict[str, float]:
     ``AmqpBroker`` (aio-pika), on the given RabbitMQ."""
     import uuid
 
-    from modelfleet.broker.amqp import AmqpBroker
+    from modelfleet.broker.rabbitmq.broker import AmqpBroker
     from modelfleet.settings import BrokerSettings
 
     tag = f"simcost-{uuid.uuid4().hex[:6]}"

@@ -31,7 +31,7 @@ import uvicorn
 
 from modelfleet.broker import Broker, create_broker
 from modelfleet.dlq.archive import default_location
-from modelfleet.dlq.inprocess import archiving
+from modelfleet.dlq.embedded import archiving
 from modelfleet.errors import ConfigError, ManifestError
 from modelfleet.gateway.app import create_app
 from modelfleet.gateway.edge import EdgeApp, EdgeLimits, edge_protocol

@@ -44,7 +44,7 @@ class BrokerSettings(_Section):
     events_exchange: str = "modelfleet.events"
     dead_letter_queue: str = "modelfleet.dead-letters"
     # The embedded broker's dead-letter queue holds at most this many (oldest dropped);
-    # serve archives them as they come (see modelfleet.dlq.inprocess).
+    # serve archives them as they come (see modelfleet.dlq.embedded).
     dead_letter_max: int = Field(default=10_000, ge=1)
 
 

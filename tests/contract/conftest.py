@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from modelfleet.broker import Broker
-from modelfleet.broker.amqp import AmqpBroker
-from modelfleet.broker.memory import MemoryBroker
+from modelfleet.broker.embedded import MemoryBroker
+from modelfleet.broker.rabbitmq.broker import AmqpBroker
 from modelfleet.settings import BrokerSettings
 from tests.conftest import rabbitmq_url, require_rabbitmq
 from tests.contract.brokers import delete_amqp_names

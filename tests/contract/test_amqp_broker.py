@@ -13,7 +13,7 @@ import pytest
 from yarl import URL
 
 from modelfleet.broker import Broker, Delivery
-from modelfleet.broker.amqp import AmqpBroker
+from modelfleet.broker.rabbitmq.broker import AmqpBroker
 from modelfleet.errors import BrokerError, BrokerUnavailable
 from modelfleet.messages import Reply
 from modelfleet.settings import BrokerSettings

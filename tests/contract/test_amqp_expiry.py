@@ -8,8 +8,8 @@ import asyncio
 import pytest
 
 from modelfleet.broker import Delivery
-from modelfleet.broker.amqp import AmqpBroker
-from modelfleet.broker.amqp_listeners import EventListener
+from modelfleet.broker.rabbitmq.broker import AmqpBroker
+from modelfleet.broker.rabbitmq.listeners import EventListener
 from modelfleet.messages import now_ms
 from tests.contract.brokers import Collector, eventually, make_task
 from tests.contract.conftest import BrokerFactory

@@ -47,7 +47,7 @@ def env(tmp_path: Path) -> dict[str, str]:
 
 @pytest.fixture
 async def broker(env: dict[str, str]) -> AsyncIterator[Broker]:
-    from modelfleet.broker.amqp import AmqpBroker
+    from modelfleet.broker.rabbitmq.broker import AmqpBroker
 
     b = AmqpBroker(BrokerSettings(url=rabbitmq_url(), delivery_limit=DELIVERY_LIMIT,
                                   queue_idle_expiry_s=IDLE_EXPIRY_S,

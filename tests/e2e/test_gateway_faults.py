@@ -468,7 +468,7 @@ def _around(log: str, needle: str) -> str:
 def test_a_caller_hanging_up_publishes_a_cancel_event(tmp_path: Path) -> None:
     """What the worker can act on: ``{"kind": "cancel", "request_id", "model_id"}``."""
     require_rabbitmq()
-    from modelfleet.broker.amqp import AmqpBroker
+    from modelfleet.broker.rabbitmq.broker import AmqpBroker
     from modelfleet.settings import BrokerSettings
 
     tag = f"cancel{uuid.uuid4().hex[:8]}"

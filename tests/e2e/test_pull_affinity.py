@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from modelfleet.broker.amqp import AmqpBroker
+from modelfleet.broker.rabbitmq.broker import AmqpBroker
 from modelfleet.settings import BrokerSettings
 from tests.conftest import rabbitmq_url, require_rabbitmq
 from tests.procs import Proc, gateway, worker, write_package

@@ -30,7 +30,7 @@ finally:
     sys.path.remove(str(PEERS))
 
 from modelfleet import LocalModel  # noqa: E402
-from modelfleet.manifest import load_manifest  # noqa: E402
+from modelfleet.repository.manifest import load_manifest  # noqa: E402
 
 MiB = 1024 * 1024
 

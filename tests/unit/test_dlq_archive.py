@@ -47,7 +47,7 @@ def archive(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Archive]
         yield opened
         opened.close()
         return
-    from modelfleet.dlq.postgres import PostgresArchive
+    from modelfleet.dlq.archive.postgres import PostgresArchive
 
     pg = PostgresArchive(POSTGRES_URL, table=f"dlq_test_{uuid.uuid4().hex[:12]}")
     try:

@@ -30,7 +30,7 @@ def task(request_id: str = REQUEST_ID, url: str = "") -> Task:
     ("delivery_limit", "transient", "consumer-died"),
     ("expired", "transient", "no-capacity"),
     ("maxlen", "transient", "no-capacity"),
-    # The coordinator's runtime_crashed reasons, as runtime/ipc.py and worker/ write them.
+    # The coordinator's runtime_crashed reasons, as ipc/socket_runtime.py and worker/ write them.
     ("runtime_crashed: runtime shared-0 is not ready", "transient", "runtime-not-ready"),
     ("runtime_crashed: runtime shared-1 did not start within 60.0s", "transient",
      "runtime-lifecycle"),

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from modelfleet.broker.memory import MemoryBroker
+from modelfleet.broker.embedded import MemoryBroker
 from modelfleet.dlq.archive import Archive, ArchiveUnavailable, open_archive
-from modelfleet.dlq.archiver import archive_dead_letters
+from modelfleet.dlq.consumer import archive_dead_letters
 from modelfleet.dlq.records import DeadLetterRecord, Selection, SignatureCount
 from modelfleet.dlq.replay import (
     ReplayOutcome,

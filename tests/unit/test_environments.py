@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from modelfleet.errors import ManifestError, ModelLoadFailed
-from modelfleet.manifest import load_manifest
-from modelfleet.runtime.environments import (
+from modelfleet.repository.manifest import load_manifest
+from modelfleet.worker.isolation.environments import (
     MARKER,
     EnvironmentBuilder,
     EnvironmentBuildFailed,
@@ -266,7 +266,7 @@ async def test_a_build_that_died_before_its_marker_is_built_again(venv_root: Pat
 
 async def test_two_worker_processes_build_one_environment_between_them(tmp_path: Path) -> None:
     worker = ("import asyncio, sys; from pathlib import Path; "
-              "from modelfleet.runtime.environments import EnvironmentBuilder; "
+              "from modelfleet.worker.isolation.environments import EnvironmentBuilder; "
               "builder = EnvironmentBuilder(Path(sys.argv[1])); "
               "print(asyncio.run(builder.ensure(sys.argv[2:], print)))")
     argv = [sys.executable, "-c", worker, str(tmp_path), *pins(OLD)]

@@ -24,8 +24,10 @@ from PIL import Image, ImageFile
 
 from modelfleet import InvalidInput, LocalModel, Output
 from modelfleet.errors import ModelfleetError, RequestRejected
-from modelfleet.manifest import load_manifest
-from modelfleet.model import Request, import_handler, run_pipeline
+from modelfleet.model import Request
+from modelfleet.model.importer import import_handler
+from modelfleet.model.local import run_pipeline
+from modelfleet.repository.manifest import load_manifest
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = ROOT / "examples" / "models"

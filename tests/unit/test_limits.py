@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from modelfleet.errors import ConfigError
-from modelfleet.runtime.limits import (
+from modelfleet.ipc.protocol import MEMORY_LIMIT_ENV
+from modelfleet.worker.isolation.limits import (
     CgroupV2Limiter,
     LimitHandle,
     MemoryLimiter,
@@ -25,7 +26,6 @@ from modelfleet.runtime.limits import (
     choose_limiter,
     runtime_env,
 )
-from modelfleet.runtime.server import MEMORY_LIMIT_ENV
 
 MiB = 1024 * 1024
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from modelfleet.errors import ConfigError, ManifestError
-from modelfleet.manifest import CONTENT_TYPES, load_manifest, parse_manifest
+from modelfleet.repository.manifest import CONTENT_TYPES, load_manifest, parse_manifest
 
 PATH = "repo/digits/1/model.toml"
 

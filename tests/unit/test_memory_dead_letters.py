@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from modelfleet import metrics
-from modelfleet.broker.memory import MemoryBroker
+from modelfleet.broker.embedded import MemoryBroker
 from modelfleet.messages import PayloadRef, Task, now_ms
 from modelfleet.settings import BrokerSettings
 

@@ -13,8 +13,9 @@ import pytest
 
 from modelfleet import Context, InvalidInput, LocalModel, Model, Output, Request
 from modelfleet.errors import ModelFailed, ModelLoadFailed, RequestRejected
-from modelfleet.manifest import parse_manifest
-from modelfleet.model import import_handler, run_pipeline
+from modelfleet.model.importer import import_handler
+from modelfleet.model.local import run_pipeline
+from modelfleet.repository.manifest import parse_manifest
 
 
 def write_package(root: Path, source: str, *, name: str = "pkg", version: str = "1",

@@ -15,9 +15,9 @@ import pytest
 
 from modelfleet.errors import ModelLoadFailed, ModelTooLarge
 from modelfleet.model import Request
+from modelfleet.model.pipeline import handle_request
 from modelfleet.repository import LocalStore
 from modelfleet.runtime.host import ModelHost
-from modelfleet.runtime.pipeline import handle_request
 from modelfleet.settings import MiB, RuntimeSettings
 
 HANDLER = '''

@@ -8,14 +8,14 @@ from pathlib import Path
 import torch
 
 from modelfleet.model import Request
+from modelfleet.model.pipeline import handle_request
 from modelfleet.repository import LocalStore
 from modelfleet.runtime.host import ModelHost
-from modelfleet.runtime.pipeline import handle_request
 from modelfleet.settings import MiB, RuntimeSettings
 
 HANDLER = '''
 import torch
-from modelfleet.torch_model import TorchModel
+from modelfleet.model import TorchModel
 
 class Net(TorchModel):
     def load(self, ctx):

@@ -26,10 +26,10 @@ __all__ = [
 def create_broker(settings: BrokerSettings) -> Broker:
     """``memory`` gives the embedded broker; ``amqp://...`` gives RabbitMQ."""
     if settings.url == "memory":
-        from modelfleet.broker.memory import MemoryBroker
+        from modelfleet.broker.embedded import MemoryBroker
 
         return MemoryBroker(settings)
-    from modelfleet.broker.amqp import AmqpBroker
+    from modelfleet.broker.rabbitmq.broker import AmqpBroker
 
     return AmqpBroker(settings, dead_letter_queue=settings.dead_letter_queue,
                       events_exchange=settings.events_exchange)

@@ -8,8 +8,9 @@ shows them, grouped by signature if asked; ``replay`` republishes transient ones
 and prints each outcome; deterministic ones are replayed only when named by hand.
 
 Modules: ``classify`` (pure rules), ``records`` (what is kept, how a new death
-updates it), ``archive``/``sqlite``/``postgres``/``sql`` (storage), ``archiver``
-(the consumer loop), ``replay``, ``render`` and ``cli``. See docs/dlq.md.
+updates it), ``archive`` (storage: the protocol, ``sqlite``, ``postgres``, ``statements``
+and ``backend`` shared by both), ``consumer`` (the consumer loop; ``embedded`` runs it in
+``serve``), ``replay``, ``render`` and ``cli``. See docs/dlq.md.
 """
 
 from modelfleet.dlq.archive import Archive, ArchiveError, ArchiveUnavailable, open_archive

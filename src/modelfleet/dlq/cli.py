@@ -27,8 +27,8 @@ from pydantic import ValidationError
 from modelfleet.broker import Broker, create_broker
 from modelfleet.dlq import render
 from modelfleet.dlq.archive import Archive, ArchiveError, default_location, open_archive
-from modelfleet.dlq.archiver import archive_dead_letters
 from modelfleet.dlq.classify import FAILURE_CLASSES
+from modelfleet.dlq.consumer import archive_dead_letters
 from modelfleet.dlq.records import DeadLetterRecord, Selection
 from modelfleet.dlq.replay import (
     ReplayOutcome,

@@ -28,7 +28,7 @@ from modelfleet.errors import ClientGone, ModelfleetError, PayloadTooLarge
 from modelfleet.gateway.http import STATUS_BY_CODE, error_body, error_response
 from modelfleet.gateway.inflight import RequestTimeout
 from modelfleet.gateway.service import GatewayService
-from modelfleet.manifest import CONTENT_TYPES
+from modelfleet.repository.manifest import CONTENT_TYPES
 
 log = logging.getLogger("modelfleet.gateway")
 ReadinessCheck = Callable[[], tuple[bool, str]]

@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from modelfleet.errors import ManifestError, ModelNotFound
-from modelfleet.manifest import Manifest, parse_manifest
+from modelfleet.repository.manifest import Manifest, parse_manifest
 from modelfleet.repository.store import ModelStore
 
 

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from modelfleet.model.tiers import SizedModel, TierMovable
+
 
 def cuda_available() -> bool:
     try:
@@ -60,9 +62,8 @@ def measure_load(device: str, package_dir: Path, prepare: Callable[[], Any],
     handler = prepare()
     load()
     seconds = time.perf_counter() - started
-    declared = getattr(handler, "memory_bytes", None)
-    if callable(declared):
-        return LoadMeasurement(max(int(declared()), 1), seconds)
+    if isinstance(handler, SizedModel):
+        return LoadMeasurement(max(int(handler.memory_bytes()), 1), seconds)
     held = held_bytes(handler, cuda_only=device == "cuda")
     if device == "cuda":
         return LoadMeasurement(max(held, 1), seconds)
@@ -134,10 +135,13 @@ def _attributes(obj: Any) -> list[Any]:
 
 
 def move(handler: Any, tier: str) -> None:
-    """Call the handler's tier hook (``to_host`` or ``to_device``), if it has one."""
-    hook = getattr(handler, "to_host" if tier == "host" else "to_device", None)
-    if callable(hook):
-        hook()
+    """Move a ``TierMovable`` handler's weights to ``tier``; other handlers stay where they are."""
+    if not isinstance(handler, TierMovable):
+        return
+    if tier == "host":
+        handler.to_host()
+    else:
+        handler.to_device()
 
 
 def release_device_memory(device: str) -> None:

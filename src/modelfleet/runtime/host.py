@@ -29,9 +29,11 @@ from typing import Any
 
 from modelfleet.cache import POLICIES, Eviction, ModelCache
 from modelfleet.errors import ModelfleetError, ModelLoadFailed, NoCapacity
-from modelfleet.manifest import Manifest, load_manifest
-from modelfleet.model import Context, Model, import_handler
+from modelfleet.model.api import Context, Model
+from modelfleet.model.importer import import_handler
+from modelfleet.model.pipeline import Batcher
 from modelfleet.repository import ModelStore
+from modelfleet.repository.manifest import Manifest, load_manifest
 from modelfleet.runtime.device import (
     measure_load,
     move,
@@ -39,7 +41,6 @@ from modelfleet.runtime.device import (
     release_device_memory,
     resolve_device,
 )
-from modelfleet.runtime.pipeline import Batcher
 from modelfleet.settings import RuntimeSettings
 
 log = logging.getLogger("modelfleet.runtime")

@@ -26,23 +26,19 @@ from modelfleet.errors import (
     ModelfleetError,
     UnsupportedContentType,
 )
+from modelfleet.ipc.framing import error_response, pack_frame, read_frame
+from modelfleet.ipc.protocol import PRELOAD_ENV, SETTINGS_ENV
 from modelfleet.messages import Reply, Task, decode_task, encode_reply, now_ms
-from modelfleet.model import Output, Request
+from modelfleet.model.api import Output, Request
+from modelfleet.model.pipeline import handle_request
 from modelfleet.redaction import secure_logging
 from modelfleet.repository import open_store
 from modelfleet.runtime.host import ModelHost
-from modelfleet.runtime.ipc import error_response, pack_frame, read_frame
 from modelfleet.runtime.payload import PayloadFetcher
-from modelfleet.runtime.pipeline import handle_request
 from modelfleet.settings import Settings
 
 log = logging.getLogger("modelfleet.runtime")
-SETTINGS_ENV = "MODELFLEET_RUNTIME_SETTINGS"
-# Top-level modules to import before serving (a standby runtime imports what the runtime
-# it may replace had imported for its models, so that their reloads are quick).
-PRELOAD_ENV = "MODELFLEET_RUNTIME_PRELOAD"
 MAX_PRELOAD = 5000  # module names reported: a bound on the health answer
-MEMORY_LIMIT_ENV = "MODELFLEET_MEMORY_LIMIT_BYTES"
 
 
 def _json_default(value: Any) -> Any:

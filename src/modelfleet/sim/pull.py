@@ -3,7 +3,7 @@ consumes with the real ``modelfleet.scheduling.decide``.
 
 Three parties, each modelled on the code it stands for:
 
-- **The broker** (``modelfleet.broker.memory``, which follows RabbitMQ): a queue of
+- **The broker** (``modelfleet.broker.embedded``, which follows RabbitMQ): a queue of
   ready messages per model; a consumer holds at most its prefetch window of unsettled
   deliveries; ready messages go round-robin to the consumers with room; a delivery is
   settled when its task gives its permit back; cancelling a consumer puts what it had

@@ -19,7 +19,7 @@ Task = tuple[int, int, float]
 
 @dataclass(eq=False, slots=True)
 class Batcher:
-    """``modelfleet.runtime.pipeline.Batcher`` for one model on one runtime: one predict
+    """``modelfleet.model.pipeline.Batcher`` for one model on one runtime: one predict
     at a time over at most ``batch_size`` inputs, the next batch formed from whatever
     waited meanwhile (``max_delay_ms`` = 0)."""
 

@@ -46,17 +46,22 @@ from modelfleet.errors import (
     ModelNotFound,
     RuntimeCrashed,
 )
+from modelfleet.ipc.protocol import PRELOAD_ENV, SETTINGS_ENV
+from modelfleet.ipc.socket_runtime import RuntimeClient
 from modelfleet.repository import Catalog, ModelStore
-from modelfleet.runtime.environments import (
+from modelfleet.settings import BrokerSettings, Settings
+from modelfleet.worker.isolation.environments import (
     EnvironmentBuilder,
     EnvironmentBuildFailed,
     requirements_for,
     venv_process_env,
 )
-from modelfleet.runtime.ipc import RuntimeClient
-from modelfleet.runtime.limits import LimitHandle, MemoryLimiter, choose_limiter, runtime_env
-from modelfleet.runtime.server import PRELOAD_ENV, SETTINGS_ENV
-from modelfleet.settings import BrokerSettings, Settings
+from modelfleet.worker.isolation.limits import (
+    LimitHandle,
+    MemoryLimiter,
+    choose_limiter,
+    runtime_env,
+)
 
 log = logging.getLogger("modelfleet.worker")
 State = Literal["starting", "ready", "down", "failed", "stopped"]

@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator
 
 from modelfleet.broker.base import Broker
 from modelfleet.dlq.archive import Archive, ArchiveError, open_archive
-from modelfleet.dlq.archiver import archive_dead_letters
+from modelfleet.dlq.consumer import archive_dead_letters
 from modelfleet.dlq.records import DeadLetterRecord
 from modelfleet.errors import BrokerUnavailable, ModelfleetError
 

@@ -42,9 +42,9 @@ from typing import Literal, Protocol
 import psutil
 
 from modelfleet.errors import ConfigError
-from modelfleet.runtime.server import MEMORY_LIMIT_ENV
+from modelfleet.ipc.protocol import MEMORY_LIMIT_ENV
 
-log = logging.getLogger("modelfleet.runtime.limits")
+log = logging.getLogger("modelfleet.worker.isolation.limits")
 
 MiB = 1024 * 1024
 LimiterKind = Literal["auto", "cgroup-v2", "watchdog"]

@@ -79,7 +79,7 @@ def open_archive(location: str, table: str = DEFAULT_TABLE) -> Archive:
     ArchiveUnavailable when the archive cannot be opened.
     """
     if location.startswith(("postgresql://", "postgres://")):
-        from modelfleet.dlq.postgres import PostgresArchive
+        from modelfleet.dlq.archive.postgres import PostgresArchive
 
         return PostgresArchive(location, table)
     if location.startswith("sqlite://"):
@@ -90,7 +90,7 @@ def open_archive(location: str, table: str = DEFAULT_TABLE) -> Archive:
     elif "://" in location:
         raise ConfigError(f"archive {location.split('://')[0]}:// is not supported: pass a "
                           "file path (SQLite) or a postgresql:// URL")
-    from modelfleet.dlq.sqlite import SqliteArchive
+    from modelfleet.dlq.archive.sqlite import SqliteArchive
 
     return SqliteArchive(Path(location).expanduser(), table)
 

@@ -18,7 +18,7 @@ from modelfleet.dlq.archive import (
     ArchiveUnavailable,
     check_table_name,
 )
-from modelfleet.dlq.sql_archive import SqlArchive
+from modelfleet.dlq.archive.backend import SqlArchive
 from modelfleet.errors import ConfigError
 
 CONNECT_TIMEOUT_S = 10

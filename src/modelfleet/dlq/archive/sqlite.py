@@ -19,7 +19,7 @@ from modelfleet.dlq.archive import (
     ArchiveUnavailable,
     check_table_name,
 )
-from modelfleet.dlq.sql_archive import SqlArchive
+from modelfleet.dlq.archive.backend import SqlArchive
 
 BUSY_TIMEOUT_S = 10.0
 

@@ -29,8 +29,8 @@ from typing import Any
 from aio_pika.abc import AbstractRobustConnection
 from aiormq.exceptions import ChannelClosed, ChannelNotFoundEntity, ChannelPreconditionFailed
 
-from modelfleet.broker.amqp_errors import rpc
-from modelfleet.broker.amqp_topology import (
+from modelfleet.broker.rabbitmq.errors import rpc
+from modelfleet.broker.rabbitmq.topology import (
     DELIVERY_COUNT_HEADER,
     PRIOR_DELIVERIES_HEADER,
     ChannelSlot,

@@ -30,8 +30,8 @@ from aio_pika.abc import (
 )
 from aiormq.exceptions import ChannelInvalidStateError
 
-from modelfleet.broker.amqp_errors import rpc, translated
-from modelfleet.broker.amqp_topology import (
+from modelfleet.broker.rabbitmq.errors import rpc, translated
+from modelfleet.broker.rabbitmq.topology import (
     DEATH_COUNT_HEADER,
     DEATH_REASON_HEADER,
     DELIVERY_COUNT_HEADER,

@@ -55,11 +55,12 @@ from aio_pika.abc import (
 from aiormq.exceptions import ChannelClosed, ChannelNotFoundEntity, PublishError
 from yarl import URL
 
-from modelfleet.broker.amqp_consumers import AmqpSubscription
-from modelfleet.broker.amqp_errors import rpc
-from modelfleet.broker.amqp_keeper import QueueKeeper
-from modelfleet.broker.amqp_listeners import AmqpInbox, EventListener
-from modelfleet.broker.amqp_topology import (
+from modelfleet.broker.base import DEAD_LETTER_QUEUE, QueueStats
+from modelfleet.broker.rabbitmq.consumers import AmqpSubscription
+from modelfleet.broker.rabbitmq.errors import rpc
+from modelfleet.broker.rabbitmq.keeper import QueueKeeper
+from modelfleet.broker.rabbitmq.listeners import AmqpInbox, EventListener
+from modelfleet.broker.rabbitmq.topology import (
     DEATH_COUNT_HEADER,
     DEATH_REASON_HEADER,
     LEASE_MARGIN_S,
@@ -68,7 +69,6 @@ from modelfleet.broker.amqp_topology import (
     dead_letter_queue_arguments,
     model_queue_arguments,
 )
-from modelfleet.broker.base import DEAD_LETTER_QUEUE, QueueStats
 from modelfleet.errors import BrokerError, BrokerUnavailable, ConfigError
 from modelfleet.messages import (
     Reply,

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from modelfleet.model import Context, Model
+from modelfleet.model.api import Context, Model
 
 
 class TorchModel(Model):

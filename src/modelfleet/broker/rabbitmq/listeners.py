@@ -22,8 +22,8 @@ from aio_pika.abc import (
     AbstractRobustConnection,
 )
 
-from modelfleet.broker.amqp_errors import rpc
-from modelfleet.broker.amqp_topology import close_for_good
+from modelfleet.broker.rabbitmq.errors import rpc
+from modelfleet.broker.rabbitmq.topology import close_for_good
 from modelfleet.errors import BrokerError
 from modelfleet.messages import Reply, decode_event, decode_reply
 

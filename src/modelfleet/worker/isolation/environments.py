@@ -51,10 +51,10 @@ from pathlib import Path
 
 import modelfleet
 from modelfleet.errors import ConfigError, ManifestError, ModelLoadFailed
-from modelfleet.manifest import Manifest
-from modelfleet.runtime.package_index import IndexConfig
+from modelfleet.repository.manifest import Manifest
+from modelfleet.worker.isolation.package_index import IndexConfig
 
-log = logging.getLogger("modelfleet.runtime.environments")
+log = logging.getLogger("modelfleet.worker.isolation.environments")
 
 Progress = Callable[[str], None]
 

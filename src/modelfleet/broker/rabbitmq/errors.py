@@ -1,6 +1,6 @@
 """Where aio-pika, aiormq and socket errors become modelfleet's, once, at the boundary.
 
-Nothing outside ``modelfleet.broker.amqp*`` sees a library exception:
+Nothing outside ``modelfleet.broker.rabbitmq.broker*`` sees a library exception:
 
 - the connection is gone, a channel died with it, a timeout passed, RabbitMQ
   refused a message (``basic.nack``: it could not store it now):

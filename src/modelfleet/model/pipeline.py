@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from modelfleet.errors import ModelFailed, ModelfleetError, RequestRejected
-from modelfleet.model import Model, Request
+from modelfleet.model.api import Model, Request
 
 
 def as_model_error(exc: BaseException) -> ModelfleetError:

@@ -2,7 +2,7 @@
 
 A backend (``SqliteArchive``, ``PostgresArchive``) opens its connection and supplies
 ``_guard`` (serialise access, translate its driver's errors once, at this boundary);
-everything else is the same SQL in two dialects (``modelfleet.dlq.sql``).
+everything else is the same SQL in two dialects (``modelfleet.dlq.archive.statements``).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
-from modelfleet.dlq import sql
+from modelfleet.dlq.archive import statements as sql
 from modelfleet.dlq.records import DeadLetterRecord, Selection, SignatureCount
 
 _T = TypeVar("_T")

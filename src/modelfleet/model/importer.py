@@ -1,0 +1,72 @@
+"""Import a package's handler class, named by its manifest's ``entrypoint``."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import inspect
+import os
+import re
+import sys
+import threading
+from pathlib import Path
+from types import ModuleType
+
+from modelfleet.errors import ModelLoadFailed
+from modelfleet.model.api import Model
+from modelfleet.repository.manifest import Manifest
+
+_IMPORT_LOCK = threading.Lock()  # sys.path and sys.modules are process-wide
+
+
+def import_handler(manifest: Manifest, package_dir: Path) -> type[Model]:
+    """Import the handler class named by ``entrypoint = "module:Class"``.
+
+    The entrypoint module is imported under a name unique to the model and version,
+    so two packages may both ship a ``handler.py``. Sibling modules it imports from
+    its package folder are removed from ``sys.modules`` afterwards (the handler keeps
+    its references), so the next package's ``helpers.py`` is its own, not this one's.
+    """
+    module_name, _, class_name = manifest.entrypoint.partition(":")
+    source = package_dir / (module_name.replace(".", os.sep) + ".py")
+    if not source.is_file():
+        raise ModelLoadFailed(f"model '{manifest.name}': entrypoint module {source} not found")
+    identity = f"{manifest.name}:{manifest.version}:{module_name}:{package_dir}"
+    digest = hashlib.sha256(identity.encode()).hexdigest()[:10]
+    unique = "modelfleet_pkg_" + re.sub(r"\W", "_", f"{manifest.name}_{module_name}") + \
+        f"_{digest}"
+    spec = importlib.util.spec_from_file_location(unique, source)
+    if spec is None or spec.loader is None:
+        raise ModelLoadFailed(f"model '{manifest.name}': cannot import {source}")
+    module: ModuleType = importlib.util.module_from_spec(spec)
+    with _IMPORT_LOCK:
+        before = set(sys.modules)
+        sys.modules[unique] = module
+        sys.path.insert(0, str(package_dir))
+        try:
+            spec.loader.exec_module(module)
+        except Exception as exc:
+            sys.modules.pop(unique, None)
+            raise ModelLoadFailed(
+                f"model '{manifest.name}': importing {source} failed: {exc!r}") from exc
+        finally:
+            sys.path.remove(str(package_dir))
+            _forget_package_siblings(set(sys.modules) - before - {unique}, package_dir)
+    handler = getattr(module, class_name, None)
+    if not (isinstance(handler, type) and issubclass(handler, Model)):
+        raise ModelLoadFailed(
+            f"model '{manifest.name}': {manifest.entrypoint} is not a modelfleet.Model subclass"
+        )
+    for hook in ("preprocess", "postprocess"):
+        if not inspect.iscoroutinefunction(getattr(handler, hook)):
+            raise ModelLoadFailed(f"model '{manifest.name}': {class_name}.{hook} must be "
+                                  f"'async def' (it runs on the runtime's event loop)")
+    return handler
+
+
+def _forget_package_siblings(names: set[str], package_dir: Path) -> None:
+    root = package_dir.resolve()
+    for name in names:
+        origin = getattr(sys.modules.get(name), "__file__", None)
+        if origin and Path(origin).resolve().is_relative_to(root):
+            del sys.modules[name]
