@@ -9,6 +9,7 @@ the gateway maps to an HTTP status. HTTP status codes live only in the gateway.
     ├── ConfigError                     config_error
     │   └── ManifestError               invalid_manifest
     ├── ModelNotFound                   model_not_found
+    ├── ModelUnavailable                model_unavailable  (unloaded by an operator)
     ├── RequestRejected                 (client's fault: 4xx family)
     │   ├── PayloadTooLarge             payload_too_large
     │   ├── UnsupportedContentType      unsupported_content_type
@@ -57,6 +58,12 @@ class ManifestError(ConfigError):
 
 class ModelNotFound(ModelfleetError):
     code = "model_not_found"
+
+
+class ModelUnavailable(ModelfleetError):
+    """An operator unloaded the model (the control API); it serves again once loaded."""
+
+    code = "model_unavailable"
 
 
 class RequestRejected(ModelfleetError):

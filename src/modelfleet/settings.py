@@ -22,6 +22,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from modelfleet.control.settings import ControlSettings
 from modelfleet.scheduling.settings import ScoringSettings
 
 MiB = 1024 * 1024
@@ -160,6 +161,7 @@ class Settings(BaseSettings):
     worker: WorkerSettings = WorkerSettings()
     runtime: RuntimeSettings = RuntimeSettings()
     scheduling: ScoringSettings = ScoringSettings()
+    control: ControlSettings = ControlSettings()
     log_level: str = "info"
 
     @classmethod

@@ -25,6 +25,7 @@ from starlette.requests import ClientDisconnect
 
 from modelfleet import __version__, metrics
 from modelfleet.errors import ClientGone, ModelfleetError, PayloadTooLarge
+from modelfleet.gateway.control import control_router
 from modelfleet.gateway.http import STATUS_BY_CODE, error_body, error_response
 from modelfleet.gateway.inflight import RequestTimeout
 from modelfleet.gateway.service import GatewayService
@@ -171,6 +172,7 @@ def create_app(service: GatewayService, readiness: list[ReadinessCheck] | None =
     async def prometheus() -> Response:
         return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
+    app.include_router(control_router(service))  # /v2/repository: load, unload, pin
     return app
 
 

@@ -22,6 +22,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "internal_error": 500,
     "payload_unavailable": 502,
     "no_capacity": 503,
+    "model_unavailable": 503,
     "broker_unavailable": 503,
     "broker_error": 503,
     "shutting_down": 503,

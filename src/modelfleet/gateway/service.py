@@ -34,6 +34,7 @@ from modelfleet.errors import (
     UnsupportedContentType,
     error_from_code,
 )
+from modelfleet.gateway.control_plane import ControlPlane
 from modelfleet.gateway.fleet import FleetView
 from modelfleet.gateway.inflight import RequestsInFlight
 from modelfleet.gateway.parking import ParkedRequests
@@ -109,6 +110,7 @@ class GatewayService:
         self.parked = ParkedRequests()
         self.payloads = PayloadStore(settings.gateway.payload_store_bytes, settings.secret)
         self.fleet = FleetView(settings.gateway.worker_stale_after_s)
+        self.control = ControlPlane(settings, broker, catalog)  # unloads, pins, the route
         self.requests = RequestsInFlight()
         self._cancels: set[asyncio.Task[None]] = set()
         self._inbox: Inbox | None = None
@@ -157,7 +159,8 @@ class GatewayService:
                     deadline_ms: int, params: dict[str, str],
                     disconnected: Callable[[], Awaitable[None]] | None = None) -> Answer:
         """Run one request through the fleet; raises a ModelfleetError for every failure."""
-        manifest = self.catalog.get(model_id).version(version)
+        self.control.check(model_id)  # refused while an operator has it unloaded
+        manifest = self.catalog.get(model_id).version(self.control.route(model_id, version))
         url = url_payload(body, content_type)
         if url is None and content_type not in manifest.accepts:
             raise UnsupportedContentType(
@@ -257,4 +260,5 @@ class GatewayService:
             with contextlib.suppress(BrokerUnavailable):
                 async for event in self.broker.events():
                     self.fleet.observe(event)
+                    self.control.observe(event)
             await asyncio.sleep(1)

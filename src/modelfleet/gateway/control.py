@@ -1,0 +1,140 @@
+"""The model repository extension of the Open Inference Protocol, plus pin and unpin.
+
+    POST /v2/repository/index                  every model: name, version, state, reason
+    POST /v2/repository/models/{m}/load        warm it; answered once warm (or why not)
+    POST /v2/repository/models/{m}/unload      drop it everywhere; its requests refused
+    POST /v2/repository/models/{m}/pin         preload on every worker, never evict
+    POST /v2/repository/models/{m}/unpin       evictable again
+
+``load`` takes optional ``parameters`` in its JSON body (or the same names as query
+parameters): ``workers`` (warm on that many workers, default 1), ``version`` (warm that
+version and put it on the unversioned route once warm), ``pinned`` (pin it too).
+Errors are ``{"error": "..."}`` with the status the error's code maps to.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from modelfleet.errors import ModelfleetError, RequestRejected
+from modelfleet.gateway.http import STATUS_BY_CODE
+from modelfleet.gateway.service import GatewayService
+
+MAX_CONTROL_BODY_BYTES = 64 * 1024
+
+
+def control_router(service: GatewayService) -> APIRouter:
+    router = APIRouter(prefix="/v2/repository", tags=["model control"])
+    plane = service.control
+
+    @router.post("/index")
+    async def index(request: Request) -> Response:
+        try:
+            body = await _json_body(request)
+            ready = body.get("ready", False)
+            if not isinstance(ready, bool):
+                raise RequestRejected(f"'ready' must be true or false, got {ready!r}")
+            return JSONResponse(plane.index(ready_only=ready))
+        except ModelfleetError as exc:
+            return _error(exc)
+
+    @router.post("/models/{model}/load")
+    async def load(model: str, request: Request) -> Response:
+        try:
+            params = await _parameters(request)
+            workers = _positive_int(params.get("workers", 1), "workers")
+            version = params.get("version")
+            if version is not None and not isinstance(version, str | int):
+                raise RequestRejected(f"'version' must be a string, got {version!r}")
+            pinned = _flag(params.get("pinned", False), "pinned")
+            outcome = await plane.load(model, None if version is None else str(version),
+                                       workers)
+            if pinned:
+                await plane.pin(model, True)
+            return JSONResponse({"name": outcome.model_id, "version": outcome.version,
+                                 "warm_on": list(outcome.workers), "pinned": pinned})
+        except ModelfleetError as exc:
+            return _error(exc)
+
+    @router.post("/models/{model}/unload")
+    async def unload(model: str, request: Request) -> Response:
+        try:
+            await _parameters(request)  # validated; unload_dependents has no meaning here
+            outcome = await plane.unload(model)
+            return JSONResponse({"name": outcome.model_id,
+                                 "unloaded_on": list(outcome.workers)})
+        except ModelfleetError as exc:
+            return _error(exc)
+
+    @router.post("/models/{model}/pin")
+    async def pin(model: str) -> Response:
+        return await _pin(model, True)
+
+    @router.post("/models/{model}/unpin")
+    async def unpin(model: str) -> Response:
+        return await _pin(model, False)
+
+    async def _pin(model: str, pinned: bool) -> Response:
+        try:
+            outcome = await plane.pin(model, pinned)
+            return JSONResponse({"name": outcome.model_id, "version": outcome.version,
+                                 "pinned": pinned, "workers": list(outcome.workers)})
+        except ModelfleetError as exc:
+            return _error(exc)
+
+    return router
+
+
+def _error(exc: ModelfleetError) -> JSONResponse:
+    status = STATUS_BY_CODE.get(exc.code, 500)
+    headers = {"Retry-After": "1"} if status == 503 else {}
+    return JSONResponse({"error": exc.message}, status_code=status, headers=headers)
+
+
+async def _json_body(request: Request) -> dict[str, Any]:
+    raw = b""
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > MAX_CONTROL_BODY_BYTES:
+            raise RequestRejected(f"a control request body is at most "
+                                  f"{MAX_CONTROL_BODY_BYTES} bytes")
+    if not raw.strip():
+        return {}
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise RequestRejected(f"the body is not JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise RequestRejected("the body must be a JSON object")
+    return body
+
+
+async def _parameters(request: Request) -> dict[str, Any]:
+    """The body's ``parameters`` object, with query parameters of the same names added."""
+    params = (await _json_body(request)).get("parameters", {})
+    if not isinstance(params, dict):
+        raise RequestRejected("'parameters' must be a JSON object")
+    for name in ("workers", "version", "pinned"):
+        if name in request.query_params:
+            params.setdefault(name, request.query_params[name])
+    return params
+
+
+def _positive_int(value: object, name: str) -> int:
+    if isinstance(value, str) and value.isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise RequestRejected(f"'{name}' must be a whole number of at least 1, got {value!r}")
+    return value
+
+
+def _flag(value: object, name: str) -> bool:
+    if isinstance(value, str) and value.lower() in ("true", "false", "1", "0"):
+        return value.lower() in ("true", "1")
+    if not isinstance(value, bool):
+        raise RequestRejected(f"'{name}' must be true or false, got {value!r}")
+    return value

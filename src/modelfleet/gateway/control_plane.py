@@ -1,0 +1,233 @@
+"""The gateway's side of the model control API: orders out, results in, the route.
+
+``ControlPlane`` keeps this gateway's copy of the operators' orders (``ControlState``)
+and what each worker announced it holds, both learned from the broker's events. The
+request path asks it two things: may this model be served (``check``), and which
+version do unversioned requests get (``route``). The control routes ask it to carry
+out a command: publish it as an event, then collect the named workers' results.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from modelfleet.broker import Broker
+from modelfleet.control import (
+    Command,
+    ControlState,
+    Holdings,
+    Result,
+    RevisionClock,
+    holdings_of,
+    route,
+)
+from modelfleet.control.commands import Action
+from modelfleet.errors import (
+    DeadlineExceeded,
+    ModelfleetError,
+    ModelUnavailable,
+    NoCapacity,
+    error_from_code,
+)
+from modelfleet.repository import Catalog
+from modelfleet.settings import Settings
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a command achieved: the version it concerned and the workers that did it."""
+
+    model_id: str
+    version: str
+    workers: tuple[str, ...]
+
+
+class _Collect:
+    """The results of one command, until every expected worker answered."""
+
+    def __init__(self, expected: frozenset[str]) -> None:
+        self.expected = expected
+        self.results: dict[str, Result] = {}
+        self.done = asyncio.Event()
+        if not expected:
+            self.done.set()
+
+    def add(self, result: Result) -> None:
+        if result.worker_id in self.expected:
+            self.results[result.worker_id] = result
+            if set(self.results) >= self.expected:
+                self.done.set()
+
+
+class ControlPlane:
+    def __init__(self, settings: Settings, broker: Broker, catalog: Catalog,
+                 clock: Callable[[], float] = time.time) -> None:
+        self._settings = settings.control
+        self._broker = broker
+        self._catalog = catalog
+        self._clock = clock
+        self.state = ControlState()
+        self._revisions = RevisionClock(f"gateway-{uuid.uuid4().hex[:12]}", clock)
+        self._holdings: dict[str, tuple[float, Holdings, bool]] = {}  # worker -> (seen, .., ready)
+        self._pending: dict[str, _Collect] = {}
+
+    # -- what the fleet said ------------------------------------------------------
+    def observe(self, event: dict[str, Any]) -> None:
+        """Take one broker event (every kind comes here; others are ignored)."""
+        kind = event.get("kind")
+        if kind == "control":
+            command = Command.from_event(event)
+            if command is not None:
+                command.apply(self.state)
+        elif kind == "control_result":
+            result = Result.from_event(event)
+            if result is not None and result.command_id in self._pending:
+                self._pending[result.command_id].add(result)
+        elif kind == "worker_gone":
+            self._holdings.pop(str(event.get("worker_id", "")), None)
+        else:
+            holdings = holdings_of(event)
+            if holdings is not None:
+                self.state.merge(event.get("control"))
+                self._holdings[holdings.worker_id] = (self._clock(), holdings,
+                                                      bool(event.get("ready", True)))
+
+    def holdings(self) -> list[Holdings]:
+        """Live workers' latest announcements (silent ones age out)."""
+        now = self._clock()
+        for worker_id, (seen, _, _) in list(self._holdings.items()):
+            if now - seen > self._settings.stale_after_s:
+                del self._holdings[worker_id]
+        return [h for _, h, _ in self._holdings.values()]
+
+    def _ready_workers(self) -> list[str]:
+        self.holdings()
+        return sorted(w for w, (_, _, ready) in self._holdings.items() if ready)
+
+    # -- the request path ---------------------------------------------------------
+    def available(self, model_id: str) -> bool:
+        return self.state.loaded(model_id)
+
+    def check(self, model_id: str) -> None:
+        """Raise ``ModelUnavailable`` for a model an operator unloaded."""
+        if not self.state.loaded(model_id):
+            raise ModelUnavailable(
+                f"model '{model_id}' was unloaded (POST /v2/repository/models/{model_id}"
+                "/unload); it serves again after POST .../load")
+
+    def route(self, model_id: str, version: str | None = None) -> str | None:
+        """The version a request gets: the one it named, else the model's route."""
+        if version is not None or model_id not in self._catalog:
+            return version
+        versions = [m.version for m in self._catalog.get(model_id).versions]
+        return route(model_id, versions, self.state.version(model_id), self.holdings())
+
+    def warm_on(self, model_id: str, version: str) -> list[str]:
+        return sorted(h.worker_id for h in self.holdings()
+                      if version in h.resident.get(model_id, frozenset()))
+
+    def index(self, ready_only: bool = False) -> list[dict[str, Any]]:
+        """The repository index (OIP model repository extension)."""
+        rows = []
+        for entry in self._catalog:
+            model_id = entry.model_id
+            loaded = self.state.loaded(model_id)
+            if ready_only and not loaded:
+                continue
+            version = self.route(model_id) or entry.manifest.version
+            rows.append({"name": model_id, "version": version,
+                         "state": "READY" if loaded else "UNAVAILABLE",
+                         "reason": "" if loaded else "unloaded by an operator",
+                         "pinned": self.state.pinned(model_id, entry.manifest.fanout.pinned),
+                         "warm_on": self.warm_on(model_id, version)})
+        return rows
+
+    # -- commands -------------------------------------------------------------------
+    async def load(self, model_id: str, version: str | None, workers: int) -> Outcome:
+        """Warm the model (``version``, else its route) on ``workers`` workers, and on
+        every worker that holds another version of it; answer when all are warm.
+
+        A named version takes the unversioned route once it is warm on all of them;
+        a version that fails anywhere never does (the error names the worker and why).
+        """
+        entry = self._catalog.get(model_id)
+        if version is not None:
+            entry.version(version)  # ModelNotFound for a version the repository lacks
+        ready = self._ready_workers()
+        if workers > len(ready):
+            raise NoCapacity(f"asked to warm '{model_id}' on {workers} worker(s); "
+                             f"{len(ready)} ready worker(s) are live")
+        versions = [m.version for m in entry.versions]
+        target = version or route(model_id, versions, None, self.holdings())
+        chosen = self._choose(model_id, target, workers, ready)
+        await self._run(model_id, "load", target, chosen, target, named=version is not None)
+        if version is not None:
+            await self._run(model_id, "route", version, frozenset(), version)
+        return Outcome(model_id, target, tuple(sorted(chosen)))
+
+    async def unload(self, model_id: str) -> Outcome:
+        """Refuse the model's requests from now on and drop it from every live worker."""
+        self._catalog.get(model_id)
+        workers = frozenset(self._ready_workers()) | {h.worker_id for h in self.holdings()}
+        await self._run(model_id, "unload", "", workers, "")
+        return Outcome(model_id, "", tuple(sorted(workers)))
+
+    async def pin(self, model_id: str, pinned: bool) -> Outcome:
+        """Pin (preload everywhere, never evict) or unpin; answered once every live
+        worker has done it."""
+        self._catalog.get(model_id)
+        version = self.route(model_id) or ""
+        workers = frozenset(self._ready_workers())
+        await self._run(model_id, "pin" if pinned else "unpin", "", workers, version)
+        return Outcome(model_id, version, tuple(sorted(workers)))
+
+    def _choose(self, model_id: str, version: str, count: int, ready: list[str]
+                ) -> frozenset[str]:
+        """Workers already warm first, then those holding another version (they must
+        have the new one before the route moves), then the least loaded."""
+        holdings = {h.worker_id: h for h in self.holdings()}
+        warm = [w for w in ready if version in holdings[w].resident.get(model_id, ())]
+        holders = [w for w in ready if holdings[w].resident.get(model_id) and w not in warm]
+        rest = sorted((w for w in ready if w not in warm and w not in holders),
+                      key=lambda w: (sum(len(v) for v in holdings[w].resident.values()), w))
+        chosen = list(holders)  # every holder of an old version warms the new one
+        for worker_id in warm + rest:
+            if len(chosen) >= count:
+                break
+            chosen.append(worker_id)
+        return frozenset(chosen)
+
+    async def _run(self, model_id: str, action: Action, version: str,
+                   workers: frozenset[str], about: str, named: bool = False) -> None:
+        """Publish one command (applied here at once) and wait for ``workers``' results."""
+        command = Command(uuid.uuid4().hex, model_id, action, self._revisions.next(),
+                          version, tuple(sorted(workers)), named)
+        command.apply(self.state)
+        collect = self._pending[command.command_id] = _Collect(workers)
+        try:
+            await self._broker.publish_event(command.event())
+            timeout_s = self._settings.command_timeout_s
+            try:
+                await asyncio.wait_for(collect.done.wait(), timeout_s)
+            except TimeoutError:
+                missing = sorted(workers - set(collect.results))
+                raise DeadlineExceeded(
+                    f"{action} of '{model_id}' not confirmed within {timeout_s:.0f}s by "
+                    f"worker(s) {', '.join(missing)}; the order stands and they carry it "
+                    "out when they can") from None
+        finally:
+            del self._pending[command.command_id]
+        failed = [r for r in collect.results.values() if not r.ok]
+        if failed:
+            first = failed[0]
+            detail = "; ".join(f"{r.worker_id}: {r.message}" for r in failed)
+            what = f"'{model_id}' version {about}" if about else f"'{model_id}'"
+            error: ModelfleetError = error_from_code(
+                first.code, f"{action} of {what} failed on {len(failed)} of "
+                f"{len(workers)} worker(s): {detail}")
+            raise error
