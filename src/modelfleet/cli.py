@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import os
 import sys
 from typing import Any
@@ -19,6 +18,7 @@ from pydantic import ValidationError
 from modelfleet import __version__
 from modelfleet.errors import ModelfleetError
 from modelfleet.exits import EXIT_CONFIG, EXIT_INTERRUPTED, report
+from modelfleet.logformat import configure_logging
 from modelfleet.settings import Settings
 
 
@@ -29,6 +29,9 @@ def _common(parser: argparse.ArgumentParser, gateway: bool, worker: bool) -> Non
                         help="'memory' (embedded) or amqp://user:pass@host:port/ "
                              "(env MODELFLEET_BROKER)")
     parser.add_argument("--log-level", default=os.environ.get("MODELFLEET_LOG_LEVEL", "info"))
+    parser.add_argument("--log-format", choices=("text", "json"), default=None,
+                        help="'json': one JSON object per line, and a line per request/task "
+                             "(env MODELFLEET_LOG_FORMAT; default text)")
     if gateway:
         parser.add_argument("--host", default=None, help="bind address (default 127.0.0.1)")
         parser.add_argument("--port", type=int, default=None, help="HTTP port (default 8000)")
@@ -63,6 +66,8 @@ def build_settings(args: argparse.Namespace) -> Settings:
     """Defaults < MODELFLEET_* environment < flags."""
     base = Settings()
     overrides: dict[str, Any] = {"repo": args.repo, "log_level": args.log_level}
+    if args.log_format is not None:
+        overrides["log_format"] = args.log_format
     if args.broker is not None:
         overrides["broker"] = base.broker.model_copy(update={"url": args.broker})
     gateway: dict[str, Any] = {}
@@ -102,8 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"modelfleet: error: setting {'.'.join(map(str, first['loc']))}: {first['msg']}",
               file=sys.stderr)
         return EXIT_CONFIG
-    logging.basicConfig(level=settings.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(settings.log_level, settings.log_format)
     from modelfleet import launch
 
     try:

@@ -35,8 +35,10 @@ PAYLOAD_STORE_BYTES = Gauge("modelfleet_gateway_payload_store_bytes",
 PAYLOAD_FETCHES = Counter("modelfleet_gateway_payload_fetches_total",
                           "Payload fetches from runtimes, by outcome", ["outcome"])
 PHASE_SECONDS = Histogram("modelfleet_phase_seconds",
-                          "Per-phase latency of answered requests, as reported by workers",
-                          ["phase"], buckets=_LATENCY_BUCKETS)
+                          "Per-phase latency of every request, by outcome: the workers' phases "
+                          "when a reply came back, and 'total' (at the gateway) always; model "
+                          "bounded (first N models, the rest 'other')",
+                          ["model", "phase", "outcome"], buckets=_LATENCY_BUCKETS)
 
 # -- worker -------------------------------------------------------------------------
 TASKS = Counter("modelfleet_worker_tasks_total",
@@ -80,7 +82,34 @@ MODEL_LOAD_SECONDS = Histogram("modelfleet_model_load_seconds", "Model load dura
                                                     30, 60, 120, 300))
 MODEL_LOAD_FAILURES = Counter("modelfleet_model_load_failures_total", "Model loads that failed")
 MODEL_LOAD_RATE = Gauge("modelfleet_model_loads_per_minute",
-                        "Model loads in the last 60 s: the cache's health signal (a count that "
-                        "will not settle over a sustained load rate is churn)")
+                        "Model loads from storage (repository or disk) in the last 60 s: the "
+                        "cache's health signal (a count that will not settle over a sustained "
+                        "load rate is churn); promotions from host memory are not loads")
+MODEL_PROMOTION_RATE = Gauge("modelfleet_model_promotions_per_minute",
+                             "Promotions from host memory to the device in the last 60 s "
+                             "(a copy, not a load)")
 EVICTIONS = Counter("modelfleet_evictions_total", "Evictions from the device, by action",
                     ["action"])
+
+# -- fleet, as one gateway sees it (autoscaling signals; see README "Metrics") --------
+# Every gateway computes the same fleet-wide figures from the workers' published state
+# and the broker's exact queue counts: aggregate them across gateways with max(), not sum().
+FLEET_WORKERS = Gauge("modelfleet_fleet_workers", "Live workers (state seen recently)")
+FLEET_BACKLOG = Gauge("modelfleet_fleet_backlog",
+                      "Tasks ready in each model queue, fleet-wide (top N models labelled, the "
+                      "rest summed as model='other')", ["model"])
+FLEET_TOTAL_BACKLOG = Gauge("modelfleet_fleet_total_backlog",
+                            "Tasks ready in all model queues with demand, fleet-wide")
+FLEET_OLDEST_WAITING = Gauge("modelfleet_fleet_oldest_waiting_seconds",
+                             "Age of the oldest request this gateway still waits on, per model "
+                             "(top N labelled, the rest as model='other', their maximum)",
+                             ["model"])
+FLEET_PERMITS_IN_USE = Gauge("modelfleet_fleet_permits_in_use",
+                             "Permits in use over all live workers")
+FLEET_PERMITS_CAP = Gauge("modelfleet_fleet_permits_cap", "Permits of all live workers")
+FLEET_PERMIT_UTILIZATION = Gauge("modelfleet_fleet_permit_utilization",
+                                 "Permits in use / permits of all live workers (0..1)")
+FLEET_DESIRED_WORKERS = Gauge(
+    "modelfleet_fleet_desired_workers",
+    "Workers the fleet needs: ceil((permits in use + backlog) / (permits per worker x "
+    "target utilization)); what the KEDA ScaledObject scales on")

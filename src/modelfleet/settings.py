@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import secrets
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.fields import FieldInfo
@@ -63,6 +63,10 @@ class GatewaySettings(_Section):
     # requests wait: how soon a worker that pulls nothing of it learns of new work.
     demand_announce_interval_s: float = Field(default=0.25, gt=0)
     worker_stale_after_s: float = Field(default=10, gt=0)
+    # modelfleet_fleet_desired_workers sizes the fleet so that this share of its permits
+    # is in use when the backlog is served (the KEDA ScaledObject scales on it).
+    target_permit_utilization: float = Field(default=0.8, gt=0, le=1)
+    fleet_metrics_models: int = Field(default=20, ge=1)  # top-N models labelled, rest "other"
     # After SIGTERM: readiness says 503 and new work is refused at once; requests in
     # flight get this long to be answered, then a 503 shutting_down (with Retry-After).
     drain_timeout_s: float = Field(default=5, gt=0)
@@ -163,6 +167,9 @@ class Settings(BaseSettings):
     scheduling: ScoringSettings = ScoringSettings()
     control: ControlSettings = ControlSettings()
     log_level: str = "info"
+    # "json": one JSON object per log line, and one line per request (gateway) and per
+    # task (worker) with its ids, status and phase timings (MODELFLEET_LOG_FORMAT=json).
+    log_format: Literal["text", "json"] = "text"
 
     @classmethod
     def settings_customise_sources(

@@ -3,6 +3,7 @@
     POST /v1/models/{model}/infer      the body is the payload; answer is the result
     GET  /v1/models, /v1/models/{model} the catalog
     GET  /v1/fleet                      live workers' states
+    GET  /v1/fleet/summary, /dashboard  the live fleet page and its data (gateway/dashboard.py)
     GET  /v1/payloads/{request_id}      signed, expiring: runtimes fetch large payloads
     GET  /livez /readyz /metrics        probes and Prometheus metrics
 
@@ -26,8 +27,12 @@ from starlette.requests import ClientDisconnect
 from modelfleet import __version__, metrics
 from modelfleet.errors import ClientGone, ModelfleetError, PayloadTooLarge
 from modelfleet.gateway.control import control_router
+from modelfleet.gateway.dashboard import dashboard_router
+from modelfleet.gateway.fleet_summary import FleetSummary
 from modelfleet.gateway.http import STATUS_BY_CODE, error_body, error_response
 from modelfleet.gateway.inflight import RequestTimeout
+from modelfleet.gateway.observe import RequestObserver, RequestRecord
+from modelfleet.gateway.parking import PARKED_REQUEST_ID
 from modelfleet.gateway.service import GatewayService
 from modelfleet.repository.manifest import CONTENT_TYPES
 
@@ -52,6 +57,9 @@ def create_app(service: GatewayService, readiness: list[ReadinessCheck] | None =
     alive = liveness or []
     limit = service.settings.gateway.max_body_bytes
     body_timeout_s = service.settings.gateway.body_read_timeout_s
+    observer = RequestObserver(service.settings.log_format)
+    fleet_summary = FleetSummary(service.settings, service.broker, service.fleet, service.parked)
+    app.include_router(dashboard_router(fleet_summary))  # /dashboard, /v1/fleet/summary
 
     @app.exception_handler(ModelfleetError)
     async def _domain_error(_: Request, exc: ModelfleetError) -> JSONResponse:
@@ -84,9 +92,12 @@ def create_app(service: GatewayService, readiness: list[ReadinessCheck] | None =
     async def _infer(model: str, version: str | None, request: Request) -> Response:
         started = time.perf_counter()
         status = 500
+        outcome, reply, resolved = "internal_error", None, version or ""
+        PARKED_REQUEST_ID.set("")
         try:
             async with service.requests.track() as guard:
                 manifest = service.catalog.get(model).version(version)
+                resolved = manifest.version
                 deadline_ms = service.deadline_ms(manifest.timeout_s,
                                                   request.headers.get("x-request-timeout"))
                 with guard.reading(body_timeout_s):
@@ -96,9 +107,7 @@ def create_app(service: GatewayService, readiness: list[ReadinessCheck] | None =
                 answer = await service.infer(model, version, body, content_type.lower(),
                                              deadline_ms, params,
                                              disconnected=_disconnect_waiter(request))
-            status = 200
-            for phase, ms in answer.reply.timings_ms.items():
-                metrics.PHASE_SECONDS.labels(phase).observe(ms / 1000)
+            status, outcome, reply = 200, "ok", answer.reply
             return Response(answer.body, media_type=answer.content_type, headers={
                 "X-Worker-Id": answer.reply.worker_id,
                 "X-Model-Cold": "1" if answer.reply.cold else "0",
@@ -107,11 +116,12 @@ def create_app(service: GatewayService, readiness: list[ReadinessCheck] | None =
             })
         except ClientGone as exc:  # nobody reads the answer; counted, not an error of ours
             metrics.CLIENT_DISCONNECTS.inc()
-            status = STATUS_BY_CODE[exc.code]
+            status, outcome = STATUS_BY_CODE[exc.code], exc.code
             log.info("request for %s: %s", model, exc.message)
             return error_response(exc)
         except ModelfleetError as exc:
-            status = STATUS_BY_CODE.get(exc.code, 500)
+            status, outcome = STATUS_BY_CODE.get(exc.code, 500), exc.code
+            reply = getattr(exc, "reply", None)  # a worker's failure reply, when one came
             if isinstance(exc, RequestTimeout):
                 metrics.READ_TIMEOUTS.labels("body").inc()
             return error_response(exc)
@@ -122,6 +132,8 @@ def create_app(service: GatewayService, readiness: list[ReadinessCheck] | None =
             known = model if model in service.catalog else "(unknown)"
             metrics.REQUESTS.labels(known, str(status)).inc()
             metrics.REQUEST_SECONDS.labels(known).observe(time.perf_counter() - started)
+            observer.record(RequestRecord(PARKED_REQUEST_ID.get(), known, resolved, status,
+                                          outcome, time.perf_counter() - started, reply))
 
     @app.get("/v1/payloads/{request_id}", include_in_schema=False)
     async def payload(request_id: str, expires: str = "", sig: str = "") -> Response:
@@ -170,6 +182,7 @@ def create_app(service: GatewayService, readiness: list[ReadinessCheck] | None =
 
     @app.get("/metrics")
     async def prometheus() -> Response:
+        await fleet_summary.get()  # the fleet gauges, at most a second old
         return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
     app.include_router(control_router(service))  # /v2/repository: load, unload, pin

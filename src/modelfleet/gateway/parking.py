@@ -7,13 +7,22 @@ arrives after its deadline or after the caller hung up) is dropped and counted.
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Callable
+from contextvars import ContextVar
 
 from modelfleet import metrics
 from modelfleet.messages import Reply
 
+# The id of the request the current task parked last: the HTTP handler that awaited the
+# service reads it for its log line, also when the request failed with no reply.
+PARKED_REQUEST_ID: ContextVar[str] = ContextVar("parked_request_id", default="")
+
 
 class ParkedRequests:
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._parked_at: dict[str, float] = {}
         self._waiting: dict[str, asyncio.Future[Reply]] = {}
         self._by_model: dict[str, int] = {}
         self._model_of: dict[str, str] = {}
@@ -25,6 +34,8 @@ class ParkedRequests:
         future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
         self._waiting[request_id] = future
         self._model_of[request_id] = model_id
+        self._parked_at[request_id] = self._clock()
+        PARKED_REQUEST_ID.set(request_id)
         self._by_model[model_id] = self._by_model.get(model_id, 0) + 1
         metrics.PARKED.set(len(self._waiting))
         return future
@@ -34,6 +45,7 @@ class ParkedRequests:
         if future is None:
             return
         model_id = self._model_of.pop(request_id)
+        self._parked_at.pop(request_id, None)
         left = self._by_model[model_id] - 1
         if left:
             self._by_model[model_id] = left
@@ -51,3 +63,12 @@ class ParkedRequests:
 
     def waiting_models(self) -> list[str]:
         return list(self._by_model)
+
+    def oldest_waiting_s(self) -> dict[str, float]:
+        """model id -> seconds its oldest still-unanswered request has waited."""
+        now = self._clock()
+        oldest: dict[str, float] = {}
+        for request_id, parked_at in self._parked_at.items():
+            model_id = self._model_of[request_id]
+            oldest[model_id] = max(oldest.get(model_id, 0.0), now - parked_at)
+        return oldest

@@ -1,0 +1,135 @@
+"""The fleet as one gateway sees it: the /dashboard page's data and the autoscaling gauges.
+
+Built from what the gateway already has, never by calling a worker: the workers'
+published ``worker_state`` events (``FleetView``), the broker's exact counts for the
+queues with demand (any gateway's announcements, workers' subscriptions and resident
+models, this gateway's parked requests), and this gateway's parked requests' ages.
+Every gateway computes the same fleet-wide figures (aggregate them with ``max``).
+
+Desired workers: enough that the work now in the fleet (permits in use plus the
+backlog) fills ``target_permit_utilization`` of their permits:
+``ceil((in_use + backlog) / (permits per worker x target))``, 0 with no work at all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+from modelfleet import metrics
+from modelfleet.broker.base import Broker
+from modelfleet.errors import BrokerError
+from modelfleet.gateway.fleet import FleetView
+from modelfleet.gateway.parking import ParkedRequests
+from modelfleet.labels import OTHER, top_n
+from modelfleet.settings import Settings
+
+MIN_REFRESH_S = 1.0  # scrapes and page polls share one count of the queues per second
+
+
+def desired_workers(in_use: int, backlog: int, permits_per_worker: float,
+                    target_utilization: float) -> int:
+    work = in_use + backlog
+    if work <= 0:
+        return 0
+    return math.ceil(work / (max(permits_per_worker, 1.0) * target_utilization))
+
+
+class FleetSummary:
+    def __init__(self, settings: Settings, broker: Broker, fleet: FleetView,
+                 parked: ParkedRequests, clock: Callable[[], float] = time.monotonic) -> None:
+        self._settings = settings
+        self._broker = broker
+        self._fleet = fleet
+        self._parked = parked
+        self._clock = clock
+        self._lock = asyncio.Lock()
+        self._built_at = -math.inf
+        self._last: dict[str, Any] = {}
+        self._labelled: dict[str, set[str]] = {"backlog": set(), "oldest": set()}
+
+    async def get(self) -> dict[str, Any]:
+        """The current summary (at most ``MIN_REFRESH_S`` old); sets the fleet gauges."""
+        async with self._lock:
+            if self._clock() - self._built_at >= MIN_REFRESH_S:
+                self._last = await self._build()
+                self._built_at = self._clock()
+                self._publish(self._last)
+            return self._last
+
+    async def _build(self) -> dict[str, Any]:
+        workers = sorted(self._fleet.workers(), key=lambda w: str(w.get("worker_id")))
+        self._fleet.load_rates.sample(time.time(), {str(w["worker_id"]) for w in workers})
+        oldest = self._parked.oldest_waiting_s()
+        models = set(self._fleet.in_demand()) | set(oldest)
+        for state in workers:
+            resident = state.get("resident") or {}
+            models |= {*state.get("subscriptions", []), *resident.get("device", []),
+                       *resident.get("host", [])}
+        broker_error = ""
+        try:
+            counts = await self._broker.queue_stats(sorted(models)) if models else {}
+        except BrokerError as exc:  # the page still shows the workers
+            counts, broker_error = {}, str(exc)
+        warm = self._fleet.warm_models()
+        queues = [{"model": model_id,
+                   "backlog": counts[model_id].backlog if model_id in counts else None,
+                   "consumers": counts[model_id].consumers if model_id in counts else None,
+                   "oldest_waiting_s": (round(oldest[model_id], 3) if model_id in oldest
+                                        else None),  # None: nothing waits on this gateway
+                   "warm_on": sorted(warm.get(model_id, []))}
+                  for model_id in sorted(models)]
+        in_use = sum(int(w.get("permits_in_use", 0)) for w in workers)
+        cap = sum(int(w.get("permits_cap", 0)) for w in workers)
+        backlog = sum(qs.backlog for qs in counts.values())
+        per_worker = cap / len(workers) if workers else float(self._settings.worker.permits)
+        rates = self._fleet.load_rates.series()
+        totals = {
+            "workers": len(workers),
+            "ready_workers": sum(1 for w in workers if w.get("ready")),
+            "permits_in_use": in_use,
+            "permits_cap": cap,
+            "permit_utilization": round(in_use / cap, 4) if cap else 0.0,
+            "backlog": backlog,
+            "desired_workers": desired_workers(
+                in_use, backlog, per_worker, self._settings.gateway.target_permit_utilization),
+            "resident_device": sum(len((w.get("resident") or {}).get("device", []))
+                                   for w in workers),
+            "resident_host": sum(len((w.get("resident") or {}).get("host", []))
+                                 for w in workers),
+            "storage_loads": sum(int((w.get("loads") or {}).get(s, 0)) for w in workers
+                                 for s in ("repository", "disk")),
+            "promotions": sum(int((w.get("loads") or {}).get("host", 0)) for w in workers),
+            "requests_waiting": len(self._parked),
+        }
+        return {"at": time.time(), "totals": totals, "workers": workers, "queues": queues,
+                "load_rate": rates, "broker_error": broker_error}
+
+    def _publish(self, summary: dict[str, Any]) -> None:
+        totals = summary["totals"]
+        metrics.FLEET_WORKERS.set(totals["workers"])
+        metrics.FLEET_PERMITS_IN_USE.set(totals["permits_in_use"])
+        metrics.FLEET_PERMITS_CAP.set(totals["permits_cap"])
+        metrics.FLEET_PERMIT_UTILIZATION.set(totals["permit_utilization"])
+        metrics.FLEET_DESIRED_WORKERS.set(totals["desired_workers"])
+        metrics.FLEET_TOTAL_BACKLOG.set(totals["backlog"])
+        limit = self._settings.gateway.fleet_metrics_models
+        queues = summary["queues"]
+        self._set_top(metrics.FLEET_BACKLOG, "backlog",
+                      top_n({q["model"]: q["backlog"] for q in queues
+                             if q["backlog"] is not None}, limit))
+        self._set_top(metrics.FLEET_OLDEST_WAITING, "oldest",
+                      top_n({q["model"]: q["oldest_waiting_s"] for q in queues
+                             if q["oldest_waiting_s"] is not None}, limit, combine=max))
+
+    def _set_top(self, gauge: Any, key: str, values: dict[str, float]) -> None:
+        """Set ``values`` and remove the labels of models that dropped out of the top N
+        (a gauge nobody updates would go stale)."""
+        for gone in self._labelled[key] - set(values):
+            gauge.remove(gone)
+        for model, value in values.items():
+            gauge.labels(model).set(value)
+        self._labelled[key] = set(values) | {OTHER}
