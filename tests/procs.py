@@ -10,12 +10,15 @@ import subprocess
 import sys
 import textwrap
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 import psutil
+
+from modelfleet.tenancy.keys import Role
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples" / "models"
@@ -55,6 +58,7 @@ class Proc:
         self.args = args
         self.ready_url = ready_url
         self.log_path = log_path
+        self.api_key = ""  # the admin key gateway() made for it
         self._log = log_path.open("wb")
         self.popen = subprocess.Popen([*MODELFLEET, *args], env={**os.environ, **env},
                                       stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT)
@@ -145,14 +149,39 @@ def serve(tmp_path: Path, env: dict[str, str] | None = None, name: str = "serve"
     return proc, base
 
 
+def provision_key(db: str, role: Role = "admin", tenant: str = "", plan: str = "enterprise"
+                  ) -> str:
+    """A new API key in the tenants' store at ``db`` (a fresh tenant unless named)."""
+    from modelfleet.tenancy.store import open_store
+
+    store = open_store(db)
+    try:
+        _, key = store.create_key(tenant or f"harness-{uuid.uuid4().hex[:8]}", role,
+                                  "tests/procs.py", plan)
+    finally:
+        store.close()
+    return key
+
+
 def gateway(tmp_path: Path, broker: str, env: dict[str, str], name: str,
             repo: Path = EXAMPLES) -> tuple[Proc, str]:
-    """Start ``modelfleet gateway``; returns (process, base URL). Caller stops it."""
+    """Start ``modelfleet gateway``; returns (process, base URL). Caller stops it.
+
+    Auth is on for a gateway: an admin key is made in the tenants' store the gateway
+    reads (``tmp_path/tenants.sqlite3`` unless ``env`` names one), kept in
+    ``proc.api_key``, and carried by the base URL as Basic credentials
+    (``http://KEY:@host:port``), which httpx sends with every request.
+    """
     port = free_port()
+    db = (env.get("MODELFLEET_TENANCY__DB") or env.get("MODELFLEET_DLQ_DB")
+          or str(tmp_path / "tenants.sqlite3"))
+    key = provision_key(db)
     base = f"http://127.0.0.1:{port}"
     proc = _started(["gateway", "--repo", str(repo), "--port", str(port), "--broker", broker],
-                    env, tmp_path / f"{name}.log", f"{base}/readyz")
-    return proc, base
+                    {"MODELFLEET_TENANCY__DB": db, **env}, tmp_path / f"{name}.log",
+                    f"{base}/readyz")
+    proc.api_key = key
+    return proc, f"http://{key}:@127.0.0.1:{port}"
 
 
 def worker(tmp_path: Path, broker: str, env: dict[str, str], name: str,

@@ -301,6 +301,9 @@ class Bench:
             "MODELFLEET_WORKER__SHARED_RUNTIMES": str(WORKERS),
             "MODELFLEET_RUNTIME__DEVICE_BUDGET_BYTES": str(budget),
             "MODELFLEET_RUNTIME__HOST_BUDGET_BYTES": str(self.args.mf_host_budget_bytes),
+            # The peers run without API keys: compare like with like (issue 14 puts auth on
+            # by default for `gateway`).
+            "MODELFLEET_TENANCY__AUTH": "off",
         })
         return env
 

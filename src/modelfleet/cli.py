@@ -1,4 +1,4 @@
-"""The ``modelfleet`` command: serve, gateway, worker, sim, dlq.
+"""The ``modelfleet`` command: serve, gateway, worker, sim, dlq, keys, tenants, usage.
 
 Settings are built here, once, from defaults, ``MODELFLEET_*`` environment variables
 and flags, and passed down. Library code raises typed errors; this is the one place
@@ -59,6 +59,10 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser("sim", help="fleet simulator: pull-affinity against push routers",
                         add_help=False)
     commands.add_parser("dlq", help="dead-letter queue: archive, list, replay", add_help=False)
+    commands.add_parser("keys", help="API keys: create, list, revoke", add_help=False)
+    commands.add_parser("tenants", help="tenants: plans and model grants", add_help=False)
+    commands.add_parser("usage", help="usage per tenant, model and hour (--csv)",
+                        add_help=False)
     return parser
 
 
@@ -99,6 +103,10 @@ def main(argv: list[str] | None = None) -> int:
         from modelfleet.dlq.cli import main as dlq_main
 
         return int(dlq_main(argv[1:]))
+    if argv and argv[0] in ("keys", "tenants", "usage"):
+        from modelfleet.tenancy.cli import main as tenancy_main
+
+        return tenancy_main(argv[0], argv[1:])
     args = build_parser().parse_args(argv)
     try:
         settings = build_settings(args)

@@ -34,6 +34,7 @@ from modelfleet.dlq.archive import default_location
 from modelfleet.dlq.embedded import archiving
 from modelfleet.errors import ConfigError, ManifestError
 from modelfleet.gateway.app import create_app
+from modelfleet.gateway.auth import guarded, tenant_gate
 from modelfleet.gateway.edge import EdgeApp, EdgeLimits, edge_protocol
 from modelfleet.gateway.service import GatewayService
 from modelfleet.redaction import secure_logging
@@ -223,8 +224,10 @@ async def serve(settings: Settings) -> None:
                              "(broker: %s)", len(catalog), settings.repo, gw.host,
                              listener.getsockname()[1], _redact(settings.broker.url))
                     async with _refreshing(store, catalog, settings), \
-                            _dead_letters_archived(broker, settings):
-                        await _until_signalled(_http_server(app, settings, edge=True),
+                            _dead_letters_archived(broker, settings), \
+                            tenant_gate(settings, catalog, embedded=True) as gate:
+                        await _until_signalled(_http_server(guarded(app, gate), settings,
+                                                            edge=True),
                                                listener, _draining(service, settings))
                 finally:
                     await coordinator.stop()
@@ -247,9 +250,10 @@ async def gateway(settings: Settings) -> None:
                 log.info("modelfleet gateway on http://%s:%d (broker: %s)",
                          settings.gateway.host, listener.getsockname()[1],
                          _redact(settings.broker.url))
-                async with _refreshing(store, catalog, settings):
-                    await _until_signalled(_http_server(create_app(service), settings,
-                                                        edge=True),
+                async with _refreshing(store, catalog, settings), \
+                        tenant_gate(settings, catalog, embedded=False) as gate:
+                    await _until_signalled(_http_server(guarded(create_app(service), gate),
+                                                        settings, edge=True),
                                            listener, _draining(service, settings))
             finally:
                 await service.stop()

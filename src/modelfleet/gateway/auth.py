@@ -1,0 +1,338 @@
+"""Who may call what at the gateway: one ASGI layer in front of every route.
+
+Each request's path is classified (``classify``), so routes added anywhere in the app
+are covered without their authors doing anything:
+
+    open       /livez /readyz /v2/health/*, and the signed /v1/payloads/* URLs
+    model      /v1/models/{m}..., /v2/models/{m}...: a key whose tenant may use m
+               (owner, grant, or admin); others get the same 404 as a missing model.
+               Inference there is admitted by the tenant's plan (429 + Retry-After),
+               and metered (usage, per tenant, model and hour)
+    catalog    GET /v1/models: any key; the list shows only the models it may use
+    operator   /v1/fleet, /dashboard*, /v2/repository/*, /metrics (if configured)
+    any key    everything else (docs, /v2 server metadata, unknown paths)
+
+401 for no key or a bad one (``WWW-Authenticate: Bearer``), 403 for a role too low,
+503 when the key store was never readable. The key is never logged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import re
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from prometheus_client import Counter
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from modelfleet.errors import ModelfleetError, ModelNotFound
+from modelfleet.gateway.http import error_body
+from modelfleet.repository import Catalog
+from modelfleet.settings import Settings
+from modelfleet.tenancy import Forbidden, RateLimited, TenancyStoreError, Unauthenticated
+from modelfleet.tenancy.access import Principal
+from modelfleet.tenancy.identity import Authenticator
+from modelfleet.tenancy.limits import Limits, open_limits
+from modelfleet.tenancy.plans import load_plans
+from modelfleet.tenancy.store import TenantStore, open_store, store_location
+from modelfleet.tenancy.usage import UsageMeter, outcome_of
+
+log = logging.getLogger("modelfleet.gateway")
+
+TENANT_REQUESTS = Counter("modelfleet_tenant_requests_total",
+                          "Inference requests per tenant (the first tenancy.metric_tenants_max "
+                          "seen; the rest as '(other)') and usage outcome",
+                          ["tenant", "outcome"])
+AUTH_REFUSALS = Counter("modelfleet_gateway_auth_refusals_total",
+                        "Requests refused by the auth layer, by status", ["status"])
+
+Kind = Literal["open", "model", "catalog", "operator", "key"]
+_MODEL_PATH = re.compile(r"^/v[12]/models/([^/]+)(/.*)?$")
+_OPEN = frozenset({"/livez", "/readyz", "/v2/health/live", "/v2/health/ready"})
+_OPERATOR_PREFIXES = ("/v1/fleet", "/dashboard", "/v2/repository")
+
+
+@dataclass(frozen=True)
+class Route:
+    kind: Kind
+    model: str = ""
+    infer: bool = False
+
+
+def classify(method: str, path: str, protect_metrics: bool = False) -> Route:
+    """What a request for ``path`` needs (see the module docstring)."""
+    path = path.rstrip("/") or "/"
+    if path in _OPEN or path.startswith(("/v1/payloads/", "/v2/health/")):
+        return Route("open")
+    if path == "/metrics":
+        return Route("operator" if protect_metrics else "open")
+    if path.startswith(_OPERATOR_PREFIXES):
+        return Route("operator")
+    if path == "/v1/models" and method == "GET":
+        return Route("catalog")
+    match = _MODEL_PATH.match(path)
+    if match:
+        rest = match.group(2) or ""
+        return Route("model", match.group(1), infer=method == "POST"
+                     and rest.endswith("/infer"))
+    return Route("key")
+
+
+class _TenantLabels:
+    """The tenant label value: itself for the first ``limit`` tenants, else "(other)"."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._seen: set[str] = set()
+
+    def __call__(self, tenant: str) -> str:
+        if tenant in self._seen:
+            return tenant
+        if len(self._seen) < self._limit:
+            self._seen.add(tenant)
+            return tenant
+        return "(other)"
+
+
+class TenantGate:
+    """The parts the auth layer asks: identity, limits, usage, model ownership."""
+
+    def __init__(self, authenticator: Authenticator, limits: Limits, meter: UsageMeter,
+                 owner_of: Callable[[str], str | None], protect_metrics: bool,
+                 lease_s: float, tenant_labels: int) -> None:
+        self.authenticator = authenticator
+        self.limits = limits
+        self.meter = meter
+        self.owner_of = owner_of
+        self.protect_metrics = protect_metrics
+        self.lease_s = lease_s
+        self.label = _TenantLabels(tenant_labels)
+
+
+def _owner_lookup(catalog: Catalog) -> Callable[[str], str | None]:
+    def owner(model: str) -> str | None:
+        try:
+            return catalog.get(model).manifest.tenant
+        except ModelNotFound:
+            return None
+
+    return owner
+
+
+def auth_enabled(settings: Settings, embedded: bool) -> bool:
+    """``tenancy.auth``; ``auto`` is on for a gateway, and for ``serve`` unless it
+    listens on loopback only (one machine's own users: see README, "Auth")."""
+    mode = settings.tenancy.auth
+    if mode != "auto":
+        return mode == "on"
+    host = settings.gateway.host
+    loopback = host == "localhost" or host.startswith("127.") or host == "::1"
+    return not (embedded and loopback)
+
+
+@contextlib.asynccontextmanager
+async def tenant_gate(settings: Settings, catalog: Catalog, embedded: bool
+                      ) -> AsyncIterator[TenantGate | None]:
+    """The gate for this gateway (None when auth is off), its usage flushed on exit.
+
+    ``embedded`` (``serve``): limits are kept in this process (it is the only gateway).
+    """
+    tenancy = settings.tenancy
+    if not auth_enabled(settings, embedded):
+        log.warning("auth is OFF: anyone who reaches http://%s:%d may call every model "
+                    "and the operator routes (tenancy.auth=%s%s)", settings.gateway.host,
+                    settings.gateway.port, tenancy.auth,
+                    "; serve on loopback" if tenancy.auth == "auto" else "")
+        yield None
+        return
+    plans = load_plans(tenancy.plans_file)
+    store: TenantStore = open_store(store_location(tenancy.db))
+    limits = open_limits("memory" if embedded else tenancy.redis_url, tenancy.redis_prefix)
+    meter = UsageMeter(store, tenancy.usage_flush_s)
+    meter.start()
+    lease_s = settings.gateway.max_timeout_s + settings.gateway.body_read_timeout_s
+    gate = TenantGate(Authenticator(store, plans, tenancy.cache_ttl_s), limits, meter,
+                      _owner_lookup(catalog), tenancy.protect_metrics, lease_s,
+                      tenancy.metric_tenants_max)
+    log.info("auth on: keys and usage in %s; limits %s", store.location,
+             "in this process" if embedded else "shared through Redis")
+    try:
+        yield gate
+    finally:
+        await meter.close()
+        await limits.close()
+        store.close()
+
+
+def _refusal(exc: ModelfleetError) -> tuple[int, dict[str, str]]:
+    if isinstance(exc, Unauthenticated):
+        return 401, {"WWW-Authenticate": 'Bearer realm="modelfleet"'}
+    if isinstance(exc, Forbidden):
+        return 403, {}
+    if isinstance(exc, ModelNotFound):
+        return 404, {}
+    if isinstance(exc, RateLimited):
+        return 429, {"Retry-After": str(exc.retry_after_s)}
+    return 503, {"Retry-After": "1"}
+
+
+class AuthMiddleware:
+    """The ASGI layer (``app.add_middleware(AuthMiddleware, gate=...)``)."""
+
+    def __init__(self, app: ASGIApp, gate: TenantGate) -> None:
+        self.app = app
+        self.gate = gate
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        route = classify(scope["method"], scope["path"], self.gate.protect_metrics)
+        if route.kind == "open":
+            await self.app(scope, receive, send)
+            return
+        try:
+            principal = await self._admit(route, _header(scope, b"authorization"))
+        except (Unauthenticated, Forbidden, ModelNotFound, TenancyStoreError) as exc:
+            await self._refuse(exc, scope, receive, send)
+            return
+        if route.kind == "catalog" and principal.role != "admin":
+            await self._filtered_catalog(principal, scope, receive, send)
+        elif route.infer:
+            await self._metered(route.model, principal, scope, receive, send)
+        else:
+            await self.app(scope, receive, send)
+
+    async def _admit(self, route: Route, authorization: str | None) -> Principal:
+        principal = await self.gate.authenticator.principal(authorization)
+        if route.kind == "operator" and not principal.has_role("operator"):
+            raise Forbidden(f"this route needs the operator role; the key has role "
+                            f"'{principal.role}'")
+        if route.kind == "model" and not principal.may_use(route.model,
+                                                           self.gate.owner_of(route.model)):
+            # The catalog's own words: a model of another tenant looks like none at all.
+            raise ModelNotFound(f"no model named '{route.model}' (GET /v1/models lists them)")
+        return principal
+
+    async def _refuse(self, exc: ModelfleetError, scope: Scope, receive: Receive,
+                      send: Send) -> None:
+        status, headers = _refusal(exc)
+        AUTH_REFUSALS.labels(str(status)).inc()
+        response = error_body(status, exc.code, exc.message)
+        response.headers.update(headers)
+        await response(scope, receive, send)
+
+    async def _metered(self, model: str, principal: Principal, scope: Scope,
+                       receive: Receive, send: Send) -> None:
+        """Admit by plan, run, and count what the tenant used."""
+        tenant = principal.tenant.name
+        label = self.gate.label(tenant)
+        try:
+            release = await self.gate.limits.admit(tenant, principal.plan, self.gate.lease_s)
+        except RateLimited as exc:
+            TENANT_REQUESTS.labels(label, "rate_limited").inc()
+            self.gate.meter.record(tenant, model, "rate_limited")
+            await self._refuse(exc, scope, receive, send)
+            return
+        seen = _Seen()
+        try:
+            await self.app(scope, seen.receiving(receive), seen.sending(send))
+        finally:
+            await release()
+            outcome = outcome_of(seen.status)
+            TENANT_REQUESTS.labels(label, outcome).inc()
+            self.gate.meter.record(tenant, model, outcome, seen.timing_s("predict"),
+                                   seen.timing_s("model_load"), seen.bytes_in, seen.bytes_out)
+
+    async def _filtered_catalog(self, principal: Principal, scope: Scope, receive: Receive,
+                                send: Send) -> None:
+        """GET /v1/models with only the models this principal may use."""
+        start: Message | None = None
+        chunks: list[bytes] = []
+
+        async def hold(message: Message) -> None:
+            nonlocal start
+            if message["type"] == "http.response.start":
+                start = message
+            elif message["type"] == "http.response.body":
+                chunks.append(message.get("body", b""))
+
+        await self.app(scope, receive, hold)
+        assert start is not None
+        body = b"".join(chunks)
+        if start["status"] == 200:
+            listing: dict[str, Any] = json.loads(body)
+            owner_of = self.gate.owner_of
+            listing["models"] = [m for m in listing.get("models", [])
+                                 if principal.may_use(m["name"], owner_of(m["name"]))]
+            body = json.dumps(listing).encode()
+        headers = [(k, v) for k, v in start.get("headers", []) if k.lower() != b"content-length"]
+        headers.append((b"content-length", str(len(body)).encode()))
+        await send({**start, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+
+class _Seen:
+    """What passed through one request: its body size, its answer's status, size and
+    the worker's phase timings (the Server-Timing header)."""
+
+    def __init__(self) -> None:
+        self.bytes_in = 0
+        self.bytes_out = 0
+        self.status = 499  # never answered: the caller went away
+        self.timings_ms: dict[str, float] = {}
+
+    def receiving(self, receive: Receive) -> Receive:
+        async def wrapped() -> Message:
+            message = await receive()
+            if message["type"] == "http.request":
+                self.bytes_in += len(message.get("body", b""))
+            return message
+
+        return wrapped
+
+    def sending(self, send: Send) -> Send:
+        async def wrapped(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                self.status = int(message["status"])
+                for name, value in message.get("headers", []):
+                    if name.lower() == b"server-timing":
+                        self.timings_ms.update(_server_timing(value.decode("latin-1")))
+            elif message["type"] == "http.response.body":
+                self.bytes_out += len(message.get("body", b""))
+            await send(message)
+
+        return wrapped
+
+    def timing_s(self, phase: str) -> float:
+        return self.timings_ms.get(phase, 0.0) / 1000
+
+
+def _server_timing(header: str) -> dict[str, float]:
+    timings: dict[str, float] = {}
+    for entry in header.split(","):
+        name, _, params = entry.strip().partition(";")
+        for param in params.split(";"):
+            key, _, value = param.strip().partition("=")
+            if key == "dur":
+                with contextlib.suppress(ValueError):
+                    timings[name.strip()] = float(value)
+    return timings
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers", []):
+        if key.lower() == name:
+            return str(value.decode("latin-1"))
+    return None
+
+
+def guarded(app: Any, gate: TenantGate | None) -> Any:
+    """``app`` (a FastAPI app, not started yet) behind the auth layer, if ``gate``."""
+    if gate is not None:
+        app.add_middleware(AuthMiddleware, gate=gate)
+    return app
