@@ -24,6 +24,7 @@ from pydantic_settings import (
 
 from modelfleet.control.settings import ControlSettings
 from modelfleet.scheduling.settings import ScoringSettings
+from modelfleet.tenancy.settings import TenancySettings
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB
@@ -165,6 +166,7 @@ class Settings(BaseSettings):
     worker: WorkerSettings = WorkerSettings()
     runtime: RuntimeSettings = RuntimeSettings()
     scheduling: ScoringSettings = ScoringSettings()
+    tenancy: TenancySettings = TenancySettings()  # API keys, plans, limits, usage
     control: ControlSettings = ControlSettings()
     log_level: str = "info"
     # "json": one JSON object per log line, and one line per request (gateway) and per
