@@ -1,6 +1,6 @@
 # The two commands a newcomer needs:
 #   make serve   creates .venv, installs, serves examples/models on http://127.0.0.1:8000
-#   make test    creates .venv if needed, starts RabbitMQ if needed, runs the whole suite
+#   make test    creates .venv if needed, starts RabbitMQ and Redis if needed, runs the whole suite
 PYTHON ?= python3
 VENV   := .venv
 STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
@@ -18,6 +18,7 @@ serve: $(STAMP)
 
 test: $(STAMP)
 	bash .ci/rabbitmq-up || test "$$CI" != "true"
+	bash .ci/redis-up || test "$$CI" != "true"
 	$(VENV)/bin/python -m pytest -q
 
 lint: $(STAMP)
