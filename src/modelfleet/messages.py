@@ -3,6 +3,13 @@
 A Task is small: payload bytes ride inline only below a threshold; larger ones stay
 on the gateway that received them and travel as a signed URL (``PayloadRef``).
 Events (worker state, model demand) are plain msgpack maps with a ``kind`` key.
+
+Each message is encoded once, by whoever makes it, and decoded once by each process
+that reads it (README, "one encode per hop"): a Task is encoded by the gateway and
+its bytes travel unchanged to the runtime (``Delivery.body``); a Reply is encoded by
+the runtime, stamped with what the worker adds (worker id, queue wait, given to it
+with the task), and its bytes (``EncodedReply``) cross the coordinator and the
+broker to the gateway, the one place that decodes it.
 """
 
 from __future__ import annotations
@@ -71,7 +78,6 @@ class Reply:
     status: ReplyStatus
     body: bytes = b""
     content_type: str = "application/json"
-    compressed: bool = False
     error_code: str = ""
     error_message: str = ""
     timings_ms: dict[str, float] = field(default_factory=dict)
@@ -105,6 +111,26 @@ def encode_reply(reply: Reply) -> bytes:
 
 def decode_reply(raw: bytes) -> Reply:
     return Reply(**msgpack.unpackb(raw, raw=False))
+
+
+@dataclass(frozen=True)
+class EncodedReply:
+    """A Reply as the bytes its maker encoded, with what a carrier needs to know of it.
+
+    The coordinator and the brokers pass replies on in this form, reading only
+    ``request_id`` and ``status`` (for logs and metrics), never the body.
+    """
+
+    request_id: str
+    status: ReplyStatus
+    data: bytes
+
+    @classmethod
+    def of(cls, reply: Reply) -> EncodedReply:
+        return cls(reply.request_id, reply.status, encode_reply(reply))
+
+    def decode(self) -> Reply:
+        return decode_reply(self.data)
 
 
 def encode_event(event: dict[str, Any]) -> bytes:

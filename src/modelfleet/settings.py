@@ -48,6 +48,8 @@ class BrokerSettings(_Section):
     # The embedded broker's dead-letter queue holds at most this many (oldest dropped);
     # serve archives them as they come (see modelfleet.dlq.embedded).
     dead_letter_max: int = Field(default=10_000, ge=1)
+    # RabbitMQ only: replies larger than this are zstd-compressed on their way through it.
+    compress_threshold_bytes: int = Field(default=16 * 1024, ge=0)
 
 
 class GatewaySettings(_Section):
@@ -87,7 +89,6 @@ class RuntimeSettings(_Section):
     # Threads of each runtime's numerical libraries; 0: cores / worker.shared_runtimes.
     compute_threads: int = Field(default=0, ge=0)
     eviction_policy: str = "gdsf"  # gdsf | lru
-    compress_threshold_bytes: int = Field(default=16 * 1024, ge=0)
     url_fetch_max_bytes: int = Field(default=20 * MiB, gt=0)
     url_fetch_timeout_s: float = Field(default=10, gt=0)
     # "host:port", "a.b.c.d/nn:port" or "[v6 or v6/nn]:port" exempt from the private-address

@@ -15,7 +15,7 @@ from yarl import URL
 from modelfleet.broker import Broker, Delivery
 from modelfleet.broker.rabbitmq.broker import AmqpBroker
 from modelfleet.errors import BrokerError, BrokerUnavailable
-from modelfleet.messages import Reply
+from modelfleet.messages import EncodedReply, Reply
 from modelfleet.settings import BrokerSettings
 from tests.conftest import rabbitmq_url
 from tests.contract.brokers import Collector, TcpProxy, eventually, make_task
@@ -110,7 +110,7 @@ async def _drop_and_resume(broker: AmqpBroker, proxy: TcpProxy) -> None:
         with pytest.raises(BrokerUnavailable):
             await broker.publish_task(make_task("m1"))
         with pytest.raises(BrokerUnavailable):
-            await broker.publish_reply(inbox.address, Reply("r0", "ok"))
+            await broker.publish_reply(inbox.address, EncodedReply.of(Reply("r0", "ok")))
         with pytest.raises(BrokerUnavailable):
             await broker.publish_event({"kind": "ping"})
         with pytest.raises(BrokerUnavailable):
@@ -137,13 +137,13 @@ async def _drop_and_resume(broker: AmqpBroker, proxy: TcpProxy) -> None:
     assert (await deliveries.next()).task == fresh
     # The inbox kept its address (tasks in queues still name it).
     reply = Reply("r1", "ok", body=b"after")
-    assert await broker.publish_reply(inbox.address, reply) is True
+    assert await broker.publish_reply(inbox.address, EncodedReply.of(reply)) is True
     assert await replies.next() == reply
     # Events flow again; what was cancelled or closed while down stayed so.
     await heard(events, broker)
     stats = await broker.queue_stats(["m1", "m2"])
     assert (stats["m1"].consumers, stats["m2"].consumers) == (1, 0)
-    assert await broker.publish_reply(doomed_inbox.address, reply) is False
+    assert await broker.publish_reply(doomed_inbox.address, EncodedReply.of(reply)) is False
     for collector in (deliveries, replies, events):
         await collector.stop()
 

@@ -14,7 +14,7 @@ import pytest
 
 from modelfleet.broker import Broker, Delivery, QueueStats
 from modelfleet.errors import BrokerUnavailable
-from modelfleet.messages import Reply
+from modelfleet.messages import EncodedReply, Reply
 from tests.contract.brokers import Collector, eventually, make_task
 from tests.contract.conftest import BrokerFactory
 
@@ -214,9 +214,9 @@ async def test_inbox_round_trip(broker: Broker) -> None:
     inbox = await broker.open_inbox()
     replies: Collector[Reply] = Collector(inbox)
     reply = Reply("r1", "ok", body=b"\x01\x02", content_type="application/octet-stream",
-                  compressed=True, timings_ms={"predict": 1.5}, worker_id="w1", cold=True)
+                  timings_ms={"predict": 1.5}, worker_id="w1", cold=True)
 
-    assert await broker.publish_reply(inbox.address, reply) is True
+    assert await broker.publish_reply(inbox.address, EncodedReply.of(reply)) is True
 
     assert await replies.next() == reply
     await inbox.close()
@@ -224,7 +224,7 @@ async def test_inbox_round_trip(broker: Broker) -> None:
 
 
 async def test_reply_to_a_missing_or_closed_inbox_is_refused(broker: Broker) -> None:
-    reply = Reply("r1", "ok")
+    reply = EncodedReply.of(Reply("r1", "ok"))
     assert await broker.publish_reply("modelfleet.inbox.nobody", reply) is False
     inbox = await broker.open_inbox()
     await inbox.close()
@@ -328,7 +328,8 @@ async def test_a_closed_broker_refuses_work(broker: Broker) -> None:
     with pytest.raises(BrokerUnavailable):
         await broker.publish_event({"kind": "ping"})
     with pytest.raises(BrokerUnavailable):
-        await broker.publish_reply("modelfleet.inbox.x", Reply(uuid.uuid4().hex, "ok"))
+        await broker.publish_reply("modelfleet.inbox.x",
+                                   EncodedReply.of(Reply(uuid.uuid4().hex, "ok")))
 
 
 async def test_a_released_task_comes_back(broker: Broker) -> None:

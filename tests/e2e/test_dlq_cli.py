@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from modelfleet.broker.base import Broker
-from modelfleet.messages import PayloadRef, Reply, Task, now_ms
+from modelfleet.messages import EncodedReply, PayloadRef, Reply, Task, now_ms
 from modelfleet.settings import BrokerSettings
 from tests.conftest import rabbitmq_url, require_rabbitmq
 from tests.procs import ROOT
@@ -102,8 +102,8 @@ async def answer(broker: Broker, model_id: str, seen: list[str]) -> None:
         async for delivery in sub:
             task = delivery.task
             seen.append(task.request_id)
-            await broker.publish_reply(task.reply_to, Reply(task.request_id, "ok", b"{}",
-                                                            worker_id="e2e-worker"))
+            await broker.publish_reply(task.reply_to, EncodedReply.of(
+                Reply(task.request_id, "ok", b"{}", worker_id="e2e-worker")))
             await delivery.ack()
     finally:
         with contextlib.suppress(Exception):

@@ -20,7 +20,7 @@ from modelfleet.dlq.replay import (
     plan_replay,
     replay,
 )
-from modelfleet.messages import PayloadKind, PayloadRef, Reply, Task, now_ms
+from modelfleet.messages import EncodedReply, PayloadKind, PayloadRef, Reply, Task, now_ms
 from modelfleet.settings import BrokerSettings
 
 IDLE_S = 0.05
@@ -149,7 +149,7 @@ async def fake_worker(broker: MemoryBroker, model_id: str, status: str) -> None:
             reply = Reply(task.request_id, "ok", b"{}", worker_id="w1") if status == "ok" \
                 else Reply(task.request_id, "error", error_code="model_error",
                            error_message="boom", worker_id="w1")
-            await broker.publish_reply(task.reply_to, reply)
+            await broker.publish_reply(task.reply_to, EncodedReply.of(reply))
             await delivery.ack()
     finally:
         await sub.cancel()

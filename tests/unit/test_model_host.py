@@ -97,7 +97,7 @@ async def test_concurrent_requests_for_a_cold_model_cause_one_load(tmp_path: Pat
     results = await asyncio.gather(*(host.ensure("slow", "1") for _ in range(10)))
     assert len({id(loaded) for loaded, _ in results}) == 1
     stats = host.stats()
-    assert [load[0] for load in stats["loads"]] == ["slow"]  # one load, ten waiters
+    assert [load.model_id for load in stats.loads] == ["slow"]  # one load, ten waiters
 
 
 async def test_demote_then_promote_keeps_outputs_identical(tmp_path: Path) -> None:
@@ -111,7 +111,7 @@ async def test_demote_then_promote_keeps_outputs_identical(tmp_path: Path) -> No
     assert host.tier_of("a", "1") == "host"
     after = await infer(host, "a", x)  # promoted back: a copy, not a reload
     assert after == before
-    sources = [load[1] for load in host.stats()["loads"]]
+    sources = [load.source for load in host.stats().loads]
     assert sources == ["repository", "repository", "host"]
 
 
@@ -123,7 +123,7 @@ async def test_without_host_room_eviction_drops_and_reloads(tmp_path: Path) -> N
     await infer(host, "b", [1.0] * 64)
     assert host.tier_of("a", "1") is None
     await infer(host, "a", [1.0] * 64)
-    assert [load[1] for load in host.stats()["loads"]] == ["repository"] * 3
+    assert [load.source for load in host.stats().loads] == ["repository"] * 3
 
 
 async def test_pinned_model_survives_pressure(tmp_path: Path) -> None:
@@ -144,7 +144,7 @@ async def test_a_model_larger_than_the_budget_fails_at_once(tmp_path: Path) -> N
         await host.ensure("huge", "1")
     with pytest.raises(ModelTooLarge):  # and again, without a load attempt in between
         await host.ensure("huge", "1")
-    assert host.stats()["loads"] == []
+    assert host.stats().loads == ()
 
 
 async def test_a_failed_load_leaves_nothing_and_is_retried(tmp_path: Path) -> None:
@@ -154,8 +154,8 @@ async def test_a_failed_load_leaves_nothing_and_is_retried(tmp_path: Path) -> No
         with pytest.raises(ModelLoadFailed, match="weights corrupt"):
             await host.ensure("bad", "1")
     stats = host.stats()
-    assert stats["load_failures"] == 2
-    assert stats["device_used_bytes"] == 0 and host.loading == []
+    assert stats.load_failures == 2
+    assert stats.device_used_bytes == 0 and host.loading == []
 
 
 class LoadProbe(types.ModuleType):
@@ -186,7 +186,7 @@ async def test_at_most_k_loads_at_once_per_runtime(tmp_path: Path,
     host = host_for(tmp_path, 64, 0)  # max_concurrent_loads=2
     await asyncio.gather(*(host.ensure(name, "1") for name in names))
     assert probe.peak == 2  # two at a time: the limit, and it was used
-    assert sorted(load[0] for load in host.stats()["loads"]) == names
+    assert sorted(load.model_id for load in host.stats().loads) == names
 
 
 def versioned(root: Path, name: str, versions: dict[str, bool]) -> None:
@@ -216,7 +216,7 @@ async def test_versions_are_resident_side_by_side(tmp_path: Path) -> None:
         for version in ("1", "2"):
             loaded, _ = await host.ensure("ver", version)
             assert (await loaded.batcher.submit(None))[0] == version
-    assert [load[0] for load in host.stats()["loads"]] == ["ver", "ver"]  # one load each
+    assert [load.model_id for load in host.stats().loads] == ["ver", "ver"]  # one load each
 
 
 async def test_a_broken_version_does_not_fail_the_others(tmp_path: Path) -> None:
@@ -264,7 +264,8 @@ async def test_a_load_is_sized_by_what_its_model_holds_not_by_the_process(
     allocating.start()
     await load
     allocating.join()
-    [(_, _, _, size)] = host.stats()["loads"]
+    [measured] = host.stats().loads
+    size = measured.size_bytes
     assert hog and MiB <= size < 2 * MiB, size  # its 1 MiB of weights (+ the small files)
 
 
@@ -284,7 +285,8 @@ async def test_a_model_may_declare_what_it_holds(tmp_path: Path) -> None:
     """))
     host = host_for(tmp_path, 64, 0)
     await host.ensure("native", "1")
-    [(_, _, _, size)] = host.stats()["loads"]
+    [measured] = host.stats().loads
+    size = measured.size_bytes
     assert size == 3 * MiB
 
 
@@ -298,7 +300,7 @@ async def test_models_that_fit_wait_for_loads_in_flight_rather_than_being_refuse
     assert a.manifest.name == "a" and b.manifest.name == "b"
     tiers = {host.tier_of("a", "1"), host.tier_of("b", "1")}
     assert tiers == {"device", None}  # the one loaded second evicted the first
-    assert sorted(load[0] for load in host.stats()["loads"]) == ["a", "b"]
+    assert sorted(load.model_id for load in host.stats().loads) == ["a", "b"]
 
 
 async def test_evicted_models_are_freed_without_stopping_the_loop_for_a_collection(

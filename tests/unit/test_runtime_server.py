@@ -1,48 +1,49 @@
-"""RuntimeServer.infer, in-process: the reply a worker publishes for one task."""
+"""RuntimeService.infer, in-process: the reply a worker publishes for one task, encoded once."""
 
 from __future__ import annotations
 
-import zstandard
-
-from modelfleet.messages import PayloadRef, Task, decode_reply, now_ms
-from modelfleet.runtime.server import RuntimeServer, encode_result
-from modelfleet.settings import RuntimeSettings, Settings
+from modelfleet.messages import PayloadRef, Task, decode_reply, encode_task, now_ms
+from modelfleet.runtime.server import RuntimeService, encode_result
+from modelfleet.settings import Settings
 from tests.procs import EXAMPLES
 
 
-def task(model_id: str, body: bytes, ctype: str, deadline_s: float = 30) -> Task:
-    return Task("r1", model_id, "1", now_ms() + int(deadline_s * 1000), "inbox.x",
-                PayloadRef("inline", data=body, size_bytes=len(body)), ctype, now_ms())
+def task(model_id: str, body: bytes, ctype: str, deadline_s: float = 30) -> bytes:
+    return encode_task(Task("r1", model_id, "1", now_ms() + int(deadline_s * 1000), "inbox.x",
+                            PayloadRef("inline", data=body, size_bytes=len(body)), ctype,
+                            now_ms()))
 
 
-def server(threshold: int) -> RuntimeServer:
-    return RuntimeServer(Settings(repo=str(EXAMPLES), runtime=RuntimeSettings(
-        compress_threshold_bytes=threshold)), "test")
-
-
-async def test_large_results_are_compressed_small_ones_not() -> None:
-    runtime = server(threshold=512)
+async def test_the_reply_carries_what_the_worker_adds_and_the_whole_result() -> None:
+    service = RuntimeService(Settings(repo=str(EXAMPLES)))
     text = " ".join(f"w{i}" for i in range(400)).encode()
-    big = decode_reply(await runtime.infer(task("banner", text, "text/plain"), ["text/plain"]))
-    assert big.status == "ok" and big.compressed and big.cold
-    assert b"w399" in zstandard.ZstdDecompressor().decompress(big.body)
-    small = decode_reply(await runtime.infer(task("banner", b"hi", "text/plain"),
-                                             ["text/plain"]))
-    assert small.status == "ok" and not small.compressed and not small.cold
-    assert set(small.timings_ms) >= {"payload_fetch", "model_load", "preprocess", "predict",
+    encoded = await service.infer(task("banner", text, "text/plain"), 0, ["text/plain"],
+                                  "worker-7", 12.5)
+    reply = decode_reply(encoded.data)
+    assert (encoded.request_id, encoded.status) == ("r1", "ok")
+    assert reply.status == "ok" and reply.cold and b"w399" in reply.body
+    assert reply.worker_id == "worker-7" and reply.timings_ms["queue_wait"] == 12.5
+    assert set(reply.timings_ms) >= {"payload_fetch", "model_load", "preprocess", "predict",
                                      "postprocess"}
-    await runtime.host.close()
+    warm = decode_reply((await service.infer(task("banner", b"hi", "text/plain"), 0,
+                                             ["text/plain"], "worker-7", 0.0)).data)
+    assert warm.status == "ok" and not warm.cold
+    await service.close()
 
 
-async def test_errors_become_failure_replies() -> None:
-    runtime = server(threshold=512)
-    bad = decode_reply(await runtime.infer(task("iris", b"{oops", "application/json"),
-                                           ["application/json"]))
-    assert bad.status == "error" and bad.error_code == "invalid_input"
-    late = decode_reply(await runtime.infer(task("iris", b"{}", "application/json",
-                                                 deadline_s=-1), ["application/json"]))
+async def test_errors_become_failure_replies_stamped_like_answers() -> None:
+    service = RuntimeService(Settings(repo=str(EXAMPLES)))
+    bad = await service.infer(task("iris", b"{oops", "application/json"), 0,
+                              ["application/json"], "worker-7", 3.0)
+    assert bad.status == "error"
+    reply = decode_reply(bad.data)
+    assert reply.error_code == "invalid_input" and reply.worker_id == "worker-7"
+    assert reply.timings_ms["queue_wait"] == 3.0
+    late = decode_reply((await service.infer(task("iris", b"{}", "application/json",
+                                                  deadline_s=-1), 0, ["application/json"],
+                                             "worker-7", 0.0)).data)
     assert late.error_code == "deadline_exceeded"
-    await runtime.host.close()
+    await service.close()
 
 
 def test_numpy_results_encode_as_json() -> None:

@@ -27,7 +27,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from modelfleet.messages import Reply, Task
+from modelfleet.messages import EncodedReply, Reply, Task
 
 DEAD_LETTER_QUEUE = "modelfleet.dead-letters"
 
@@ -47,6 +47,14 @@ class Delivery(Protocol):
 
     @property
     def task(self) -> Task: ...
+
+    @property
+    def body(self) -> bytes:
+        """The task as it was encoded (``encode_task``), to be passed on without re-encoding.
+
+        Its delivery count is not in it (``task.delivery_count`` is).
+        """
+        ...
 
     @property
     def death_reason(self) -> str:
@@ -95,7 +103,9 @@ class Inbox(Protocol):
     @property
     def address(self) -> str: ...
 
-    def __aiter__(self) -> AsyncIterator[Reply]: ...
+    def __aiter__(self) -> AsyncIterator[Reply]:
+        """Replies addressed to this inbox, decoded: the one place a reply is."""
+        ...
 
     async def close(self) -> None: ...
 
@@ -118,8 +128,11 @@ class Broker(Protocol):
 
     async def open_inbox(self) -> Inbox: ...
 
-    async def publish_reply(self, address: str, reply: Reply) -> bool:
+    async def publish_reply(self, address: str, reply: EncodedReply) -> bool:
         """Deliver ``reply`` to the inbox at ``address``; returns once it is safe to ack.
+
+        The reply's bytes are carried as they are (a broker that crosses a network may
+        compress them on the way, and gives them back as they were).
 
         False means no such inbox exists (its gateway is gone): nobody is waiting.
         """

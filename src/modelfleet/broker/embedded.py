@@ -24,7 +24,7 @@ from typing import Any
 from modelfleet import metrics
 from modelfleet.broker.base import DEAD_LETTER_QUEUE, QueueStats
 from modelfleet.errors import BrokerUnavailable
-from modelfleet.messages import Reply, Task
+from modelfleet.messages import EncodedReply, Reply, Task, encode_task
 from modelfleet.settings import BrokerSettings
 
 _EVENT_BUFFER = 1024
@@ -81,6 +81,10 @@ class MemoryDelivery:
     @property
     def task(self) -> Task:
         return self._message.task.with_delivery_count(self._message.delivery_count)
+
+    @property
+    def body(self) -> bytes:
+        return encode_task(self._message.task)
 
     @property
     def death_reason(self) -> str:
@@ -171,13 +175,13 @@ class MemoryInbox:
     def __init__(self, broker: MemoryBroker, address: str) -> None:
         self._broker = broker
         self._address = address
-        self._replies: asyncio.Queue[Reply | None] = asyncio.Queue()
+        self._replies: asyncio.Queue[EncodedReply | None] = asyncio.Queue()
 
     @property
     def address(self) -> str:
         return self._address
 
-    def put(self, reply: Reply) -> None:
+    def put(self, reply: EncodedReply) -> None:
         self._replies.put_nowait(reply)
 
     async def __aiter__(self) -> AsyncIterator[Reply]:
@@ -185,7 +189,12 @@ class MemoryInbox:
             reply = await self._replies.get()
             if reply is None:
                 return
-            yield reply
+            try:
+                decoded = reply.decode()
+            except Exception:
+                log.exception("undecodable reply on %s dropped", self._address)
+                continue
+            yield decoded
 
     async def close(self) -> None:
         self._broker.inboxes.pop(self._address, None)
@@ -293,7 +302,7 @@ class MemoryBroker:
         self.inboxes[inbox.address] = inbox
         return inbox
 
-    async def publish_reply(self, address: str, reply: Reply) -> bool:
+    async def publish_reply(self, address: str, reply: EncodedReply) -> bool:
         self._check()
         inbox = self.inboxes.get(address)
         if inbox is None:

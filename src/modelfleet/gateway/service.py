@@ -20,8 +20,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-import zstandard
-
 from modelfleet.broker import Broker, Inbox
 from modelfleet.errors import (
     BrokerError,
@@ -116,7 +114,6 @@ class GatewayService:
         self._inbox: Inbox | None = None
         self._announced: dict[str, float] = {}
         self._loops: list[asyncio.Task[None]] = []
-        self._decompressor = zstandard.ZstdDecompressor()
         self.public_url = public_url(settings, bound_port, runtimes_local)
 
     async def start(self) -> None:
@@ -197,8 +194,7 @@ class GatewayService:
             self.payloads.free(request_id)
         if reply.status != "ok":
             raise error_from_code(reply.error_code, reply.error_message)
-        data = self._decompressor.decompress(reply.body) if reply.compressed else reply.body
-        return Answer(data, reply.content_type, reply)
+        return Answer(reply.body, reply.content_type, reply)
 
     async def _wait(self, waiting: asyncio.Future[Reply], deadline_ms: int,
                     disconnected: Callable[[], Awaitable[None]] | None) -> Reply:

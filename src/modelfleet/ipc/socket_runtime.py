@@ -1,4 +1,9 @@
-"""The coordinator's end of a runtime's socket (see ``modelfleet.ipc.framing``)."""
+"""``SocketRuntime``: the coordinator's end of a runtime process's socket (see ``framing``).
+
+Safe for concurrent calls. If the connection drops (the runtime died), every pending
+and future call raises ``RuntimeCrashed``. A call that times out raises
+``TimeoutError``: slow is not gone, and the caller decides.
+"""
 
 from __future__ import annotations
 
@@ -8,30 +13,32 @@ import itertools
 from typing import Any
 
 from modelfleet.errors import RuntimeCrashed, error_from_code
-from modelfleet.ipc.framing import pack_frame, read_frame
-from modelfleet.ipc.protocol import Op
+from modelfleet.ipc.framing import Frame, pack_frame, read_frame
+from modelfleet.ipc.protocol import (
+    InferCall,
+    Op,
+    RuntimeHealth,
+    RuntimeStats,
+    health_from_wire,
+    stats_from_wire,
+)
+from modelfleet.messages import EncodedReply
 
 
-class RuntimeClient:
-    """The coordinator's end of one runtime's socket. Safe for concurrent calls.
-
-    If the connection drops (the runtime died), every pending and future call raises
-    ``RuntimeCrashed``.
-    """
-
+class SocketRuntime:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                  name: str) -> None:
         self._reader = reader
         self._writer = writer
         self._name = name
         self._ids = itertools.count(1)
-        self._pending: dict[int, asyncio.Future[Any]] = {}
+        self._pending: dict[int, asyncio.Future[Frame]] = {}
         self._closed: str | None = None
         self._write_lock = asyncio.Lock()
         self._pump = asyncio.create_task(self._read_responses(), name=f"ipc-read-{name}")
 
     @classmethod
-    async def connect(cls, socket_path: str, name: str) -> RuntimeClient:
+    async def connect(cls, socket_path: str, name: str) -> SocketRuntime:
         reader, writer = await asyncio.open_unix_connection(socket_path, limit=2**20)
         return cls(reader, writer, name)
 
@@ -39,15 +46,42 @@ class RuntimeClient:
     def closed(self) -> bool:
         return self._closed is not None
 
-    async def call(self, op: Op, timeout_s: float | None = None, **args: Any) -> Any:
+    async def infer(self, call: InferCall, timeout_s: float | None = None) -> EncodedReply:
+        frame = await self._call("infer", timeout_s, call.task, {
+            "delivery_count": call.delivery_count, "accepts": list(call.accepts),
+            "worker_id": call.worker_id, "queue_wait_ms": call.queue_wait_ms})
+        result = frame.header["result"]
+        return EncodedReply(result["request_id"], result["status"], frame.body)
+
+    async def load(self, model_id: str, version: str, pinned: bool = False,
+                   timeout_s: float | None = None) -> None:
+        await self._call("load", timeout_s, args={"model_id": model_id, "version": version,
+                                                   "pinned": pinned})
+
+    async def unload(self, model_id: str, timeout_s: float | None = None) -> bool:
+        frame = await self._call("unload", timeout_s, args={"model_id": model_id})
+        return bool(frame.header["result"])
+
+    async def stats(self, timeout_s: float | None = None) -> RuntimeStats:
+        return stats_from_wire((await self._call("stats", timeout_s)).header["result"])
+
+    async def health(self, timeout_s: float | None = None) -> RuntimeHealth:
+        return health_from_wire((await self._call("health", timeout_s)).header["result"])
+
+    async def shutdown(self, timeout_s: float | None = None) -> None:
+        await self._call("shutdown", timeout_s)
+
+    async def _call(self, op: Op, timeout_s: float | None, body: bytes = b"",
+                    args: dict[str, Any] | None = None) -> Frame:
         if self._closed is not None:
             raise RuntimeCrashed(f"runtime {self._name} is gone: {self._closed}")
         request_id = next(self._ids)
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = future
         try:
             async with self._write_lock:
-                self._writer.write(pack_frame({"id": request_id, "op": op, "args": args}))
+                self._writer.write(pack_frame({"id": request_id, "op": op,
+                                               "args": args or {}}, body))
                 await self._writer.drain()
             return await asyncio.wait_for(future, timeout_s)
         except TimeoutError:
@@ -62,13 +96,14 @@ class RuntimeClient:
         try:
             while True:
                 frame = await read_frame(self._reader)
-                future = self._pending.get(frame.get("id", -1))
+                future = self._pending.get(frame.header.get("id", -1))
                 if future is None or future.done():
                     continue
-                if frame.get("ok"):
-                    future.set_result(frame.get("result"))
+                if frame.header.get("ok"):
+                    future.set_result(frame)
                 else:
-                    future.set_exception(error_from_code(frame["code"], frame["message"]))
+                    future.set_exception(error_from_code(frame.header["code"],
+                                                         frame.header["message"]))
         except (asyncio.IncompleteReadError, ConnectionError, OSError, ValueError) as exc:
             self._fail_all(f"connection closed ({type(exc).__name__})")
 

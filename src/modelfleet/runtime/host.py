@@ -25,10 +25,10 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 from modelfleet.cache import POLICIES, Eviction, ModelCache
 from modelfleet.errors import ModelfleetError, ModelLoadFailed, NoCapacity
+from modelfleet.ipc.protocol import Load, RuntimeStats
 from modelfleet.model.api import Context, Model
 from modelfleet.model.importer import import_handler
 from modelfleet.model.pipeline import Batcher
@@ -87,19 +87,11 @@ def model_of(key: str) -> str:
     return key.rsplit("@", 1)[0]
 
 
-@dataclass(frozen=True)
-class LoadEvent:
-    model_id: str
-    source: str
-    seconds: float
-    size_bytes: int
-
-
 @dataclass
 class HostEvents:
     """What happened since the coordinator last asked (drained by ``stats``)."""
 
-    loads: list[LoadEvent] = field(default_factory=list)
+    loads: list[Load] = field(default_factory=list)
     evictions: list[tuple[str, str]] = field(default_factory=list)  # (action, model id)
     load_failures: int = 0
 
@@ -246,7 +238,7 @@ class ModelHost:
         except ModelfleetError:  # measured bigger than the budget, or than what can be freed
             await self._unload(key)
             raise
-        self.events.loads.append(LoadEvent(model_id, source, measured.seconds,
+        self.events.loads.append(Load(model_id, source, measured.seconds,
                                            measured.size_bytes))
         await self._carry_out(more)
         if self.cache.tier_of(key) != "device":
@@ -299,7 +291,7 @@ class ModelHost:
             self.cache.release(key)
             raise
         await self._carry_out(self.cache.commit(key, size, seconds, "host"))
-        self.events.loads.append(LoadEvent(loaded.manifest.name, "host", seconds, size))
+        self.events.loads.append(Load(loaded.manifest.name, "host", seconds, size))
         return loaded
 
     def _batcher(self, manifest: Manifest, handler: Model) -> Batcher:
@@ -366,24 +358,24 @@ class ModelHost:
             self._collected_at = now
             gc.collect()
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> RuntimeStats:
         """Residency by model id (versions folded), and what happened since the last ask."""
         snap = self.cache.snapshot()
         events, self.events = self.events, HostEvents()
-        return {
-            "device": sorted({model_of(key) for key in snap.device}),
-            "host": sorted({model_of(key) for key in snap.host} - {model_of(key)
-                                                                  for key in snap.device}),
-            "device_budget_bytes": snap.device_budget_bytes,
-            "host_budget_bytes": snap.host_budget_bytes,
-            "device_used_bytes": snap.device_used_bytes,
-            "host_used_bytes": snap.host_used_bytes,
-            "loading": self.loading,
-            "pinned": sorted({model_of(key) for key in snap.pinned}),
-            "loads": [(e.model_id, e.source, e.seconds, e.size_bytes) for e in events.loads],
-            "evictions": events.evictions,
-            "load_failures": events.load_failures,
-        }
+        device = {model_of(key) for key in snap.device}
+        return RuntimeStats(
+            device=tuple(sorted(device)),
+            host=tuple(sorted({model_of(key) for key in snap.host} - device)),
+            loading=tuple(self.loading),
+            pinned=tuple(sorted({model_of(key) for key in snap.pinned})),
+            device_budget_bytes=snap.device_budget_bytes,
+            host_budget_bytes=snap.host_budget_bytes,
+            device_used_bytes=snap.device_used_bytes,
+            host_used_bytes=snap.host_used_bytes,
+            loads=tuple(events.loads),
+            evictions=tuple(events.evictions),
+            load_failures=events.load_failures,
+        )
 
     async def close(self) -> None:
         for key in list(self._models):

@@ -1,4 +1,4 @@
-"""The runtime process: an IPC server in front of a ``ModelHost``.
+"""The runtime process: ``RuntimeService`` (the ops over a ``ModelHost``) behind a socket.
 
 Started by the worker's supervisor as ``python -m modelfleet.runtime --socket PATH``
 with the settings in the ``MODELFLEET_RUNTIME_SETTINGS`` environment variable (JSON,
@@ -16,9 +16,8 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Sequence
 from typing import Any
-
-import zstandard
 
 from modelfleet.errors import (
     DeadlineExceeded,
@@ -26,9 +25,16 @@ from modelfleet.errors import (
     ModelfleetError,
     UnsupportedContentType,
 )
-from modelfleet.ipc.framing import error_response, pack_frame, read_frame
-from modelfleet.ipc.protocol import PRELOAD_ENV, SETTINGS_ENV
-from modelfleet.messages import Reply, Task, decode_task, encode_reply, now_ms
+from modelfleet.ipc.framing import Frame, error_header, pack_frame, read_frame
+from modelfleet.ipc.protocol import (
+    PRELOAD_ENV,
+    SETTINGS_ENV,
+    RuntimeHealth,
+    RuntimeStats,
+    health_to_wire,
+    stats_to_wire,
+)
+from modelfleet.messages import EncodedReply, Reply, decode_task, now_ms
 from modelfleet.model.api import Output, Request
 from modelfleet.model.pipeline import handle_request
 from modelfleet.redaction import secure_logging
@@ -61,87 +67,45 @@ def encode_result(result: Any) -> tuple[bytes, str]:
     return body, "application/json"
 
 
-class RuntimeServer:
-    def __init__(self, settings: Settings, name: str) -> None:
-        self._settings = settings
-        self._name = name
+class RuntimeService:
+    """The runtime's ops, typed: what both ``SocketServer`` and ``InProcessRuntime`` call."""
+
+    def __init__(self, settings: Settings) -> None:
         store = open_store(settings.repo, settings.state_dir / "disk-cache",
                            settings.runtime.disk_cache_bytes)
         self.host = ModelHost(settings.runtime, store)
         self._fetcher = PayloadFetcher(settings.runtime)
-        self._compressor = zstandard.ZstdCompressor(level=3)
-        self._stopping = asyncio.Event()
-        self._tasks: set[asyncio.Task[None]] = set()
+        self.stopping = asyncio.Event()
 
-    async def serve(self, socket_path: str) -> None:
-        server = await asyncio.start_unix_server(self._connection, socket_path, limit=2**20)
-        loop = asyncio.get_running_loop()
-        # The coordinator stops us (the shutdown op, or closing our socket) in its own
-        # order; a Ctrl-C meant for it must not stop us first. SIGTERM still does.
-        loop.add_signal_handler(signal.SIGINT, lambda: None)
-        loop.add_signal_handler(signal.SIGTERM, self._stopping.set)
-        log.info("runtime %s listening on %s (pid %d)", self._name, socket_path, os.getpid())
-        async with server:
-            await self._stopping.wait()
-        for task in list(self._tasks):
-            task.cancel()
+    async def close(self) -> None:
         await self.host.close()
         await self._fetcher.close()
 
-    async def _connection(self, reader: asyncio.StreamReader,
-                          writer: asyncio.StreamWriter) -> None:
-        lock = asyncio.Lock()
-        try:
-            while True:
-                frame = await read_frame(reader)
-                task = asyncio.create_task(self._answer(frame, writer, lock))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
-        except (asyncio.IncompleteReadError, ConnectionError, ValueError):
-            # The coordinator went away: nothing is left to answer for. Stop.
-            self._stopping.set()
-        except asyncio.CancelledError:
-            return  # shutting down
+    def health(self) -> RuntimeHealth:
+        return RuntimeHealth(os.getpid(), tuple(self.host.loading), self.host.load_ages_s(),
+                             tuple(sorted(self.host.frameworks)[:MAX_PRELOAD]))
 
-    async def _answer(self, frame: dict[str, Any], writer: asyncio.StreamWriter,
-                      lock: asyncio.Lock) -> None:
-        request_id = frame.get("id", 0)
-        try:
-            result = await self._dispatch(frame.get("op", ""), frame.get("args", {}))
-            response = {"id": request_id, "ok": True, "result": result}
-        except ModelfleetError as exc:
-            response = error_response(request_id, exc)
-        except Exception as exc:  # a bug here must answer, not hang the caller
-            log.exception("runtime op %s failed", frame.get("op"))
-            response = error_response(request_id, ModelFailed(f"runtime error: {exc!r}"))
-        async with lock:
-            with contextlib.suppress(ConnectionError):
-                writer.write(pack_frame(response))
-                await writer.drain()
+    def stats(self) -> RuntimeStats:
+        return self.host.stats()
 
-    async def _dispatch(self, op: str, args: dict[str, Any]) -> Any:
-        if op == "infer":
-            return await self.infer(decode_task(args["task"], args.get("delivery_count", 0)),
-                                    args.get("accepts", []))
-        if op == "health":
-            return {"pid": os.getpid(), "loading": self.host.loading,
-                    "load_ages_s": self.host.load_ages_s(),
-                    "frameworks": sorted(self.host.frameworks)[:MAX_PRELOAD]}
-        if op == "stats":
-            return self.host.stats()
-        if op == "load":
-            await self.host.ensure(args["model_id"], args["version"], args.get("pinned", False))
-            return True
-        if op == "evict":
-            return await self.host.evict(args["model_id"])
-        if op == "shutdown":
-            self._stopping.set()
-            return True
-        raise ModelFailed(f"unknown runtime op {op!r}")
+    async def load(self, model_id: str, version: str, pinned: bool) -> None:
+        await self.host.ensure(model_id, version, pinned)
 
-    async def infer(self, task: Task, accepts: list[str]) -> bytes:
-        """Run one task end to end; always returns an encoded Reply (errors included)."""
-        timings: dict[str, float] = {}
+    async def unload(self, model_id: str) -> bool:
+        return await self.host.evict(model_id)
+
+    def shutdown(self) -> None:
+        self.stopping.set()
+
+    async def infer(self, task_bytes: bytes, delivery_count: int, accepts: Sequence[str],
+                    worker_id: str, queue_wait_ms: float) -> EncodedReply:
+        """Run one task end to end; always returns an encoded Reply (errors included).
+
+        The reply carries the worker's id and the task's queue wait, given with the task,
+        so that it is encoded here once and crosses the coordinator as bytes.
+        """
+        task = decode_task(task_bytes, delivery_count)
+        timings: dict[str, float] = {"queue_wait": queue_wait_ms}
         cold = False
         try:
             started = time.perf_counter()
@@ -172,18 +136,91 @@ class RuntimeServer:
                                        f"({remaining_s:.2f}s left when it started)") from exc
             timings.update(phases)
             data, out_type = encode_result(result)
-            compressed = len(data) > self._settings.runtime.compress_threshold_bytes
-            if compressed:
-                data = self._compressor.compress(data)
-            reply = Reply(task.request_id, "ok", data, out_type, compressed,
-                          timings_ms=timings, cold=cold)
+            reply = Reply(task.request_id, "ok", data, out_type, timings_ms=timings,
+                          worker_id=worker_id, cold=cold)
         except ModelfleetError as exc:
-            reply = Reply.failure(task.request_id, exc, timings_ms=timings)
+            reply = Reply.failure(task.request_id, exc, worker_id, timings)
         except Exception as exc:  # a bug here must still answer the caller
             log.exception("task %s for %s failed in the runtime", task.request_id, task.model_id)
             reply = Reply.failure(task.request_id, ModelFailed(f"runtime error: {exc!r}"),
-                                  timings_ms=timings)
-        return encode_reply(reply)
+                                  worker_id, timings)
+        return EncodedReply.of(reply)
+
+
+class SocketServer:
+    """The runtime process's socket: frames in, ``RuntimeService`` ops, frames out."""
+
+    def __init__(self, service: RuntimeService, name: str) -> None:
+        self._service = service
+        self._name = name
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def serve(self, socket_path: str) -> None:
+        server = await asyncio.start_unix_server(self._connection, socket_path, limit=2**20)
+        loop = asyncio.get_running_loop()
+        # The coordinator stops us (the shutdown op, or closing our socket) in its own
+        # order; a Ctrl-C meant for it must not stop us first. SIGTERM still does.
+        loop.add_signal_handler(signal.SIGINT, lambda: None)
+        loop.add_signal_handler(signal.SIGTERM, self._service.stopping.set)
+        log.info("runtime %s listening on %s (pid %d)", self._name, socket_path, os.getpid())
+        async with server:
+            await self._service.stopping.wait()
+        for task in list(self._tasks):
+            task.cancel()
+        await self._service.close()
+
+    async def _connection(self, reader: asyncio.StreamReader,
+                          writer: asyncio.StreamWriter) -> None:
+        lock = asyncio.Lock()
+        try:
+            while True:
+                frame = await read_frame(reader)
+                task = asyncio.create_task(self._answer(frame, writer, lock))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+        except (asyncio.IncompleteReadError, ConnectionError, ValueError):
+            # The coordinator went away: nothing is left to answer for. Stop.
+            self._service.stopping.set()
+        except asyncio.CancelledError:
+            return  # shutting down
+
+    async def _answer(self, frame: Frame, writer: asyncio.StreamWriter,
+                      lock: asyncio.Lock) -> None:
+        request_id = frame.header.get("id", 0)
+        op = frame.header.get("op", "")
+        body = b""
+        try:
+            result, body = await self._dispatch(op, frame.header.get("args", {}), frame.body)
+            header = {"id": request_id, "ok": True, "result": result}
+        except ModelfleetError as exc:
+            header = error_header(request_id, exc)
+        except Exception as exc:  # a bug here must answer, not hang the caller
+            log.exception("runtime op %s failed", op)
+            header = error_header(request_id, ModelFailed(f"runtime error: {exc!r}"))
+        async with lock:
+            with contextlib.suppress(ConnectionError):
+                writer.write(pack_frame(header, body))
+                await writer.drain()
+
+    async def _dispatch(self, op: str, args: dict[str, Any], body: bytes) -> tuple[Any, bytes]:
+        service = self._service
+        if op == "infer":
+            reply = await service.infer(body, args["delivery_count"], args["accepts"],
+                                        args["worker_id"], args["queue_wait_ms"])
+            return {"request_id": reply.request_id, "status": reply.status}, reply.data
+        if op == "health":
+            return health_to_wire(service.health()), b""
+        if op == "stats":
+            return stats_to_wire(service.stats()), b""
+        if op == "load":
+            await service.load(args["model_id"], args["version"], args.get("pinned", False))
+            return True, b""
+        if op == "unload":
+            return await service.unload(args["model_id"]), b""
+        if op == "shutdown":
+            service.shutdown()
+            return True, b""
+        raise ModelFailed(f"unknown runtime op {op!r}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -198,8 +235,12 @@ def main(argv: list[str] | None = None) -> int:
                         format=f"%(asctime)s %(levelname)s [{args.name}] %(message)s")
     secure_logging()  # payload URLs are signed: no URL is logged whole, at any level
     preload(os.environ.get(PRELOAD_ENV, ""))
-    asyncio.run(RuntimeServer(settings, args.name).serve(args.socket))
+    asyncio.run(_serve(settings, args.name, args.socket))
     return 0
+
+
+async def _serve(settings: Settings, name: str, socket_path: str) -> None:
+    await SocketServer(RuntimeService(settings), name).serve(socket_path)
 
 
 def preload(modules: str) -> None:

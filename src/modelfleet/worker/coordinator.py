@@ -48,7 +48,8 @@ from typing import Any
 from modelfleet import metrics
 from modelfleet.broker import Broker, Delivery, QueueStats, Subscription
 from modelfleet.errors import BrokerUnavailable, ModelfleetError, RuntimeCrashed
-from modelfleet.messages import Reply, Task, decode_reply, encode_task, now_ms
+from modelfleet.ipc.protocol import InferCall
+from modelfleet.messages import EncodedReply, Reply, Task, now_ms
 from modelfleet.repository import Catalog
 from modelfleet.scheduling import Decision, QueueView, Snapshot, WorkerView, decide, work_waiting
 from modelfleet.settings import Settings
@@ -56,7 +57,7 @@ from modelfleet.worker.gate import CrashWitness, SuspectGate
 from modelfleet.worker.idle import IdleMeter
 from modelfleet.worker.pinning import PinKeeper
 from modelfleet.worker.residency import Residency
-from modelfleet.worker.supervisor import RuntimeProcess, RuntimeSupervisor
+from modelfleet.worker.supervisor import RuntimeSupervisor, SupervisedRuntime
 
 log = logging.getLogger("modelfleet.worker")
 
@@ -334,7 +335,7 @@ class Coordinator:
         if ask:
             self._counts.update(await self._broker.queue_stats(sorted(ask & candidates)))
         queues = []
-        runtime_of: dict[str, RuntimeProcess] = {}
+        runtime_of: dict[str, SupervisedRuntime] = {}
         for model_id in sorted(candidates):
             qs = self._counts.get(model_id)
             if qs is None or model_id not in self._catalog:  # gone while we asked
@@ -515,7 +516,8 @@ class Coordinator:
                     self._deadlines[task.request_id] = deadline
                     if task.request_id in self._cancelled:  # hung up while it waited
                         deadline.reschedule(asyncio.get_running_loop().time())
-                    reply = await self._run_on(runtime, delivery)
+                    reply = await self._run_on(runtime, delivery, queue_wait_ms=max(
+                        0, received_ms - task.enqueued_ms))
             except TimeoutError:
                 self._count_dropped(task)
                 await delivery.ack()
@@ -526,8 +528,6 @@ class Coordinator:
                 await self._stop_pulling(runtime)
                 await self._hand_back(delivery, crashed.error, crashed.alone)
                 return
-            reply = replace(reply, worker_id=self.worker_id, timings_ms={
-                **reply.timings_ms, "queue_wait": max(0, received_ms - task.enqueued_ms)})
             await self._reply_and_ack(delivery, reply)
             self._last_served[task.model_id] = self._clock()
             metrics.TASKS.labels(task.model_id, reply.status).inc()
@@ -543,9 +543,9 @@ class Coordinator:
             # A bug of ours. Settle the task anyway, where someone will look at it.
             log.exception("task %s for %s failed in the worker", task.request_id, task.model_id)
             with contextlib.suppress(BrokerUnavailable, RuntimeError):
-                await self._broker.publish_reply(task.reply_to, Reply.failure(
+                await self._broker.publish_reply(task.reply_to, EncodedReply.of(Reply.failure(
                     task.request_id, ModelfleetError(f"worker error: {exc!r}"),
-                    worker_id=self.worker_id))
+                    worker_id=self.worker_id)))
                 await delivery.dead_letter(f"worker_error: {exc!r}")
         except asyncio.CancelledError:
             with contextlib.suppress(BrokerUnavailable, RuntimeError):
@@ -565,11 +565,11 @@ class Coordinator:
 
     async def _settle_with_failure(self, delivery: Delivery, error: ModelfleetError) -> None:
         task = delivery.task
-        await self._reply_and_ack(delivery, Reply.failure(task.request_id, error,
-                                                          worker_id=self.worker_id))
+        await self._reply_and_ack(delivery, EncodedReply.of(
+            Reply.failure(task.request_id, error, worker_id=self.worker_id)))
         metrics.TASKS.labels(task.model_id, "error").inc()
 
-    async def _reply_and_ack(self, delivery: Delivery, reply: Reply) -> None:
+    async def _reply_and_ack(self, delivery: Delivery, reply: EncodedReply) -> None:
         """Send the reply, then ack: through a broker reconnect, never left unsettled.
 
         While the connection is down (or not yet known to be back: a restored consumer
@@ -609,7 +609,7 @@ class Coordinator:
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, 1.0)
 
-    async def _stop_pulling(self, runtime: RuntimeProcess) -> None:
+    async def _stop_pulling(self, runtime: SupervisedRuntime) -> None:
         affected = [m for m in self._consumers if self._supervisor.runtime_for(m) is runtime]
         for model_id in affected:
             await self._unsubscribe(model_id)
@@ -617,7 +617,8 @@ class Coordinator:
             log.warning("runtime %s is down: stopped pulling %s", runtime.name,
                         ", ".join(affected))
 
-    async def _run_on(self, runtime: RuntimeProcess, delivery: Delivery) -> Reply:
+    async def _run_on(self, runtime: SupervisedRuntime, delivery: Delivery,
+                      queue_wait_ms: float) -> EncodedReply:
         """Run the task on its runtime once the runtime is up and the gate lets it in.
 
         A redelivered task may be the one that crashed a runtime: it runs alone (the
@@ -631,10 +632,10 @@ class Coordinator:
         witness = self._witnesses.setdefault(runtime.name, CrashWitness())
         while True:
             async with gate.slot(suspect=task.suspect):
-                if runtime.ready and runtime.client is not None:
+                if runtime.ready and runtime.runtime is not None:
                     with witness.on_runtime() as alone:
                         try:
-                            return await self._infer(runtime, task.model_id, delivery)
+                            return await self._infer(runtime, delivery, queue_wait_ms)
                         except RuntimeCrashed as exc:
                             raise _Crashed(exc, alone()) from exc
             await runtime.wait_settled(float("inf"))  # bounded by the task's deadline
@@ -643,23 +644,26 @@ class Coordinator:
                 raise runtime.failure
             await asyncio.sleep(0.01)  # settled but not yet handed a client: a moment
 
-    async def _infer(self, runtime: RuntimeProcess, model_id: str, delivery: Delivery) -> Reply:
+    async def _infer(self, runtime: SupervisedRuntime, delivery: Delivery,
+                     queue_wait_ms: float) -> EncodedReply:
+        """The task's bytes go to the runtime as the broker gave them; its reply comes
+        back encoded, stamped with what this worker adds, and is passed on as bytes."""
         task = delivery.task
-        if runtime.client is None or not runtime.ready:
+        target = runtime.runtime
+        if target is None or not runtime.ready:
             raise RuntimeCrashed(f"runtime {runtime.name} is not ready")
-        manifest = self._catalog.get(model_id).manifest
+        manifest = self._catalog.get(task.model_id).manifest
         remaining_s = max(0.0, (task.deadline_ms - now_ms()) / 1000)
+        call = InferCall(delivery.body, task.delivery_count, tuple(manifest.accepts),
+                         self.worker_id, queue_wait_ms)
         try:
-            raw = await runtime.client.call(
-                "infer", timeout_s=remaining_s + self._settings.runtime.ping_timeout_s,
-                task=encode_task(task), delivery_count=task.delivery_count,
-                accepts=list(manifest.accepts))
+            return await target.infer(
+                call, timeout_s=remaining_s + self._settings.runtime.ping_timeout_s)
         except TimeoutError as exc:
             raise RuntimeCrashed(f"runtime {runtime.name} did not answer in time") from exc
         except RuntimeCrashed:
             runtime.connection_lost()  # before the gate lets the next task in
             raise
-        return decode_reply(raw)
 
     async def _hand_back(self, delivery: Delivery, exc: RuntimeCrashed, alone: bool) -> None:
         """A runtime crashed with this task in flight: charge it only if it was alone.
@@ -684,8 +688,9 @@ class Coordinator:
             else:
                 reason = (f"was on {evidence.crashes} runtimes that crashed, never alone "
                           f"on one: {exc}")
-            failure = replace(Reply.failure(task.request_id, exc, worker_id=self.worker_id),
-                              error_message=f"model '{task.model_id}': {reason}; dead-lettered")
+            failure = EncodedReply.of(replace(
+                Reply.failure(task.request_id, exc, worker_id=self.worker_id),
+                error_message=f"model '{task.model_id}': {reason}; dead-lettered"))
             metrics.DEAD_LETTERED.labels(task.model_id, "runtime_crashed").inc()
             await self._through_reconnects(
                 task, "reply", lambda: self._broker.publish_reply(task.reply_to, failure))

@@ -37,16 +37,16 @@ class PinKeeper:
         """Load pinned models onto every ready runtime that lacks them."""
         for model_id in self.pinned:
             runtime = self._supervisor.runtime_for(model_id)
-            if runtime.client is None or not runtime.ready or model_id in resident \
+            target = runtime.runtime
+            if target is None or not runtime.ready or model_id in resident \
                     or model_id in runtime.loading:
                 continue
             attempt = (model_id, runtime.name, runtime.restarts)
             if self._clock() < self._retry_at.get(attempt, 0.0):
                 continue
             try:
-                await runtime.client.call("load", model_id=model_id,
-                                          version=self._catalog.get(model_id).manifest.version,
-                                          pinned=True)
+                await target.load(model_id, self._catalog.get(model_id).manifest.version,
+                                  pinned=True)
             except ModelfleetError as exc:
                 failures = self._failures.get(attempt, 0) + 1
                 self._failures[attempt] = failures

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from typing import Any
 
 from modelfleet import metrics
 from modelfleet.errors import ModelfleetError
-from modelfleet.worker.supervisor import RuntimeProcess
+from modelfleet.ipc.protocol import RuntimeStats
+from modelfleet.worker.supervisor import SupervisedRuntime
 
 LOAD_RATE_WINDOW_S = 60.0
 
@@ -33,27 +33,28 @@ class Residency:
         """Models being loaded (or waiting for a load slot) on ``runtime`` at the last ask."""
         return self._loading.get(runtime, frozenset())
 
-    async def refresh(self, runtimes: list[RuntimeProcess]) -> None:
+    async def refresh(self, runtimes: list[SupervisedRuntime]) -> None:
         totals = {"device": 0, "host": 0, "device_bytes": 0, "host_bytes": 0}
         for gone in set(self._by_runtime) - {r.name for r in runtimes}:
             del self._by_runtime[gone]  # retired: what it held is gone with it
             self._loading.pop(gone, None)
         for runtime in runtimes:
-            if not runtime.ready or runtime.client is None:
+            target = runtime.runtime
+            if not runtime.ready or target is None:
                 self._by_runtime.pop(runtime.name, None)
                 self._loading.pop(runtime.name, None)
                 continue
             try:
-                stats = await runtime.client.call("stats", timeout_s=5)
+                stats = await target.stats(timeout_s=5)
             except (ModelfleetError, TimeoutError):
                 continue
-            self._by_runtime[runtime.name] = {"device": list(stats["device"]),
-                                              "host": list(stats["host"])}
-            self._loading[runtime.name] = frozenset(stats["loading"])
-            totals["device"] += len(stats["device"])
-            totals["host"] += len(stats["host"])
-            totals["device_bytes"] += stats["device_used_bytes"]
-            totals["host_bytes"] += stats["host_used_bytes"]
+            self._by_runtime[runtime.name] = {"device": list(stats.device),
+                                              "host": list(stats.host)}
+            self._loading[runtime.name] = frozenset(stats.loading)
+            totals["device"] += len(stats.device)
+            totals["host"] += len(stats.host)
+            totals["device_bytes"] += stats.device_used_bytes
+            totals["host_bytes"] += stats.host_used_bytes
             self._count_events(stats)
         metrics.RESIDENT_MODELS.labels("device").set(totals["device"])
         metrics.RESIDENT_MODELS.labels("host").set(totals["host"])
@@ -64,11 +65,11 @@ class Residency:
             self._load_times.popleft()
         metrics.MODEL_LOAD_RATE.set(len(self._load_times))
 
-    def _count_events(self, stats: dict[str, Any]) -> None:
-        for _model_id, source, seconds, _size in stats["loads"]:
-            metrics.MODEL_LOADS.labels(source).inc()
-            metrics.MODEL_LOAD_SECONDS.labels(source).observe(seconds)
+    def _count_events(self, stats: RuntimeStats) -> None:
+        for load in stats.loads:
+            metrics.MODEL_LOADS.labels(load.source).inc()
+            metrics.MODEL_LOAD_SECONDS.labels(load.source).observe(load.seconds)
             self._load_times.append(self._clock())
-        for action, _model_id in stats["evictions"]:
+        for action, _model_id in stats.evictions:
             metrics.EVICTIONS.labels(action).inc()
-        metrics.MODEL_LOAD_FAILURES.inc(stats["load_failures"])
+        metrics.MODEL_LOAD_FAILURES.inc(stats.load_failures)

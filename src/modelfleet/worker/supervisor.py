@@ -1,10 +1,13 @@
-"""Runtime processes: spawning them, pinging them, restarting them.
+"""Runtimes: starting them, pinging them, restarting them.
 
-Each ``RuntimeProcess`` is a spawned interpreter (``python -m modelfleet.runtime``)
-reached over a Unix socket. The supervisor pings it every ``ping_interval_s``; a
-runtime that dies, or does not answer a ping within ``ping_timeout_s`` (wedged), is
-killed and restarted with exponential backoff. Pings are answered by the runtime's
-event loop while loads run on threads, so a long model load is not a hang.
+Each ``SupervisedRuntime`` is started by a ``Launcher`` (``ipc.protocol``): in
+production a spawned interpreter (``python -m modelfleet.runtime``) reached over a
+Unix socket (``process_launcher``); in tests, the same server code in this process
+(``runtime.inprocess``), supervised the same way. The supervisor pings it every
+``ping_interval_s``; a runtime that dies, or does not answer a ping within
+``ping_timeout_s`` (wedged), is killed and restarted with exponential backoff. Pings
+are answered by the runtime's event loop while loads run on threads, so a long model
+load is not a hang.
 
 When a runtime goes down its socket closes, so every call in flight on it raises
 ``RuntimeCrashed`` at once: the coordinator hands those tasks back to the broker.
@@ -25,10 +28,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import logging
 import os
-import signal
 import sys
 import tempfile
 import threading
@@ -46,8 +47,7 @@ from modelfleet.errors import (
     ModelNotFound,
     RuntimeCrashed,
 )
-from modelfleet.ipc.protocol import PRELOAD_ENV, SETTINGS_ENV
-from modelfleet.ipc.socket_runtime import RuntimeClient
+from modelfleet.ipc.protocol import PRELOAD_ENV, SETTINGS_ENV, Launcher, Runtime, Started
 from modelfleet.repository import Catalog, ModelStore
 from modelfleet.settings import BrokerSettings, Settings
 from modelfleet.worker.isolation.environments import (
@@ -62,6 +62,7 @@ from modelfleet.worker.isolation.limits import (
     choose_limiter,
     runtime_env,
 )
+from modelfleet.worker.process_launcher import ProcessLauncher
 
 log = logging.getLogger("modelfleet.worker")
 State = Literal["starting", "ready", "down", "failed", "stopped"]
@@ -109,23 +110,17 @@ def _is_secret(variable: str) -> bool:
         or variable.startswith("MODELFLEET_BROKER__")
 
 
-def _die_with_parent() -> None:
-    """Runs in the child before exec: SIGKILL it if the coordinator dies (Linux)."""
-    with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+class SupervisedRuntime:
+    """One runtime, kept running: started by a ``Launcher``, pinged, restarted when it dies."""
 
-
-class RuntimeProcess:
-    def __init__(self, name: str, settings: Settings, socket_dir: Path,
+    def __init__(self, name: str, settings: Settings, launcher: Launcher,
                  on_change: Callable[[], None],
                  isolation: Callable[[], Isolation] | None = None) -> None:
         self.name = name
         self._settings = settings
-        self._socket_path = str(socket_dir / f"{name}.sock")
-        self._spare_socket = str(socket_dir / f"{name}.standby.sock")
-        # A started spare process, kept for a while after a crash (see _adopt_standby).
-        self._standby: asyncio.Task[tuple[asyncio.subprocess.Process, RuntimeClient,
-                                          str]] | None = None
+        self._launcher = launcher
+        # A started spare runtime, kept for a while after a crash (see _adopt_standby).
+        self._standby: asyncio.Task[Started] | None = None
         self._last_crash = 0.0
         self._frameworks: list[str] = []  # what its models imported (a standby preloads it)
         self._isolation = isolation
@@ -135,8 +130,7 @@ class RuntimeProcess:
         self._failed_at = 0.0
         self._retry = asyncio.Event()
         self.state: State = "starting"
-        self.client: RuntimeClient | None = None
-        self.process: asyncio.subprocess.Process | None = None
+        self._started_runtime: Started | None = None
         self.restarts = 0
         self.loading: list[str] = []
         self._watch: asyncio.Task[None] | None = None
@@ -146,6 +140,12 @@ class RuntimeProcess:
     @property
     def ready(self) -> bool:
         return self.state == "ready"
+
+    @property
+    def runtime(self) -> Runtime | None:
+        """The runtime to call, while one is up."""
+        started = self._started_runtime
+        return None if started is None else started.runtime
 
     @property
     def accepting(self) -> bool:
@@ -250,7 +250,7 @@ class RuntimeProcess:
         self._set("starting")
 
     async def _spawn(self) -> None:
-        self.process, self.client, self._limit = await self._launch(self._socket_path)
+        self._started_runtime, self._limit = await self._launch()
 
     def _standby_ready(self) -> bool:
         standby = self._standby
@@ -273,12 +273,11 @@ class RuntimeProcess:
         if not self._standby_ready():
             return False
         assert self._standby is not None
-        process, client, socket_path = self._standby.result()
+        started = self._standby.result()
         self._standby = None
-        if process.returncode is not None:  # died while it waited: start afresh
+        if started.exit_code is not None:  # died while it waited: start afresh
             return False
-        self.process, self.client, self._limit = process, client, None
-        self._socket_path, self._spare_socket = socket_path, self._socket_path
+        self._started_runtime, self._limit = started, None
         return True
 
     def _keep_standby(self) -> None:
@@ -288,10 +287,10 @@ class RuntimeProcess:
             self._standby = asyncio.create_task(self._start_standby(),
                                                 name=f"standby-{self.name}")
 
-    async def _start_standby(self) -> tuple[asyncio.subprocess.Process, RuntimeClient, str]:
-        process, client, _ = await self._launch(self._spare_socket,
-                                                {PRELOAD_ENV: ",".join(self._frameworks)})
-        return process, client, self._spare_socket
+    async def _start_standby(self) -> Started:
+        started, _ = await self._launch({PRELOAD_ENV: ",".join(self._frameworks)},
+                                        standby=True)
+        return started
 
     async def _retire_standby_when_quiet(self) -> None:
         """Stop the standby once no crash came for ``worker.standby_keep_s``."""
@@ -305,26 +304,18 @@ class RuntimeProcess:
         await self._stop_standby(standby)
 
     @staticmethod
-    async def _stop_standby(standby: asyncio.Task[tuple[asyncio.subprocess.Process,
-                                                         RuntimeClient, str]]) -> None:
+    async def _stop_standby(standby: asyncio.Task[Started]) -> None:
         if not standby.done():
             standby.cancel()
             await asyncio.wait({standby})
             return
         if standby.cancelled() or standby.exception() is not None:
             return
-        process, client, _ = standby.result()
-        await client.close()
-        if process.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                process.kill()
-            await process.wait()
+        await standby.result().kill()
 
-    async def _launch(self, socket_path: str, extra_env: dict[str, str] | None = None
-                      ) -> tuple[asyncio.subprocess.Process, RuntimeClient, LimitHandle | None]:
-        """Start a runtime process on ``socket_path`` and connect to it."""
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(socket_path)
+    async def _launch(self, extra_env: dict[str, str] | None = None, standby: bool = False
+                      ) -> tuple[Started, LimitHandle | None]:
+        """Start a runtime (built for its model when isolated) and attach its memory limit."""
         python = sys.executable
         limit = None
         env = dict(os.environ)
@@ -342,64 +333,34 @@ class RuntimeProcess:
                     **runtime_env(limit)})
         env.update(compute_thread_env(env, self._settings))
         env.update(extra_env or {})
-        process = await asyncio.create_subprocess_exec(
-            python, "-m", "modelfleet.runtime", "--socket", socket_path,
-            "--name", self.name, env=env, preexec_fn=_die_with_parent,
-            # Its own session: a Ctrl-C or a group-wide SIGTERM reaches the coordinator,
-            # which stops runtimes in order; PR_SET_PDEATHSIG still ties them to it.
-            start_new_session=True,
-        )
+        started = await self._launcher.launch(self.name, python, env, standby)
         handle = None
         if limit is not None and isolation is not None and isolation.limiter is not None:
-            handle = isolation.limiter.attach(process.pid, self.name, limit)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._settings.runtime.start_timeout_s
-        delay = 0.01
-        try:
-            while True:  # the socket appears once the child has imported and bound it
-                if process.returncode is not None:
-                    raise RuntimeCrashed(f"runtime {self.name} exited with "
-                                         f"{process.returncode} during start-up")
-                try:
-                    client = await RuntimeClient.connect(socket_path, self.name)
-                    await client.call("health",
-                                      timeout_s=self._settings.runtime.ping_timeout_s)
-                    return process, client, handle
-                except (OSError, RuntimeCrashed):
-                    if loop.time() > deadline:
-                        raise RuntimeCrashed(
-                            f"runtime {self.name} did not start within "
-                            f"{self._settings.runtime.start_timeout_s}s") from None
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 1.5, 0.05)
-        except BaseException:
-            if process.returncode is None:  # e.g. a standby dropped while it started
-                with contextlib.suppress(ProcessLookupError):
-                    process.kill()
-                await process.wait()
-            if handle is not None:
-                await handle.close()
-            raise
+            try:
+                handle = isolation.limiter.attach(started.pid, self.name, limit)
+            except BaseException:
+                await started.kill()
+                raise
+        return started, handle
 
     async def _watch_until_down(self) -> str:
-        assert self.process is not None and self.client is not None
-        exited = asyncio.create_task(self.process.wait())
+        started = self._started_runtime
+        assert started is not None
+        exited = asyncio.create_task(started.wait_exit())
         try:
             while True:
                 interval = self._settings.runtime.ping_interval_s
                 done, _ = await asyncio.wait({exited}, timeout=interval)
                 await self._retire_standby_when_quiet()
                 if done:
-                    return f"exited (code {self.process.returncode})"
+                    return f"exited (code {started.exit_code})"
                 try:
-                    health = await self.client.call(
-                        "health", timeout_s=self._settings.runtime.ping_timeout_s)
-                    self.loading = list(health.get("loading", []))
+                    health = await started.runtime.health(
+                        timeout_s=self._settings.runtime.ping_timeout_s)
+                    self.loading = list(health.loading)
                     # Kept across restarts: a runtime just restarted has imported little.
-                    self._frameworks = sorted(set(self._frameworks).union(
-                        str(m) for m in health.get("frameworks", [])))
-                    ages = health.get("load_ages_s", {})
-                    stuck = [m for m, age in ages.items()
+                    self._frameworks = sorted(set(self._frameworks).union(health.frameworks))
+                    stuck = [m for m, age in health.load_ages_s.items()
                              if age > self._settings.runtime.load_timeout_s]
                     if stuck:
                         # A thread cannot be killed: restarting the process is the only
@@ -415,15 +376,11 @@ class RuntimeProcess:
             exited.cancel()
 
     async def _kill(self) -> None:
-        if self.client is not None:
-            await self.client.close()
+        if self._started_runtime is not None:
+            await self._started_runtime.kill()
         if self._limit is not None:
             await self._limit.close()
             self._limit = None
-        if self.process is not None and self.process.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.process.kill()
-            await self.process.wait()
 
     async def stop(self, timeout_s: float = 3.0) -> None:
         """Ask the runtime to exit; terminate, then kill, if it does not."""
@@ -436,17 +393,17 @@ class RuntimeProcess:
         if self._standby is not None:
             standby, self._standby = self._standby, None
             await self._stop_standby(standby)
-        if self.process is not None and self.process.returncode is None:
-            if previous == "ready" and self.client is not None:
+        started = self._started_runtime
+        if started is not None and started.exit_code is None:
+            if previous == "ready":
                 with contextlib.suppress(ModelfleetError, TimeoutError):
-                    await self.client.call("shutdown", timeout_s=1.0)
+                    await started.runtime.shutdown(timeout_s=1.0)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.process.wait(), timeout_s)
-            if self.process.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    self.process.terminate()
+                await asyncio.wait_for(started.wait_exit(), timeout_s)
+            if started.exit_code is None:
+                started.terminate()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.process.wait(), 1.0)
+                    await asyncio.wait_for(started.wait_exit(), 1.0)
         await self._kill()
         self._on_change()
 
@@ -455,17 +412,19 @@ class RuntimeSupervisor:
     """All runtime processes of one worker: a shared pool, plus one per isolated model."""
 
     def __init__(self, settings: Settings, catalog: Catalog | None = None,
-                 store: ModelStore | None = None) -> None:
+                 store: ModelStore | None = None, launcher: Launcher | None = None) -> None:
         self._settings = settings
         self._catalog = catalog
         self._store = store
         self._socket_dir = Path(tempfile.mkdtemp(prefix="modelfleet-"))
+        self._launcher = launcher or ProcessLauncher(
+            self._socket_dir, settings.runtime.start_timeout_s, settings.runtime.ping_timeout_s)
         self.changed = asyncio.Event()
         self.shared = [
-            RuntimeProcess(f"runtime-{i}", settings, self._socket_dir, self._changed)
+            SupervisedRuntime(f"runtime-{i}", settings, self._launcher, self._changed)
             for i in range(settings.worker.shared_runtimes)
         ]
-        self._dedicated: dict[str, RuntimeProcess] = {}
+        self._dedicated: dict[str, SupervisedRuntime] = {}
         self._builder: EnvironmentBuilder | None = None
         self._limiter: MemoryLimiter | None = None
         self._tools_lock = threading.Lock()
@@ -474,7 +433,7 @@ class RuntimeSupervisor:
         self.changed.set()
         metrics.RUNTIMES_READY.set(sum(r.ready for r in self.all()))
 
-    def all(self) -> list[RuntimeProcess]:
+    def all(self) -> list[SupervisedRuntime]:
         return [*self.shared, *self._dedicated.values()]
 
     async def start(self) -> None:
@@ -482,7 +441,7 @@ class RuntimeSupervisor:
             runtime.start()
         await asyncio.gather(*(r.wait_started() for r in self.shared))
 
-    def runtime_for(self, model_id: str) -> RuntimeProcess:
+    def runtime_for(self, model_id: str) -> SupervisedRuntime:
         """The runtime that runs ``model_id``; an isolated model's own is started on first use."""
         entry = self._catalog.get(model_id) if self._catalog and model_id in self._catalog \
             else None
@@ -491,13 +450,13 @@ class RuntimeSupervisor:
             return self.shared[zlib.crc32(model_id.encode()) % len(self.shared)]
         runtime = self._dedicated.get(model_id)
         if runtime is None:
-            runtime = RuntimeProcess(f"model-{model_id}", self._settings, self._socket_dir,
-                                     self._changed, lambda: self._isolation_for(model_id))
+            runtime = SupervisedRuntime(f"model-{model_id}", self._settings, self._launcher,
+                                        self._changed, lambda: self._isolation_for(model_id))
             self._dedicated[model_id] = runtime
             runtime.start()
         return runtime
 
-    def dedicated(self) -> dict[str, RuntimeProcess]:
+    def dedicated(self) -> dict[str, SupervisedRuntime]:
         """Isolated models' own runtimes, by model id."""
         return dict(self._dedicated)
 

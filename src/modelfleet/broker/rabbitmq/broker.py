@@ -56,6 +56,7 @@ from aiormq.exceptions import ChannelClosed, ChannelNotFoundEntity, PublishError
 from yarl import URL
 
 from modelfleet.broker.base import DEAD_LETTER_QUEUE, QueueStats
+from modelfleet.broker.rabbitmq import codec
 from modelfleet.broker.rabbitmq.consumers import AmqpSubscription
 from modelfleet.broker.rabbitmq.errors import rpc
 from modelfleet.broker.rabbitmq.keeper import QueueKeeper
@@ -71,11 +72,10 @@ from modelfleet.broker.rabbitmq.topology import (
 )
 from modelfleet.errors import BrokerError, BrokerUnavailable, ConfigError
 from modelfleet.messages import (
-    Reply,
+    EncodedReply,
     Task,
     decode_task,
     encode_event,
-    encode_reply,
     encode_task,
     now_ms,
 )
@@ -249,7 +249,8 @@ class AmqpBroker:
 
     async def _publish(self, body: bytes, routing_key: str, what: str, *, persistent: bool,
                        headers: dict[str, Any] | None = None,
-                       expiration_s: float | None = None) -> None:
+                       expiration_s: float | None = None,
+                       content_encoding: str | None = None) -> None:
         """Publish through the default exchange, mandatory, and wait for the confirm.
 
         Raises ``_Returned`` when no queue has that name.
@@ -257,7 +258,8 @@ class AmqpBroker:
         self._require(what)
         assert self._publisher is not None
         message = aio_pika.Message(
-            body, headers=headers, content_type=MSGPACK, expiration=expiration_s,
+            body, headers=headers, content_type=MSGPACK, content_encoding=content_encoding,
+            expiration=expiration_s,
             delivery_mode=DeliveryMode.PERSISTENT if persistent else DeliveryMode.NOT_PERSISTENT)
         async with rpc(what, self._timeout_s):
             try:
@@ -312,17 +314,19 @@ class AmqpBroker:
         """A new message: RabbitMQ's delivery count starts again from zero."""
         await self.publish_task(task.with_delivery_count(0))
 
-    async def publish_reply(self, address: str, reply: Reply) -> bool:
+    async def publish_reply(self, address: str, reply: EncodedReply) -> bool:
         """True once RabbitMQ confirmed it; False when no inbox has that address.
 
-        Transient: the inbox is not durable either, and dies with its gateway.
+        Transient: the inbox is not durable either, and dies with its gateway. Large
+        replies are compressed on the way (``codec``).
         """
         if len(address.encode()) > 255:  # not a queue name AMQP can route to
             return False
+        body, encoding = codec.pack(reply.data, self._settings.compress_threshold_bytes)
         try:
-            await self._publish(encode_reply(reply), address,
+            await self._publish(body, address,
                                 f"publish reply {reply.request_id} to {address}",
-                                persistent=False)
+                                persistent=False, content_encoding=encoding)
         except _Returned:
             return False
         return True

@@ -78,6 +78,10 @@ class AmqpDelivery:
         return self._task
 
     @property
+    def body(self) -> bytes:
+        return self._message.body
+
+    @property
     def death_reason(self) -> str:
         return self._death_reason
 

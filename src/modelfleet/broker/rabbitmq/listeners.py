@@ -22,6 +22,7 @@ from aio_pika.abc import (
     AbstractRobustConnection,
 )
 
+from modelfleet.broker.rabbitmq import codec
 from modelfleet.broker.rabbitmq.errors import rpc
 from modelfleet.broker.rabbitmq.topology import close_for_good
 from modelfleet.errors import BrokerError
@@ -75,7 +76,8 @@ class AmqpInbox:
 
     async def _on_message(self, message: AbstractIncomingMessage) -> None:
         try:
-            self._replies.put_nowait(decode_reply(message.body))
+            self._replies.put_nowait(decode_reply(
+                codec.unpack(message.body, message.content_encoding)))
         except Exception:
             log.exception("undecodable reply on %s dropped", self._address)
 

@@ -1,0 +1,107 @@
+"""Runtime processes: ``python -m modelfleet.runtime`` on a Unix socket, via ``SocketRuntime``."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import itertools
+import os
+import signal
+from collections.abc import Mapping
+from pathlib import Path
+
+from modelfleet.errors import RuntimeCrashed
+from modelfleet.ipc.socket_runtime import SocketRuntime
+
+
+def _die_with_parent() -> None:
+    """Runs in the child before exec: SIGKILL it if the coordinator dies (Linux)."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+class ProcessStarted:
+    def __init__(self, process: asyncio.subprocess.Process, runtime: SocketRuntime,
+                 socket_path: str) -> None:
+        self._process = process
+        self._runtime = runtime
+        self._socket_path = socket_path
+
+    @property
+    def runtime(self) -> SocketRuntime:
+        return self._runtime
+
+    @property
+    def pid(self) -> int:
+        return self._process.pid
+
+    @property
+    def exit_code(self) -> int | None:
+        return self._process.returncode
+
+    async def wait_exit(self) -> int | None:
+        return await self._process.wait()
+
+    def terminate(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            self._process.terminate()
+
+    async def kill(self) -> None:
+        await self._runtime.close()
+        if self._process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self._process.kill()
+            await self._process.wait()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._socket_path)
+
+
+class ProcessLauncher:
+    def __init__(self, socket_dir: Path, start_timeout_s: float, ping_timeout_s: float) -> None:
+        self._socket_dir = socket_dir
+        self._start_timeout_s = start_timeout_s
+        self._ping_timeout_s = ping_timeout_s
+        self._serial = itertools.count()
+
+    async def launch(self, name: str, python: str, env: Mapping[str, str],
+                     standby: bool = False) -> ProcessStarted:
+        """Start a runtime process and connect to it once it answers ``health``."""
+        role = ".standby" if standby else ""
+        socket_path = str(self._socket_dir / f"{name}.{next(self._serial)}{role}.sock")
+        process = await asyncio.create_subprocess_exec(
+            python, "-m", "modelfleet.runtime", "--socket", socket_path,
+            "--name", name, env=dict(env), preexec_fn=_die_with_parent,
+            # Its own session: a Ctrl-C or a group-wide SIGTERM reaches the coordinator,
+            # which stops runtimes in order; PR_SET_PDEATHSIG still ties them to it.
+            start_new_session=True,
+        )
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._start_timeout_s
+        delay = 0.01
+        try:
+            while True:  # the socket appears once the child has imported and bound it
+                if process.returncode is not None:
+                    raise RuntimeCrashed(f"runtime {name} exited with "
+                                         f"{process.returncode} during start-up")
+                try:
+                    runtime = await SocketRuntime.connect(socket_path, name)
+                except OSError:
+                    runtime = None
+                if runtime is not None:
+                    try:
+                        await runtime.health(timeout_s=self._ping_timeout_s)
+                        return ProcessStarted(process, runtime, socket_path)
+                    except (OSError, RuntimeCrashed):
+                        await runtime.close()
+                if loop.time() > deadline:
+                    raise RuntimeCrashed(f"runtime {name} did not start within "
+                                         f"{self._start_timeout_s}s")
+                await asyncio.sleep(delay)
+                delay = min(delay * 1.5, 0.05)
+        except BaseException:
+            if process.returncode is None:  # e.g. a standby dropped while it started
+                with contextlib.suppress(ProcessLookupError):
+                    process.kill()
+                await process.wait()
+            raise
