@@ -6,6 +6,7 @@
     GET  /v1/fleet/summary, /dashboard  the live fleet page and its data (gateway/dashboard.py)
     GET  /v1/payloads/{request_id}      signed, expiring: runtimes fetch large payloads
     GET  /livez /readyz /metrics        probes and Prometheus metrics
+    /v2/...                             Open Inference Protocol v2 (gateway/oip.py)
 
 Every error is ``{"error": {"code": ..., "message": ...}}`` with its status.
 """
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -22,16 +23,18 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.requests import ClientDisconnect
 
 from modelfleet import __version__, metrics
-from modelfleet.errors import ClientGone, ModelfleetError, PayloadTooLarge
+from modelfleet.errors import ClientGone, ModelfleetError
+from modelfleet.gateway.body import disconnect_waiter as _disconnect_waiter
+from modelfleet.gateway.body import read_body as _read_body
 from modelfleet.gateway.control import control_router
 from modelfleet.gateway.dashboard import dashboard_router
 from modelfleet.gateway.fleet_summary import FleetSummary
 from modelfleet.gateway.http import STATUS_BY_CODE, error_body, error_response
 from modelfleet.gateway.inflight import RequestTimeout
 from modelfleet.gateway.observe import RequestObserver, RequestRecord
+from modelfleet.gateway.oip import oip_router
 from modelfleet.gateway.parking import PARKED_REQUEST_ID
 from modelfleet.gateway.service import GatewayService
 from modelfleet.repository.manifest import CONTENT_TYPES
@@ -186,6 +189,7 @@ def create_app(service: GatewayService, readiness: list[ReadinessCheck] | None =
         return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
     app.include_router(control_router(service))  # /v2/repository: load, unload, pin
+    app.include_router(oip_router(service, checks, alive, observer))  # /v2: OIP data plane
     return app
 
 
@@ -205,32 +209,3 @@ def _describe(entry: Any, warm: dict[str, list[str]]) -> dict[str, Any]:
         "warm": bool(warm.get(manifest.name)),
         "warm_on": warm.get(manifest.name, []),
     }
-
-
-async def _read_body(request: Request, limit: int) -> bytes:
-    """The whole body, refusing (413) before reading past ``limit`` bytes; ClientGone if
-    the caller hangs up before it is whole."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLarge(f"payload is {declared} bytes; the limit is {limit}")
-    chunks, size = [], 0
-    try:
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise PayloadTooLarge(f"payload exceeds the limit of {limit} bytes")
-            chunks.append(chunk)
-    except ClientDisconnect:
-        raise ClientGone(f"the caller hung up during the upload, after {size} of "
-                         f"{declared or 'an unknown number of'} bytes") from None
-    return b"".join(chunks)
-
-
-def _disconnect_waiter(request: Request) -> Callable[[], Awaitable[None]]:
-    async def wait() -> None:
-        while True:
-            message = await request.receive()
-            if message["type"] == "http.disconnect":
-                return
-
-    return wait

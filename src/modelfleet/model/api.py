@@ -29,6 +29,9 @@ class Request:
     params: Mapping[str, str] = field(default_factory=dict)
     request_id: str = ""
     deadline_ms: int = 0
+    # An Open Inference Protocol v2 request to a model with a tensor signature: its inputs
+    # decoded, numpy arrays by name (``BYTES``: object arrays of bytes). None on /v1.
+    tensors: Mapping[str, Any] | None = None
 
     def json(self) -> Any:
         """The body parsed as JSON; malformed JSON is the caller's fault (422)."""
@@ -76,8 +79,11 @@ class Model:
         """Load weights. Runs once per residency, in the runtime process, on a thread."""
 
     async def preprocess(self, request: Request) -> Any:
-        """Turn a request into one model input. May await I/O."""
-        return request.body
+        """Turn a request into one model input. May await I/O.
+
+        By default: the decoded tensors of a v2 request, else the body's bytes.
+        """
+        return request.tensors if request.tensors is not None else request.body
 
     def predict(self, batch: list[Any]) -> list[Any]:
         """Run the model over a batch; return one output per input, in order."""

@@ -18,6 +18,9 @@ from typing import Any
 
 from modelfleet.errors import ModelFailed, ModelfleetError, RequestRejected
 from modelfleet.model.api import Model, Request
+from modelfleet.model.tensors import TensorCall
+from modelfleet.oip import OIP_CONTENT_TYPE
+from modelfleet.repository.manifest import Manifest
 
 
 def as_model_error(exc: BaseException) -> ModelfleetError:
@@ -129,22 +132,29 @@ class Batcher:
                 p.future.set_result((output, elapsed))
 
 
-async def handle_request(model: Model, batcher: Batcher, request: Request
-                         ) -> tuple[Any, dict[str, float]]:
+async def handle_request(model: Model, batcher: Batcher, request: Request,
+                         manifest: Manifest | None = None) -> tuple[Any, dict[str, float]]:
     """Run one request through the handler; returns (result, phase timings in ms).
 
-    Raises a ``ModelfleetError``: ``RequestRejected`` for bad input, ``ModelFailed``
-    for anything else the handler raised.
+    A v2 tensor request (``OIP_CONTENT_TYPE``) is decoded against the ``manifest``'s
+    signature before ``preprocess`` and its result encoded as the v2 response
+    (``model.tensors``). Raises a ``ModelfleetError``: ``RequestRejected`` for bad
+    input, ``ModelFailed`` for anything else the handler raised.
     """
     timings: dict[str, float] = {}
     started = time.perf_counter()
+    call: TensorCall | None = None
     try:
+        if request.content_type == OIP_CONTENT_TYPE:
+            call, request = TensorCall.open(request, manifest)
         item = await model.preprocess(request)
         timings["preprocess"] = (time.perf_counter() - started) * 1000
         output, predict_s = await batcher.submit(item)
         timings["predict"] = predict_s * 1000
         started = time.perf_counter()
         result = await model.postprocess(output, request)
+        if call is not None:
+            result = call.answer(result)
         timings["postprocess"] = (time.perf_counter() - started) * 1000
     except (RequestRejected, ModelFailed):
         raise

@@ -23,6 +23,16 @@ Example::
     [fanout]
     max_workers = 2                   # how many workers may consume this queue
     pinned = false                    # preloaded on every worker, never evicted
+
+    [[inputs]]                        # optional tensor signature: served on /v2 (OIP)
+    name = "features"
+    datatype = "FP32"                 # BOOL, UINT8..64, INT8..64, FP16/32/64, BYTES
+    shape = [-1, 4]                   # -1: a dimension of any size
+
+    [[outputs]]
+    name = "probabilities"
+    datatype = "FP32"
+    shape = [-1, 3]
 """
 
 from __future__ import annotations
@@ -32,9 +42,18 @@ import tomllib
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from modelfleet.errors import ManifestError
+from modelfleet.oip import OIP_CONTENT_TYPE
+from modelfleet.oip.datatypes import Datatype
 
 MODEL_ID = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,127}$")
 CONTENT_TYPES = ("image/png", "image/jpeg", "application/json", "text/plain",
@@ -63,6 +82,28 @@ class Fanout(_Strict):
     pinned: bool = False
 
 
+class TensorSpec(_Strict):
+    """One input or output of a model's tensor signature (Open Inference Protocol v2)."""
+
+    name: str = Field(min_length=1, max_length=256)
+    datatype: Datatype
+    shape: tuple[int, ...] = Field(strict=False)  # TOML arrays are lists; -1: any size
+
+    @field_validator("shape")
+    @classmethod
+    def _shape(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        if any(d < -1 for d in value):
+            raise ValueError("dimensions are sizes >= 0, or -1 for any size")
+        return value
+
+
+def _unique_names(specs: tuple[TensorSpec, ...], what: str) -> None:
+    names = [spec.name for spec in specs]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ValueError(f"{what} name(s) {twice} declared more than once")
+
+
 class Manifest(_Strict):
     name: str
     version: str = "1"
@@ -77,6 +118,36 @@ class Manifest(_Strict):
     batching: Batching = Batching()
     isolation: Isolation = Isolation()
     fanout: Fanout = Fanout()
+    inputs: tuple[TensorSpec, ...] = Field(default=(), strict=False)
+    outputs: tuple[TensorSpec, ...] = Field(default=(), strict=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _signature_accepts_v2(cls, data: object) -> object:
+        # A model with a tensor signature also takes v2 requests (the gateway's check of
+        # the content type is the same for both APIs).
+        if isinstance(data, dict) and (data.get("inputs") or data.get("outputs")):
+            accepts = data.get("accepts", ["application/json"])
+            if isinstance(accepts, list) and OIP_CONTENT_TYPE not in accepts:
+                data = {**data, "accepts": [*accepts, OIP_CONTENT_TYPE]}
+        return data
+
+    @model_validator(mode="after")
+    def _signature(self) -> Manifest:
+        if bool(self.inputs) != bool(self.outputs):
+            raise ValueError("a tensor signature declares both [[inputs]] and [[outputs]] "
+                             "(at least one of each)")
+        _unique_names(self.inputs, "input")
+        _unique_names(self.outputs, "output")
+        if OIP_CONTENT_TYPE in self.accepts and not self.inputs:
+            raise ValueError(f"accepts lists {OIP_CONTENT_TYPE} but the model declares no "
+                             "tensor signature ([[inputs]] and [[outputs]])")
+        return self
+
+    @property
+    def has_signature(self) -> bool:
+        """Declares its tensors: served on the Open Inference Protocol v2 routes."""
+        return bool(self.inputs)
 
     @field_validator("name")
     @classmethod
@@ -102,7 +173,7 @@ class Manifest(_Strict):
     @field_validator("accepts")
     @classmethod
     def _accepts(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        unknown = [v for v in value if v not in CONTENT_TYPES]
+        unknown = [v for v in value if v not in (*CONTENT_TYPES, OIP_CONTENT_TYPE)]
         if unknown or not value:
             raise ValueError(f"content types must be a non-empty subset of {list(CONTENT_TYPES)}")
         return value

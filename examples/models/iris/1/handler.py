@@ -2,6 +2,9 @@
 
 Request: ``{"features": [sepal_length, sepal_width, petal_length, petal_width]}``
 (centimetres). Answer: ``{"class": "setosa", "class_index": 0, "probabilities": [...]}``.
+On /v2 (its tensor signature in model.toml): input ``features`` FP32 [n, 4], outputs
+``probabilities`` FP32 [n, 3], ``class_index`` INT64 [n] and ``class`` BYTES [n].
+A batch may mix both kinds of request: each is a block of rows.
 ``build_artifact`` trains a scaled logistic regression on scikit-learn's bundled
 iris data (deterministic); ``load`` calls it when ``artifacts/model.joblib`` is
 missing or was written by another scikit-learn version.
@@ -100,13 +103,27 @@ class IrisClassifier(Model):
         self.clf: Pipeline = artifact["classifier"]
         self.class_names: list[str] = artifact["class_names"]
 
-    async def preprocess(self, request: Request) -> list[float]:
-        return parse_features(request.json())
+    async def preprocess(self, request: Request) -> np.ndarray:
+        """Rows of features: one row for /v1, the tensor's rows for /v2."""
+        if request.tensors is not None:  # shape [n, 4] and FP32 checked against model.toml
+            rows = np.asarray(request.tensors["features"], dtype=np.float64)
+            if not np.isfinite(rows).all():
+                raise InvalidInput("'features' must be finite numbers")
+            return rows
+        return np.asarray([parse_features(request.json())], dtype=np.float64)
 
-    def predict(self, batch: list[list[float]]) -> list[np.ndarray]:
-        return list(self.clf.predict_proba(np.asarray(batch, dtype=np.float64)))
+    def predict(self, batch: list[np.ndarray]) -> list[np.ndarray]:
+        rows = np.concatenate(batch)
+        if not len(rows):  # only empty v2 tensors: nothing to classify
+            return [np.empty((0, len(self.class_names))) for _ in batch]
+        probabilities = self.clf.predict_proba(rows)
+        return np.split(probabilities, np.cumsum([len(b) for b in batch])[:-1])
 
     async def postprocess(self, output: np.ndarray, request: Request) -> dict[str, Any]:
-        index = int(np.argmax(output))
+        indices = np.argmax(output, axis=1)
+        if request.tensors is not None:
+            return {"probabilities": output.astype(np.float32), "class_index": indices,
+                    "class": [self.class_names[i] for i in indices]}
+        index = int(indices[0])
         return {"class": self.class_names[index], "class_index": index,
-                "probabilities": [round(float(p), 6) for p in output]}
+                "probabilities": [round(float(p), 6) for p in output[0]]}

@@ -1,0 +1,244 @@
+"""The Open Inference Protocol v2 (KServe V2) data plane on the gateway, beside /v1.
+
+    GET  /v2                                    server metadata: name, version, extensions
+    GET  /v2/health/live, /v2/health/ready      200, or 400 (the spec: 4xx means false)
+    GET  /v2/models/{m}[/versions/{v}]          model metadata: versions, platform, tensors
+    GET  /v2/models/{m}[/versions/{v}]/ready    200 when it can take v2 requests, else 400
+    POST /v2/models/{m}[/versions/{v}]/infer    JSON tensors, or the binary tensor extension
+
+An infer request goes through ``GatewayService.infer`` like a /v1 request (held payload
+for a large body, parking, deadline, cancel on hang-up, every error case): its body is
+forwarded unchanged with the content type ``OIP_CONTENT_TYPE`` (and the JSON header's
+length as a task parameter when binary parts follow it); the runtime decodes it against
+the model's tensor signature (``modelfleet.model.tensors``). The gateway first checks
+the request's JSON header against the signature, so a malformed request is refused
+here before it takes a place in a queue. The deadline is the ``timeout`` request
+parameter (microseconds, as tritonclient sends it), else ``X-Request-Timeout``
+(seconds), else the model's.
+
+Errors are ``{"error": "..."}``: 400 for a request the caller must change (the spec's
+status for a failed request), 404 for an unknown model or version, and the /v1 status
+of every other failure (413, 503 with Retry-After, 504, 500...).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from modelfleet import __version__, metrics
+from modelfleet.errors import ClientGone, ModelfleetError, RequestRejected
+from modelfleet.gateway.body import disconnect_waiter, read_body
+from modelfleet.gateway.http import CLOSE_AFTER, STATUS_BY_CODE
+from modelfleet.gateway.inflight import RequestTimeout
+from modelfleet.gateway.observe import RequestObserver, RequestRecord
+from modelfleet.gateway.parking import PARKED_REQUEST_ID
+from modelfleet.gateway.service import GatewayService
+from modelfleet.oip import HEADER_LENGTH_PARAM, OIP_CONTENT_TYPE
+from modelfleet.oip.codec import InferenceRequest, parse_header_length, parse_request
+from modelfleet.oip.signature import TensorSpec, check_request
+from modelfleet.oip.transport import header_length_of
+from modelfleet.repository.manifest import Manifest
+
+log = logging.getLogger("modelfleet.gateway")
+
+# The extensions /v2 names, each one really served. The model repository extension's
+# router adds its name here when it is included.
+EXTENSIONS: list[str] = ["binary_tensor_data"]
+PLATFORM = "modelfleet_python"
+HEADER_LENGTH = "Inference-Header-Content-Length"
+
+ReadinessCheck = Callable[[], tuple[bool, str]]
+
+
+# Requests the caller must change: the spec's 400 (/v1 tells some of them apart).
+BAD_REQUEST_CODES = frozenset({"bad_request", "invalid_input", "unsupported_content_type",
+                               "payload_fetch_forbidden"})
+
+
+def v2_error(error: ModelfleetError) -> JSONResponse:
+    """A modelfleet error as the v2 API answers it."""
+    status = 400 if error.code in BAD_REQUEST_CODES else STATUS_BY_CODE.get(error.code, 500)
+    headers = {}
+    if status == 503:
+        headers["Retry-After"] = str(getattr(error, "retry_after_s", 1))
+    if error.code in CLOSE_AFTER:
+        headers["Connection"] = "close"
+    return JSONResponse({"error": error.message}, status_code=status, headers=headers)
+
+
+def tensor_metadata(specs: tuple[TensorSpec, ...]) -> list[dict[str, Any]]:
+    return [{"name": s.name, "datatype": s.datatype, "shape": list(s.shape)} for s in specs]
+
+
+def model_metadata(manifest: Manifest, versions: list[str]) -> dict[str, Any]:
+    return {"name": manifest.name, "versions": versions, "platform": PLATFORM,
+            "inputs": tensor_metadata(manifest.inputs),
+            "outputs": tensor_metadata(manifest.outputs)}
+
+
+def deadline_request(parsed: InferenceRequest, header: str | None) -> str | None:
+    """The caller's timeout in seconds (a decimal string), from the ``timeout`` request
+    parameter (microseconds) or else the X-Request-Timeout header."""
+    timeout_us = parsed.parameters.get("timeout")
+    if timeout_us is None:
+        return header
+    if isinstance(timeout_us, bool) or not isinstance(timeout_us, int) or timeout_us <= 0:
+        raise RequestRejected(f"the 'timeout' parameter is a positive whole number of "
+                              f"microseconds, got {timeout_us!r}")
+    return f"{timeout_us / 1e6:.6f}"
+
+
+def oip_router(service: GatewayService, readiness: list[ReadinessCheck],
+               liveness: list[Callable[[], bool]], observer: RequestObserver) -> APIRouter:
+    router = APIRouter(tags=["Open Inference Protocol v2"])
+    limit = service.settings.gateway.max_body_bytes
+    body_timeout_s = service.settings.gateway.body_read_timeout_s
+
+    def not_ready() -> list[str]:
+        """Why the gateway cannot take work now (the reasons /readyz gives)."""
+        reasons = ["shutting down"] if service.requests.draining else []
+        if not service.broker.connected:
+            reasons.append("broker not connected")
+        for check in readiness:
+            ok, why = check()
+            if not ok:
+                reasons.append(why)
+        return reasons
+
+    @router.get("/v2")
+    async def server_metadata() -> dict[str, Any]:
+        return {"name": "modelfleet", "version": __version__, "extensions": list(EXTENSIONS)}
+
+    @router.get("/v2/health/live")
+    async def live() -> JSONResponse:
+        ok = service.live and all(check() for check in liveness)
+        return JSONResponse({"live": ok}, status_code=200 if ok else 400)
+
+    @router.get("/v2/health/ready")
+    async def ready() -> JSONResponse:
+        reasons = not_ready()
+        if reasons:
+            return JSONResponse({"ready": False, "reasons": reasons}, status_code=400,
+                                headers={"Retry-After": "1"})
+        return JSONResponse({"ready": True})
+
+    def metadata(model: str, version: str | None) -> JSONResponse:
+        try:
+            entry = service.catalog.get(model)
+            manifest = entry.version(version)
+        except ModelfleetError as exc:
+            return v2_error(exc)
+        versions = [m.version for m in entry.versions] if version is None else [version]
+        return JSONResponse(model_metadata(manifest, versions))
+
+    @router.get("/v2/models/{model}")
+    async def get_model(model: str) -> JSONResponse:
+        return metadata(model, None)
+
+    @router.get("/v2/models/{model}/versions/{version}")
+    async def get_model_version(model: str, version: str) -> JSONResponse:
+        return metadata(model, version)
+
+    def model_ready(model: str, version: str | None) -> JSONResponse:
+        try:
+            manifest = service.catalog.get(model).version(version)
+        except ModelfleetError as exc:
+            return v2_error(exc)
+        reasons = not_ready()
+        if not manifest.has_signature:
+            reasons.append(f"model '{model}' declares no tensor signature: only /v1 serves it")
+        if reasons:
+            return JSONResponse({"name": model, "ready": False, "reasons": reasons},
+                                status_code=400)
+        return JSONResponse({"name": model, "ready": True})
+
+    @router.get("/v2/models/{model}/ready")
+    async def get_ready(model: str) -> JSONResponse:
+        return model_ready(model, None)
+
+    @router.get("/v2/models/{model}/versions/{version}/ready")
+    async def get_version_ready(model: str, version: str) -> JSONResponse:
+        return model_ready(model, version)
+
+    @router.post("/v2/models/{model}/infer")
+    async def infer(model: str, request: Request) -> Response:
+        return await _infer(model, None, request)
+
+    @router.post("/v2/models/{model}/versions/{version}/infer")
+    async def infer_version(model: str, version: str, request: Request) -> Response:
+        return await _infer(model, version, request)
+
+    async def _infer(model: str, version: str | None, request: Request) -> Response:
+        started = time.perf_counter()
+        status = 500
+        outcome, reply, resolved = "internal_error", None, version or ""
+        PARKED_REQUEST_ID.set("")
+        try:
+            async with service.requests.track() as guard:
+                manifest = service.catalog.get(model).version(version)
+                resolved = manifest.version
+                if not manifest.has_signature:
+                    raise RequestRejected(
+                        f"model '{model}' declares no tensor signature ([[inputs]] and "
+                        f"[[outputs]] in its model.toml), so /v2 cannot decode tensors for "
+                        f"it: call POST /v1/models/{model}/infer")
+                encoding = request.headers.get("content-encoding", "identity").lower()
+                if encoding != "identity":
+                    raise RequestRejected(f"Content-Encoding {encoding!r} is not supported: "
+                                          f"send the request uncompressed")
+                header_length = parse_header_length(request.headers.get(HEADER_LENGTH))
+                with guard.reading(body_timeout_s):
+                    body = await read_body(request, limit)
+                parsed = parse_request(body, header_length)
+                check_request(parsed, manifest.inputs, manifest.outputs, model)
+                deadline_ms = service.deadline_ms(
+                    manifest.timeout_s,
+                    deadline_request(parsed, request.headers.get("x-request-timeout")))
+                params = ({} if header_length is None
+                          else {HEADER_LENGTH_PARAM: str(header_length)})
+                answer = await service.infer(model, version, body, OIP_CONTENT_TYPE,
+                                             deadline_ms, params,
+                                             disconnected=disconnect_waiter(request))
+            status, outcome, reply = 200, "ok", answer.reply
+            headers = {
+                "X-Worker-Id": answer.reply.worker_id,
+                "X-Model-Cold": "1" if answer.reply.cold else "0",
+                "Server-Timing": ", ".join(f"{k};dur={v:.2f}"
+                                           for k, v in answer.reply.timings_ms.items()),
+            }
+            binary_header = header_length_of(answer.content_type)
+            if binary_header is None:
+                return Response(answer.body, media_type="application/json", headers=headers)
+            headers[HEADER_LENGTH] = str(binary_header)
+            return Response(answer.body, media_type="application/octet-stream",
+                            headers=headers)
+        except ClientGone as exc:  # nobody reads the answer; counted, not an error of ours
+            metrics.CLIENT_DISCONNECTS.inc()
+            status, outcome = STATUS_BY_CODE[exc.code], exc.code
+            log.info("v2 request for %s: %s", model, exc.message)
+            return v2_error(exc)
+        except ModelfleetError as exc:
+            response = v2_error(exc)
+            status, outcome = response.status_code, exc.code
+            reply = getattr(exc, "reply", None)  # a worker's failure reply, when one came
+            if isinstance(exc, RequestTimeout):
+                metrics.READ_TIMEOUTS.labels("body").inc()
+            return response
+        except Exception as exc:  # a bug of ours: still a JSON error, and logged
+            log.exception("v2 request for %s failed", model)
+            return JSONResponse({"error": f"internal error: {type(exc).__name__}"},
+                                status_code=500)
+        finally:
+            known = model if model in service.catalog else "(unknown)"
+            metrics.REQUESTS.labels(known, str(status)).inc()
+            metrics.REQUEST_SECONDS.labels(known).observe(time.perf_counter() - started)
+            observer.record(RequestRecord(PARKED_REQUEST_ID.get(), known, resolved, status,
+                                          outcome, time.perf_counter() - started, reply))
+
+    return router

@@ -1,0 +1,514 @@
+"""Open Inference Protocol v2 request and response bodies <-> numpy arrays (pure).
+
+A body is a JSON header, optionally followed by binary tensor data (the binary tensor
+extension): then ``Inference-Header-Content-Length`` says how many leading bytes are
+the JSON header, and each binary tensor says its ``binary_data_size``; the binary
+parts follow the header in the order of their tensors. Tensors are row-major.
+
+- ``parse_request`` checks a request's structure (every field's type, datatypes,
+  shapes, binary sizes adding up to the body) without converting any data;
+- ``decode_tensor`` turns one parsed input into a numpy array (element types, counts
+  and ranges checked);
+- ``encode_response`` writes outputs as JSON ``data`` or as binary parts;
+- ``encode_request`` and ``decode_response`` are the client's side of the same
+  format (tests, benchmarks).
+
+Every malformed input raises ``RequestRejected`` with a message naming the tensor and
+what was wrong; nothing here knows HTTP.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from modelfleet.errors import RequestRejected
+from modelfleet.oip.datatypes import DATATYPES, NUMPY_DTYPES, datatype_of
+
+_LENGTH = struct.Struct("<I")  # a BYTES element's length prefix in binary form
+_INT_RANGES: dict[str, tuple[int, int]] = {
+    name: (int(np.iinfo(dtype.str).min), int(np.iinfo(dtype.str).max))
+    for name, dtype in NUMPY_DTYPES.items() if dtype.kind in "iu"
+}
+
+
+@dataclass(frozen=True)
+class TensorHeader:
+    """One input of a request as its JSON header describes it (data not converted)."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    parameters: Mapping[str, Any] = field(default_factory=dict)
+    data: Any = None               # the JSON ``data``; None for a binary tensor
+    binary_size: int | None = None  # bytes of this tensor in the binary part
+
+    @property
+    def element_count(self) -> int:
+        return math.prod(self.shape)
+
+
+@dataclass(frozen=True)
+class RequestedOutput:
+    name: str
+    binary: bool | None = None  # its ``binary_data`` parameter; None: the request's default
+    parameters: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class InferenceRequest:
+    """A parsed request: the header's fields, and where each binary input lies."""
+
+    inputs: tuple[TensorHeader, ...]
+    outputs: tuple[RequestedOutput, ...] | None = None  # None: every output
+    id: str | None = None
+    parameters: Mapping[str, Any] = field(default_factory=dict)
+    binary: memoryview = field(default_factory=lambda: memoryview(b""))  # after the header
+    offsets: Mapping[str, int] = field(default_factory=dict)  # input name -> binary offset
+
+    @property
+    def binary_output(self) -> bool:
+        """The ``binary_data_output`` parameter: outputs in binary unless an output says."""
+        return bool(self.parameters.get("binary_data_output", False))
+
+    def output_is_binary(self, name: str) -> bool:
+        for wanted in self.outputs or ():
+            if wanted.name == name and wanted.binary is not None:
+                return wanted.binary
+        return self.binary_output
+
+    def decode_inputs(self) -> dict[str, np.ndarray]:
+        """Every input as a numpy array, by name."""
+        return {t.name: decode_tensor(t, self.binary_of(t)) for t in self.inputs}
+
+    def binary_of(self, tensor: TensorHeader) -> memoryview | None:
+        if tensor.binary_size is None:
+            return None
+        start = self.offsets[tensor.name]
+        return self.binary[start:start + tensor.binary_size]
+
+
+@dataclass(frozen=True)
+class OutputTensor:
+    name: str
+    array: np.ndarray
+    datatype: str
+    binary: bool = False
+    parameters: Mapping[str, Any] = field(default_factory=dict)
+
+
+# -- the request ----------------------------------------------------------------------
+
+def split_body(body: bytes | memoryview, header_length: int | None
+               ) -> tuple[memoryview, memoryview]:
+    """(JSON header, binary part) of a body; ``header_length`` None: all of it is JSON."""
+    view = memoryview(body)
+    if header_length is None:
+        return view, view[len(view):]
+    if header_length < 0 or header_length > len(view):
+        raise RequestRejected(
+            f"Inference-Header-Content-Length is {header_length} but the body has "
+            f"{len(view)} bytes: the JSON header cannot be that long")
+    return view[:header_length], view[header_length:]
+
+
+def parse_header_length(value: str | None) -> int | None:
+    """The ``Inference-Header-Content-Length`` header's value, checked."""
+    if value is None:
+        return None
+    if not value.strip().isdigit():
+        raise RequestRejected(f"Inference-Header-Content-Length must be a non-negative "
+                              f"whole number of bytes, got {value!r}")
+    return int(value)
+
+
+def _json_object(raw: memoryview, what: str) -> dict[str, Any]:
+    try:
+        value = json.loads(bytes(raw))
+    except UnicodeDecodeError as exc:
+        raise RequestRejected(f"the {what} is not UTF-8: {exc}") from exc
+    except ValueError as exc:
+        raise RequestRejected(f"the {what} is not valid JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise RequestRejected(f"the {what} is JSON nested too deeply") from exc
+    if not isinstance(value, dict):
+        raise RequestRejected(f"the {what} must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _parameters(value: Any, where: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise RequestRejected(f"{where}: 'parameters' must be an object")
+    return value
+
+
+def _shape(value: Any, where: str) -> tuple[int, ...]:
+    if not isinstance(value, list) or not all(
+            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in value):
+        raise RequestRejected(f"{where}: 'shape' must be a list of non-negative integers, "
+                              f"got {value!r}")
+    return tuple(value)
+
+
+def _input(value: Any, index: int, has_binary: bool) -> TensorHeader:
+    if not isinstance(value, dict):
+        raise RequestRejected(f"inputs[{index}] must be an object")
+    name = value.get("name")
+    if not isinstance(name, str) or not name:
+        raise RequestRejected(f"inputs[{index}]: 'name' must be a non-empty string")
+    where = f"input '{name}'"
+    unknown = sorted(set(value) - {"name", "datatype", "shape", "parameters", "data"})
+    if unknown:
+        raise RequestRejected(f"{where}: unknown field(s) {unknown}")
+    datatype = value.get("datatype")
+    if datatype not in DATATYPES:
+        raise RequestRejected(f"{where}: 'datatype' must be one of {', '.join(DATATYPES)}, "
+                              f"got {datatype!r}")
+    shape = _shape(value.get("shape"), where)
+    parameters = _parameters(value.get("parameters"), where)
+    size = parameters.get("binary_data_size")
+    if size is None:
+        if "data" not in value:
+            raise RequestRejected(f"{where} has neither 'data' nor a 'binary_data_size' "
+                                  f"parameter")
+        return TensorHeader(name, datatype, shape, parameters, value["data"])
+    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+        raise RequestRejected(f"{where}: 'binary_data_size' must be a non-negative integer, "
+                              f"got {size!r}")
+    if "data" in value:
+        raise RequestRejected(f"{where} has both 'data' and 'binary_data_size': send one")
+    if not has_binary:
+        raise RequestRejected(f"{where} says binary_data_size={size} but the request has no "
+                              f"binary part (send the Inference-Header-Content-Length header)")
+    return TensorHeader(name, datatype, shape, parameters, None, size)
+
+
+def _output(value: Any, index: int) -> RequestedOutput:
+    if not isinstance(value, dict) or not isinstance(value.get("name"), str) \
+            or not value["name"]:
+        raise RequestRejected(f"outputs[{index}] must be an object with a non-empty 'name'")
+    unknown = sorted(set(value) - {"name", "parameters"})
+    if unknown:
+        raise RequestRejected(f"output '{value['name']}': unknown field(s) {unknown}")
+    parameters = _parameters(value.get("parameters"), f"output '{value['name']}'")
+    binary = parameters.get("binary_data")
+    if binary is not None and not isinstance(binary, bool):
+        raise RequestRejected(f"output '{value['name']}': 'binary_data' must be true or false")
+    return RequestedOutput(value["name"], binary, parameters)
+
+
+def parse_request(body: bytes | memoryview, header_length: int | None = None
+                  ) -> InferenceRequest:
+    """Check a request body's structure; the data stays unconverted (``decode_inputs``)."""
+    raw_header, binary = split_body(body, header_length)
+    try:
+        doc = _json_object(raw_header, "inference request")
+    except RequestRejected as exc:
+        if header_length is None:  # the likeliest mistake: binary data sent without it
+            raise RequestRejected(f"{exc.message} (a body with binary tensors after its "
+                                  f"JSON needs the Inference-Header-Content-Length "
+                                  f"header)") from exc
+        raise
+    unknown = sorted(set(doc) - {"id", "parameters", "inputs", "outputs"})
+    if unknown:
+        raise RequestRejected(f"unknown field(s) {unknown} in the inference request")
+    request_id = doc.get("id")
+    if request_id is not None and not isinstance(request_id, str):
+        raise RequestRejected("'id' must be a string")
+    parameters = _parameters(doc.get("parameters"), "the request")
+    flag = parameters.get("binary_data_output")
+    if flag is not None and not isinstance(flag, bool):
+        raise RequestRejected("'binary_data_output' must be true or false")
+    raw_inputs = doc.get("inputs")
+    if not isinstance(raw_inputs, list) or not raw_inputs:
+        raise RequestRejected("'inputs' must be a non-empty list of tensors")
+    has_binary = header_length is not None
+    inputs = tuple(_input(v, i, has_binary) for i, v in enumerate(raw_inputs))
+    _unique([t.name for t in inputs], "input")
+    outputs = None
+    if doc.get("outputs") is not None:
+        if not isinstance(doc["outputs"], list):
+            raise RequestRejected("'outputs' must be a list")
+        outputs = tuple(_output(v, i) for i, v in enumerate(doc["outputs"]))
+        _unique([o.name for o in outputs], "output")
+    offsets: dict[str, int] = {}
+    at = 0
+    for tensor in inputs:
+        if tensor.binary_size is not None:
+            offsets[tensor.name] = at
+            at += tensor.binary_size
+    if at > len(binary):
+        raise RequestRejected(f"the binary inputs declare {at} bytes but only {len(binary)} "
+                              f"follow the JSON header: the body is truncated")
+    if at < len(binary):
+        raise RequestRejected(f"{len(binary) - at} bytes follow the binary inputs that no "
+                              f"input's binary_data_size accounts for")
+    return InferenceRequest(inputs, outputs, request_id, parameters, binary, offsets)
+
+
+def _unique(names: list[str], what: str) -> None:
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            raise RequestRejected(f"{what} '{name}' appears twice")
+        seen.add(name)
+
+
+# -- one tensor's data ----------------------------------------------------------------
+
+def decode_tensor(tensor: TensorHeader, binary: memoryview | None = None) -> np.ndarray:
+    """The tensor as a numpy array of its shape (``BYTES``: an object array of bytes)."""
+    if tensor.binary_size is not None:
+        if binary is None:
+            raise RequestRejected(f"input '{tensor.name}': its binary data is missing")
+        return _from_binary(tensor, binary)
+    return _from_json(tensor)
+
+
+def _from_binary(tensor: TensorHeader, chunk: memoryview) -> np.ndarray:
+    count = tensor.element_count
+    where = f"input '{tensor.name}'"
+    if tensor.datatype == "BYTES":
+        return _bytes_elements(chunk, count, where).reshape(tensor.shape)
+    dtype = NUMPY_DTYPES[tensor.datatype]
+    expected = count * dtype.itemsize
+    if len(chunk) != expected:
+        raise RequestRejected(
+            f"{where}: shape {list(tensor.shape)} of {tensor.datatype} takes {expected} bytes, "
+            f"binary_data_size is {len(chunk)}")
+    if tensor.datatype == "BOOL":
+        raw = np.frombuffer(chunk, dtype=np.uint8)
+        if raw.size and int(raw.max()) > 1:
+            raise RequestRejected(f"{where}: a BOOL element is a byte 0 or 1")
+    # A copy: the handler gets a writable array that does not pin the request body.
+    return np.frombuffer(chunk, dtype=dtype).reshape(tensor.shape).copy()
+
+
+def _bytes_elements(chunk: memoryview, count: int, where: str) -> np.ndarray:
+    out = np.empty(count, dtype=object)
+    at = 0
+    for index in range(count):
+        if at + 4 > len(chunk):
+            raise RequestRejected(
+                f"{where}: BYTES element {index} of {count} has no 4-byte length prefix "
+                f"(the binary data ends at byte {len(chunk)})")
+        (length,) = _LENGTH.unpack_from(chunk, at)
+        at += 4
+        if at + length > len(chunk):
+            raise RequestRejected(
+                f"{where}: BYTES element {index} says it has {length} bytes but only "
+                f"{len(chunk) - at} remain")
+        out[index] = bytes(chunk[at:at + length])
+        at += length
+    if at != len(chunk):
+        raise RequestRejected(f"{where}: {len(chunk) - at} bytes remain after its {count} "
+                              f"BYTES elements (the shape says {count})")
+    return out
+
+
+def _flatten(data: Any, shape: tuple[int, ...], where: str) -> list[Any]:
+    """Row-major elements of ``data``: flat, or nested exactly as ``shape``."""
+    if not isinstance(data, list):
+        raise RequestRejected(f"{where}: 'data' must be a list")
+    if not any(isinstance(x, list) for x in data):
+        return data
+    flat: list[Any] = []
+
+    def walk(value: Any, depth: int) -> None:
+        if depth == len(shape):
+            if isinstance(value, list):
+                raise RequestRejected(f"{where}: 'data' is nested deeper than its shape "
+                                      f"{list(shape)}")
+            flat.append(value)
+            return
+        if not isinstance(value, list) or len(value) != shape[depth]:
+            raise RequestRejected(
+                f"{where}: nested 'data' does not match shape {list(shape)} at depth {depth}")
+        for item in value:
+            walk(item, depth + 1)
+
+    walk(data, 0)
+    return flat
+
+
+def _from_json(tensor: TensorHeader) -> np.ndarray:
+    where = f"input '{tensor.name}'"
+    flat = _flatten(tensor.data, tensor.shape, where)
+    count = tensor.element_count
+    if len(flat) != count:
+        raise RequestRejected(f"{where}: shape {list(tensor.shape)} has {count} elements, "
+                              f"'data' has {len(flat)}")
+    datatype = tensor.datatype
+    if datatype == "BYTES":
+        out = np.empty(count, dtype=object)
+        for index, value in enumerate(flat):
+            if not isinstance(value, str):
+                raise RequestRejected(f"{where}: BYTES elements in JSON are strings, "
+                                      f"element {index} is {type(value).__name__}")
+            out[index] = value.encode("utf-8")
+        return out.reshape(tensor.shape)
+    if datatype == "BOOL":
+        for value in flat:
+            if not isinstance(value, bool):
+                raise RequestRejected(f"{where}: BOOL elements are true or false, "
+                                      f"got {value!r}")
+    elif datatype in _INT_RANGES:
+        low, high = _INT_RANGES[datatype]
+        for value in flat:
+            if type(value) is not int:
+                raise RequestRejected(f"{where}: {datatype} elements are integers, "
+                                      f"got {value!r}")
+            if not low <= value <= high:
+                raise RequestRejected(f"{where}: {value} is out of the range of {datatype}")
+    else:
+        for value in flat:
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise RequestRejected(f"{where}: {datatype} elements are numbers, "
+                                      f"got {value!r}")
+    return np.asarray(flat, dtype=NUMPY_DTYPES[datatype]).reshape(tensor.shape)
+
+
+# -- the response ---------------------------------------------------------------------
+
+def as_output_array(value: Any, datatype: str, name: str) -> np.ndarray:
+    """What a handler returned for one output, as an array of ``datatype``.
+
+    Casts within a kind (float64 to FP32, int64 to INT32, bool to INT8...), never
+    across one that loses meaning (a float to an integer type): that is ``TypeError``.
+    """
+    if datatype == "BYTES":
+        array = np.asarray(value, dtype=object)
+        flat = array.reshape(-1)
+        for index, item in enumerate(flat):
+            if isinstance(item, str):
+                flat[index] = item.encode("utf-8")
+            elif isinstance(item, np.bytes_ | bytes):
+                flat[index] = bytes(item)
+            else:
+                raise TypeError(f"output '{name}' is BYTES but element {index} is "
+                                f"{type(item).__name__}")
+        return flat.reshape(array.shape)
+    array = np.asarray(value)
+    if array.dtype.kind in "OSU":
+        raise TypeError(f"output '{name}' is {datatype} but holds {array.dtype} values")
+    target = NUMPY_DTYPES[datatype]
+    if not np.can_cast(array.dtype, target, casting="same_kind"):
+        raise TypeError(f"output '{name}' is declared {datatype}; the handler returned "
+                        f"{array.dtype} values, which do not cast to it without loss of kind")
+    return array.astype(target, copy=False)
+
+
+def _binary_of(array: np.ndarray, datatype: str) -> bytes:
+    if datatype == "BYTES":
+        return b"".join(_LENGTH.pack(len(item)) + item for item in array.reshape(-1))
+    return np.ascontiguousarray(array, dtype=NUMPY_DTYPES[datatype]).tobytes()
+
+
+def _json_data(array: np.ndarray, datatype: str, name: str) -> list[Any]:
+    if datatype != "BYTES":
+        data: list[Any] = array.reshape(-1).tolist()
+        return data
+    out = []
+    for item in array.reshape(-1):
+        try:
+            out.append(item.decode("utf-8"))
+        except UnicodeDecodeError:
+            raise RequestRejected(
+                f"output '{name}' holds bytes that are not UTF-8 text, which JSON cannot "
+                f"carry: ask for it in binary (parameters.binary_data = true)") from None
+    return out
+
+
+def encode_response(model_name: str, model_version: str, outputs: Sequence[OutputTensor],
+                    request_id: str | None = None,
+                    parameters: Mapping[str, Any] | None = None) -> tuple[bytes, int | None]:
+    """(body, header length): the header length is None when no output is binary."""
+    doc: dict[str, Any] = {"model_name": model_name, "model_version": model_version}
+    if request_id is not None:
+        doc["id"] = request_id
+    if parameters:
+        doc["parameters"] = dict(parameters)
+    tensors, parts = [], []
+    for out in outputs:
+        tensor: dict[str, Any] = {"name": out.name, "datatype": out.datatype,
+                                  "shape": list(out.array.shape)}
+        params = dict(out.parameters)
+        if out.binary:
+            part = _binary_of(out.array, out.datatype)
+            parts.append(part)
+            params["binary_data_size"] = len(part)
+        else:
+            tensor["data"] = _json_data(out.array, out.datatype, out.name)
+        if params:
+            tensor["parameters"] = params
+        tensors.append(tensor)
+    doc["outputs"] = tensors
+    header = json.dumps(doc, separators=(",", ":"), allow_nan=True).encode()
+    if not parts:
+        return header, None
+    return b"".join([header, *parts]), len(header)
+
+
+# -- the client's side ----------------------------------------------------------------
+
+def encode_request(inputs: Mapping[str, np.ndarray], binary: bool = False,
+                   outputs: Sequence[str] | None = None, request_id: str | None = None,
+                   parameters: Mapping[str, Any] | None = None,
+                   binary_outputs: bool = False) -> tuple[bytes, int | None]:
+    """A request body for ``inputs`` (JSON ``data``, or binary parts); see ``encode_response``."""
+    doc: dict[str, Any] = {}
+    if request_id is not None:
+        doc["id"] = request_id
+    params = dict(parameters or {})
+    if binary_outputs:
+        params["binary_data_output"] = True
+    if params:
+        doc["parameters"] = params
+    tensors, parts = [], []
+    for name, value in inputs.items():
+        array = np.asarray(value)
+        datatype = datatype_of(array)
+        if datatype == "BYTES":
+            array = as_output_array(array, "BYTES", name)
+        tensor: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
+        if binary:
+            part = _binary_of(array, datatype)
+            parts.append(part)
+            tensor["parameters"] = {"binary_data_size": len(part)}
+        else:
+            tensor["data"] = _json_data(array, datatype, name)
+        tensors.append(tensor)
+    doc["inputs"] = tensors
+    if outputs is not None:
+        doc["outputs"] = [{"name": n} for n in outputs]
+    header = json.dumps(doc, separators=(",", ":")).encode()
+    if not parts:
+        return header, None
+    return b"".join([header, *parts]), len(header)
+
+
+def decode_response(body: bytes, header_length: int | None = None
+                    ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """(the response's JSON header, its outputs as arrays by name)."""
+    raw_header, binary = split_body(body, header_length)
+    doc = _json_object(raw_header, "inference response")
+    arrays: dict[str, np.ndarray] = {}
+    at = 0
+    for out in doc.get("outputs", []):
+        size = (out.get("parameters") or {}).get("binary_data_size")
+        tensor = TensorHeader(out["name"], out["datatype"], tuple(out["shape"]), {},
+                              out.get("data"), size)
+        chunk = None
+        if size is not None:
+            chunk, at = binary[at:at + size], at + size
+        arrays[tensor.name] = decode_tensor(tensor, chunk)
+    return doc, arrays
+
