@@ -197,7 +197,9 @@ def choose_queues(queues: Sequence[QueueView], worker: WorkerView, settings: Sco
        would not wait), exempt from the cold rate limit.
     6. Cold capacity and rate limit: new cold subscriptions need a free load
        slot on their runtime; those taken under pressure also need a free
-       permit and fit the per-minute budget.
+       permit and fit the per-minute budget. When slots or permits are scarce,
+       queues of a higher-priority plan (``ScoringSettings.plan_priority``) are
+       taken first, then the higher score.
     7. Subscription cap: the ``max_subscriptions`` best scores survive.
     """
     scores: dict[str, float] = {}
@@ -268,8 +270,9 @@ def choose_queues(queues: Sequence[QueueView], worker: WorkerView, settings: Sco
             reasons[model_id] = "gone"
 
     runtime_of = {queue.model_id: queue.runtime for queue in queues}
-    cold = _admit_cold(take_starving, take_cold, idle_join, runtime_of, worker, settings, now,
-                       reasons)
+    priority_of = {queue.model_id: settings.priority(queue.plan) for queue in queues}
+    cold = _admit_cold(take_starving, take_cold, idle_join, runtime_of, priority_of, worker,
+                       settings, now, reasons)
     chosen = kept + take_warm + [(scores[m], m) for m in cold]
     chosen.sort(key=lambda item: (-item[0], item[1]))
     for _, model_id in chosen[settings.max_subscriptions:]:
@@ -300,9 +303,10 @@ def loader_room(worker: WorkerView, settings: ScoringSettings) -> dict[str, int]
 
 
 def _admit_cold(starving: list[_Scored], pressured: list[_Scored], idle_join: set[str],
-                runtime_of: dict[str, str], worker: WorkerView, settings: ScoringSettings,
-                now: float, reasons: dict[str, Reason]) -> list[str]:
-    """The cold queues this worker takes now: starved first, then the rest.
+                runtime_of: dict[str, str], priority_of: dict[str, int], worker: WorkerView,
+                settings: ScoringSettings, now: float, reasons: dict[str, Reason]) -> list[str]:
+    """The cold queues this worker takes now: starved first, then the rest; within each,
+    the higher plan priority first, then the higher score.
 
     Each takes a load slot of its runtime; starved ones need nothing else. The rest
     need a free permit each, and those taken under pressure fit the minute's budget
@@ -314,8 +318,11 @@ def _admit_cold(starving: list[_Scored], pressured: list[_Scored], idle_join: se
     def slot_for(model_id: str) -> str:
         return "" if shared else runtime_of.get(model_id, "")
 
+    def rank(item: _Scored) -> tuple[int, float, str]:
+        return -priority_of.get(item[1], 0), -item[0], item[1]
+
     admitted: list[str] = []
-    starving.sort(key=lambda item: (-item[0], item[1]))
+    starving.sort(key=rank)
     for _, model_id in starving:
         slot = slot_for(model_id)
         if room.get(slot, 0) > 0:
@@ -326,7 +333,7 @@ def _admit_cold(starving: list[_Scored], pressured: list[_Scored], idle_join: se
 
     budget = cold_budget(worker, settings, now)
     permits = worker.free_permits
-    pressured.sort(key=lambda item: (-item[0], item[1]))
+    pressured.sort(key=rank)
     for _, model_id in pressured:
         slot = slot_for(model_id)
         if permits <= 0 or room.get(slot, 0) <= 0:

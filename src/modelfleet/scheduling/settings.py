@@ -77,6 +77,11 @@ class ScoringSettings(BaseModel):
     )
     # Multiplier for a plan missing from the table.
     default_fanout_multiplier: float = Field(default=1.0, gt=0)
+    # Priority by plan: when a worker's load slots or free permits cannot take every cold
+    # queue that waits, higher-priority plans' queues are taken first (score breaks ties).
+    plan_priority: dict[str, int] = Field(
+        default_factory=lambda: {"free": 0, "pro": 1, "enterprise": 2}
+    )
 
     @model_validator(mode="after")
     def _hysteresis(self) -> ScoringSettings:
@@ -93,3 +98,7 @@ class ScoringSettings(BaseModel):
         """How many workers may consume a queue of this plan at once (at least 1)."""
         multiplier = self.plan_fanout_multiplier.get(plan, self.default_fanout_multiplier)
         return max(1, round(fanout_max_workers * multiplier))
+
+    def priority(self, plan: str) -> int:
+        """The priority of a queue of this plan (0 for a plan missing from the table)."""
+        return self.plan_priority.get(plan, 0)
