@@ -169,6 +169,11 @@ def test_request_fields_are_kept() -> None:
     assert [o.name for o in request.outputs or ()] == ["y", "z"]
 
 
+def test_the_model_named_in_the_body_is_ignored() -> None:  # the KServe SDK sends it
+    doc = {"model_name": "other", "model_version": "9", **one_input()}
+    assert parse_request(*body_of(doc)).decode_inputs()["x"].tolist() == [1.0, 2.0]
+
+
 def test_outputs_are_json_unless_asked() -> None:
     request = parse_request(*body_of(one_input()))
     assert request.outputs is None and request.output_is_binary("anything") is False

@@ -47,9 +47,9 @@ from modelfleet.repository.manifest import Manifest
 
 log = logging.getLogger("modelfleet.gateway")
 
-# The extensions /v2 names, each one really served. The model repository extension's
-# router adds its name here when it is included.
-EXTENSIONS: list[str] = ["binary_tensor_data"]
+# The extensions /v2 names, each one really served on this gateway: binary tensors here,
+# the model repository extension by gateway/control.py.
+EXTENSIONS: list[str] = ["binary_tensor_data", "model_repository"]
 PLATFORM = "modelfleet_python"
 HEADER_LENGTH = "Inference-Header-Content-Length"
 

@@ -217,7 +217,9 @@ def parse_request(body: bytes | memoryview, header_length: int | None = None
                                   f"JSON needs the Inference-Header-Content-Length "
                                   f"header)") from exc
         raise
-    unknown = sorted(set(doc) - {"id", "parameters", "inputs", "outputs"})
+    # The KServe SDK also names the model in the body; the URL does that here.
+    unknown = sorted(set(doc) - {"id", "parameters", "inputs", "outputs", "model_name",
+                                 "model_version"})
     if unknown:
         raise RequestRejected(f"unknown field(s) {unknown} in the inference request")
     request_id = doc.get("id")

@@ -130,7 +130,7 @@ class RuntimeService:
                 with loaded.using():  # taken at once: no eviction between ensure and predict
                     async with asyncio.timeout(remaining_s):
                         result, phases = await handle_request(loaded.handler, loaded.batcher,
-                                                              request)
+                                                              request, loaded.manifest)
             except TimeoutError as exc:
                 raise DeadlineExceeded(f"inference did not finish within the deadline "
                                        f"({remaining_s:.2f}s left when it started)") from exc
