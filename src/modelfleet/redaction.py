@@ -10,7 +10,8 @@ configured) does two things:
   payload URLs and inline payloads) at DEBUG;
 - adds a ``RedactingFilter`` to every root handler: in each record's text (message,
   traceback, stack), the query of every URL, the password of every URL, ``key=value``
-  pairs whose key names a secret, and each literal secret given become ``***``.
+  pairs whose key names a secret, the secret part of API keys (``mfk_<id>_***``), and
+  each literal secret given become ``***``.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ _SECRET_PAIR = re.compile(
     rf"\b(sig|signature|token|access_token|password|passwd|secret|api[_-]?key|"
     rf"x-amz-signature|x-amz-credential|x-goog-signature|x-goog-credential)=[^{_STOP}&,;]+",
     re.IGNORECASE)
+# An API key (modelfleet.tenancy.keys): its id may show, its secret never.
+_API_KEY = re.compile(r"\b(mfk_[0-9a-f]{12})_[A-Za-z0-9_-]{8,}")
 _FORMATTER = logging.Formatter()
 
 
@@ -40,6 +43,7 @@ def redact(text: str, secrets: Iterable[str] = ()) -> str:
         text = text.replace(secret, "***")
     text = _URL_PASSWORD.sub(r"\1:***@", text)
     text = _URL_QUERY.sub(r"\1?***", text)
+    text = _API_KEY.sub(r"\1_***", text)
     return _SECRET_PAIR.sub(r"\1=***", text)
 
 

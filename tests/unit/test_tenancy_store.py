@@ -45,6 +45,15 @@ def test_a_key_parses_back_to_its_id_and_matches_only_its_own_digest() -> None:
     assert keys.PATTERN.search(f"said {new.token} there")
 
 
+def test_a_key_in_a_log_line_keeps_its_id_and_loses_its_secret() -> None:
+    from modelfleet.redaction import redact
+
+    new = keys.generate()
+    clean = redact(f"caller sent {new.token}; url http://{new.token}:@127.0.0.1:8000/v1")
+    assert new.token.split("_")[2] not in clean and new.token[-20:] not in clean
+    assert f"mfk_{new.key_id}_***" in clean
+
+
 @pytest.mark.parametrize("token", ["", "mfk_", "sk-live-123", "mfk_0123456789ab_short",
                                    "mfk_0123456789AB_" + "a" * 43])
 def test_a_malformed_key_is_unauthenticated(token: str) -> None:
