@@ -12,7 +12,8 @@ are covered without their authors doing anything:
     operator   /v1/fleet, /dashboard*, /v2/repository/*, /metrics (if configured)
     any key    everything else (docs, /v2 server metadata, unknown paths)
 
-401 for no key or a bad one (``WWW-Authenticate: Bearer``), 403 for a role too low,
+401 for no key or a bad one (``WWW-Authenticate: Bearer``, and Basic so that a browser
+asks for the key as a user name), 403 for a role too low,
 503 when the key store was never readable. The key is never logged.
 """
 
@@ -170,7 +171,8 @@ async def tenant_gate(settings: Settings, catalog: Catalog, embedded: bool
 
 def _refusal(exc: ModelfleetError) -> tuple[int, dict[str, str]]:
     if isinstance(exc, Unauthenticated):
-        return 401, {"WWW-Authenticate": 'Bearer realm="modelfleet"'}
+        # Basic too: a browser then asks for the key (as user name) for /dashboard.
+        return 401, {"WWW-Authenticate": 'Bearer realm="modelfleet", Basic realm="modelfleet"'}
     if isinstance(exc, Forbidden):
         return 403, {}
     if isinstance(exc, ModelNotFound):

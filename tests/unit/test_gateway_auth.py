@@ -1,0 +1,66 @@
+"""The auth layer's route classes and access rule (pure parts; end to end in
+tests/e2e/test_tenants.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from modelfleet.gateway.auth import Route, _server_timing, classify
+from modelfleet.tenancy.access import Principal
+from modelfleet.tenancy.plans import BUILTIN
+from modelfleet.tenancy.store import Tenant
+
+
+@pytest.mark.parametrize(("method", "path", "route"), [
+    ("GET", "/livez", Route("open")),
+    ("GET", "/readyz", Route("open")),
+    ("GET", "/v2/health/ready", Route("open")),
+    ("GET", "/v2/health/live/", Route("open")),
+    ("GET", "/v1/payloads/abc", Route("open")),
+    ("GET", "/metrics", Route("open")),
+    ("GET", "/v1/fleet", Route("operator")),
+    ("GET", "/v1/fleet/summary", Route("operator")),
+    ("GET", "/dashboard", Route("operator")),
+    ("GET", "/dashboard/app.js", Route("operator")),
+    ("POST", "/v2/repository/index", Route("operator")),
+    ("POST", "/v2/repository/models/x/load", Route("operator")),
+    ("GET", "/v1/models", Route("catalog")),
+    ("GET", "/v1/models/", Route("catalog")),
+    ("GET", "/v1/models/digits", Route("model", "digits")),
+    ("POST", "/v1/models/digits/infer", Route("model", "digits", infer=True)),
+    ("POST", "/v1/models/digits/versions/2/infer", Route("model", "digits", infer=True)),
+    ("GET", "/v2/models/iris/ready", Route("model", "iris")),
+    ("POST", "/v2/models/iris/versions/1/infer", Route("model", "iris", infer=True)),
+    ("GET", "/v2", Route("key")),
+    ("GET", "/openapi.json", Route("key")),
+    ("GET", "/anything/else", Route("key")),
+])
+def test_every_path_has_a_class(method: str, path: str, route: Route) -> None:
+    assert classify(method, path) == route
+
+
+def test_metrics_need_the_operator_role_when_configured() -> None:
+    assert classify("GET", "/metrics", protect_metrics=True) == Route("operator")
+
+
+def principal(role: str, grants: frozenset[str] = frozenset()) -> Principal:
+    return Principal("0123456789ab", role, Tenant("acme", "free", grants),  # type: ignore[arg-type]
+                     BUILTIN["free"])
+
+
+def test_callers_reach_their_tenants_models_and_granted_ones_only() -> None:
+    caller = principal("caller", frozenset({"shared"}))
+    assert caller.may_use("mine", "acme")
+    assert caller.may_use("shared", "other")
+    assert not caller.may_use("theirs", "other")
+    assert not caller.may_use("missing", None)
+    assert not principal("operator").may_use("theirs", "other")
+    assert principal("admin").may_use("theirs", "other")
+    assert principal("operator").has_role("operator") and not caller.has_role("operator")
+    assert principal("admin").has_role("operator")
+
+
+def test_server_timing_is_read_back_into_phases() -> None:
+    assert _server_timing("queue_wait;dur=1.50, predict;dur=2.25, model_load;dur=300.00") == {
+        "queue_wait": 1.5, "predict": 2.25, "model_load": 300.0}
+    assert _server_timing("junk, x;dur=abc") == {}
