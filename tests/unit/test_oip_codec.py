@@ -359,6 +359,7 @@ def test_outputs_cast_within_a_kind() -> None:
     assert as_output_array([1, 2], "INT8", "y").dtype == np.int8
     assert as_output_array([True], "INT32", "y").tolist() == [1]
     assert as_output_array(["é", b"x"], "BYTES", "y").tolist() == ["é".encode(), b"x"]
+    assert as_output_array([], "INT32", "y").dtype == np.int32  # [] is float64 to numpy
 
 
 @pytest.mark.parametrize(("value", "datatype", "match"), [

@@ -402,7 +402,7 @@ def as_output_array(value: Any, datatype: str, name: str) -> np.ndarray:
     if array.dtype.kind in "OSU":
         raise TypeError(f"output '{name}' is {datatype} but holds {array.dtype} values")
     target = NUMPY_DTYPES[datatype]
-    if not np.can_cast(array.dtype, target, casting="same_kind"):
+    if array.size and not np.can_cast(array.dtype, target, casting="same_kind"):
         raise TypeError(f"output '{name}' is declared {datatype}; the handler returned "
                         f"{array.dtype} values, which do not cast to it without loss of kind")
     return array.astype(target, copy=False)
