@@ -24,7 +24,8 @@ from modelfleet.oip.codec import decode_response, encode_request
 from tests.conftest import rabbitmq_url, require_rabbitmq
 from tests.procs import EXAMPLES, Proc, gateway, metric_sum, serve, worker, write_package
 
-MAX_BODY_BYTES = 2 * 1024 * 1024
+MAX_BODY_BYTES = 4 * 1024 * 1024
+PAYLOAD_STORE_BYTES = 3 * 1024 * 1024  # holds one 1.9 MB body, not a 3.5 MB one
 ROWS = np.array([[5.1, 3.5, 1.4, 0.2], [7.0, 3.2, 4.7, 1.4], [6.3, 3.3, 6.0, 2.5]],
                 np.float32)
 CLASSES = [b"setosa", b"versicolor", b"virginica"]
@@ -103,7 +104,8 @@ def repository(root: Path) -> Path:
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     tmp = tmp_path_factory.mktemp("oip-serve")
     proc, base = serve(tmp, repo=repository(tmp / "repo"),
-                       env={"MODELFLEET_GATEWAY__MAX_BODY_BYTES": str(MAX_BODY_BYTES)})
+                       env={"MODELFLEET_GATEWAY__MAX_BODY_BYTES": str(MAX_BODY_BYTES),
+                            "MODELFLEET_GATEWAY__PAYLOAD_STORE_BYTES": str(PAYLOAD_STORE_BYTES)})
     try:
         yield base
     finally:
@@ -203,6 +205,30 @@ def test_a_large_body_is_held_at_the_gateway(served: str) -> None:
     assert result.as_numpy("class_index").tolist() == [0, 1, 2] * 40_000
     assert metric_sum(served, "modelfleet_gateway_payload_fetches_total",
                       outcome="ok") == fetched + 1
+
+
+def test_a_body_the_payload_store_cannot_hold_is_answered_503(served: str) -> None:
+    rows = np.zeros((230_000, 4), np.float32)  # 3.7 MB: under the body limit, over the store
+    body, header_length = encode_request({"features": rows}, binary=True)
+    answer = httpx.post(f"{served}/v2/models/iris/infer", content=body, timeout=60,
+                        headers={"Inference-Header-Content-Length": str(header_length)})
+    assert answer.status_code == 503 and answer.headers["retry-after"] == "1"
+    assert "does not fit now" in answer.json()["error"]
+
+
+def test_a_caller_hanging_up_is_counted_and_its_task_cancelled(served: str) -> None:
+    hung_up = metric_sum(served, "modelfleet_gateway_client_disconnects_total")
+    cancelled = metric_sum(served, "modelfleet_worker_cancelled_tasks_total")
+    body, _ = encode_request({"seconds": np.array([3.0], np.float32)})
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(f"{served}/v2/models/nap/infer", content=body, timeout=1.0)
+    deadline = time.monotonic() + 20
+    while metric_sum(served, "modelfleet_gateway_client_disconnects_total") < hung_up + 1:
+        assert time.monotonic() < deadline, "the hang-up was not counted"
+        time.sleep(0.1)
+    while metric_sum(served, "modelfleet_worker_cancelled_tasks_total") < cancelled + 1:
+        assert time.monotonic() < deadline, "the worker was not told"
+        time.sleep(0.1)
 
 
 # --- error statuses --------------------------------------------------------------------

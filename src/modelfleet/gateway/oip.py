@@ -151,6 +151,8 @@ def oip_router(service: GatewayService, readiness: list[ReadinessCheck],
         except ModelfleetError as exc:
             return v2_error(exc)
         reasons = not_ready()
+        if not service.control.available(model):
+            reasons.append(f"model '{model}' was unloaded by an operator")
         if not manifest.has_signature:
             reasons.append(f"model '{model}' declares no tensor signature: only /v1 serves it")
         if reasons:
@@ -181,7 +183,9 @@ def oip_router(service: GatewayService, readiness: list[ReadinessCheck],
         PARKED_REQUEST_ID.set("")
         try:
             async with service.requests.track() as guard:
-                manifest = service.catalog.get(model).version(version)
+                # The version this request will get (a rollout may move the route).
+                routed = service.control.route(model, version)
+                manifest = service.catalog.get(model).version(routed)
                 resolved = manifest.version
                 if not manifest.has_signature:
                     raise RequestRejected(
