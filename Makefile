@@ -18,6 +18,7 @@ serve: $(STAMP)
 
 test: $(STAMP)
 	bash .ci/rabbitmq-up || test "$$CI" != "true"
+	bash .ci/tools-up || test "$$CI" != "true"
 	bash .ci/redis-up || test "$$CI" != "true"
 	$(VENV)/bin/python -m pytest -q
 

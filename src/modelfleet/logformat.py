@@ -22,7 +22,11 @@ TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 class JsonFormatter(logging.Formatter):
-    """One JSON object per record, on one line."""
+    """One JSON object per record, on one line (``static`` fields on every line)."""
+
+    def __init__(self, static: dict[str, Any] | None = None) -> None:
+        super().__init__()
+        self._static = dict(static or {})
 
     def format(self, record: logging.LogRecord) -> str:
         line: dict[str, Any] = {
@@ -31,6 +35,7 @@ class JsonFormatter(logging.Formatter):
             "level": record.levelname.lower(),
             "logger": record.name,
             "message": record.getMessage(),
+            **self._static,
         }
         fields = getattr(record, "fields", None)
         if isinstance(fields, dict):
@@ -43,11 +48,13 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(line, default=str, separators=(",", ":"))
 
 
-def configure_logging(level: str, log_format: LogFormat) -> None:
-    """The root logger's one handler (stderr), in the chosen format."""
+def configure_logging(level: str, log_format: LogFormat, text_format: str = TEXT_FORMAT,
+                      static: dict[str, Any] | None = None) -> None:
+    """The root logger's one handler (stderr), in the chosen format; ``static`` fields
+    go on every JSON line (a runtime names itself)."""
     handler = logging.StreamHandler()
-    handler.setFormatter(JsonFormatter() if log_format == "json"
-                         else logging.Formatter(TEXT_FORMAT))
+    handler.setFormatter(JsonFormatter(static) if log_format == "json"
+                         else logging.Formatter(text_format))
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)

@@ -35,9 +35,9 @@ def test_loads_per_minute_keep_storage_loads_and_promotions_apart() -> None:
                              ["a", "b", "c"], ["d"]), now=30)
     (point,) = ring.series()["points"]
     assert point["workers"]["w1"] == {"resident_device": 3, "resident_host": 1,
-                                      "loads_per_min": 8.0,  # 4 in 30 s
-                                      "promotions_per_min": 6.0}  # 3 in 30 s
-    assert point["fleet"]["loads_per_min"] == 8.0
+                                      "loads": 4, "promotions": 3,
+                                      "loads_per_min": 4, "promotions_per_min": 3}
+    assert point["fleet"]["loads_per_min"] == 4
 
 
 def test_fleet_rate_sums_workers_and_restarted_or_new_workers_do_not_go_negative() -> None:
@@ -49,11 +49,21 @@ def test_fleet_rate_sums_workers_and_restarted_or_new_workers_do_not_go_negative
     ring.observe("w2", state("w2", {"disk": 53}, ["b"]), now=90)
     points = ring.series()["points"]
     assert points[0]["workers"] == {"w1": {"resident_device": 1, "resident_host": 0,
-                                           "loads_per_min": 2.0, "promotions_per_min": 0.0}}
+                                           "loads": 2, "promotions": 0,
+                                           "loads_per_min": 2, "promotions_per_min": 0}}
     assert points[1]["workers"]["w2"]["loads_per_min"] == 0
     last = points[-1]
-    assert last["workers"]["w2"]["loads_per_min"] == 12.0  # 3 in 15 s
+    assert last["workers"]["w2"]["loads_per_min"] == 3
+    assert last["workers"]["w1"]["loads_per_min"] == 2  # counted at t=60: in the minute
     assert last["fleet"]["resident_device"] == 2
+
+
+def test_loads_per_minute_count_the_minute_up_to_each_sample() -> None:
+    ring = LoadRateRing(step_s=10, window_s=600)
+    for t, loads in ((0, 0), (20, 1), (40, 3), (60, 3), (80, 4), (100, 4), (120, 4)):
+        ring.observe("w", state("w", {"disk": loads}, []), now=float(t))
+    rates = [p["fleet"]["loads_per_min"] for p in ring.series()["points"]]
+    assert rates == [1, 3, 3, 3, 1, 1]  # t=20..120: loads at 20 (1), 40 (2), 80 (1)
 
 
 def test_the_ring_keeps_only_its_window() -> None:

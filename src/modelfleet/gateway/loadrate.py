@@ -4,8 +4,9 @@ The health signal of a long-tail fleet is its model-load rate set against how ma
 models it holds: a fleet that looks healthy by residency can be thrashing. Workers
 publish cumulative counters in their ``worker_state`` events (loads by source since
 they started, see ``worker/cachestats.py``); this ring samples them every ``step_s``
-and turns the differences into rates, keeping loads from storage (repository or the
-worker's disk cache) apart from promotions out of host memory (a copy, not a load).
+and turns the differences into loads per minute (those in the minute up to each
+sample), keeping loads from storage (repository or the worker's disk cache) apart from
+promotions out of host memory (a copy, not a load).
 
 A worker whose counters went down restarted: its new counts are all new. A worker
 first seen in a sample has no rate there (its earlier counts are not of this window).
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any
 
+RATE_WINDOW_S = 60.0
 STORAGE_SOURCES = ("repository", "disk")
 PROMOTION_SOURCE = "host"
 
@@ -70,24 +72,35 @@ class LoadRateRing:
 
     def series(self) -> dict[str, Any]:
         """Points over the window: at each sample after the first, per worker and for the
-        fleet, resident models (device, host) and loads per minute (storage, promotions)."""
+        fleet, resident models (device, host), and loads from storage and promotions from
+        host memory since the sample before (counts, and per minute)."""
         points: list[dict[str, Any]] = []
+        recent: deque[tuple[float, dict[str, tuple[int, int]]]] = deque()  # the last minute
         for before, after in pairwise(self._samples):
-            per_min = 60.0 / max(after.at - before.at, 1e-9)
             workers: dict[str, dict[str, float]] = {}
             for worker_id, now in after.workers.items():
                 then = before.workers.get(worker_id)
+                loads = _delta(then.storage_loads if then else None, now.storage_loads)
+                promotions = _delta(then.promotions if then else None, now.promotions)
                 workers[worker_id] = {
                     "resident_device": now.resident_device,
                     "resident_host": now.resident_host,
-                    "loads_per_min": _delta(then.storage_loads if then else None,
-                                            now.storage_loads) * per_min,
-                    "promotions_per_min": _delta(then.promotions if then else None,
-                                                 now.promotions) * per_min,
+                    "loads": loads, "promotions": promotions,  # since the sample before
                 }
+            # Per minute: what happened in the minute up to this sample (the same count
+            # as the workers' modelfleet_model_loads_per_minute).
+            recent.append((after.at, {w: (int(c["loads"]), int(c["promotions"]))
+                                      for w, c in workers.items()}))
+            while recent[0][0] <= after.at - RATE_WINDOW_S:
+                recent.popleft()
+            for worker_id, counts in workers.items():
+                counts["loads_per_min"] = sum(step.get(worker_id, (0, 0))[0]
+                                              for _, step in recent)
+                counts["promotions_per_min"] = sum(step.get(worker_id, (0, 0))[1]
+                                                   for _, step in recent)
             fleet = {key: sum(w[key] for w in workers.values())
-                     for key in ("resident_device", "resident_host", "loads_per_min",
-                                 "promotions_per_min")}
+                     for key in ("resident_device", "resident_host", "loads", "promotions",
+                                 "loads_per_min", "promotions_per_min")}
             points.append({"at": round(after.at, 3),
                            "fleet": {k: round(v, 2) for k, v in fleet.items()},
                            "workers": {w: {k: round(v, 2) for k, v in counts.items()}

@@ -34,6 +34,7 @@ from modelfleet.ipc.protocol import (
     health_to_wire,
     stats_to_wire,
 )
+from modelfleet.logformat import configure_logging
 from modelfleet.messages import EncodedReply, Reply, decode_task, now_ms
 from modelfleet.model.api import Output, Request
 from modelfleet.model.pipeline import handle_request
@@ -231,8 +232,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--name", default="runtime")
     args = parser.parse_args(argv)
     settings = Settings.model_validate_json(os.environ[SETTINGS_ENV])
-    logging.basicConfig(level=settings.log_level.upper(),
-                        format=f"%(asctime)s %(levelname)s [{args.name}] %(message)s")
+    configure_logging(settings.log_level, settings.log_format,
+                      text_format=f"%(asctime)s %(levelname)s [{args.name}] %(message)s",
+                      static={"runtime": args.name})
     secure_logging()  # payload URLs are signed: no URL is logged whole, at any level
     preload(os.environ.get(PRELOAD_ENV, ""))
     asyncio.run(_serve(settings, args.name, args.socket))

@@ -58,6 +58,7 @@ from modelfleet.worker.idle import IdleMeter
 from modelfleet.worker.pinning import PinKeeper
 from modelfleet.worker.residency import Residency
 from modelfleet.worker.supervisor import RuntimeSupervisor, SupervisedRuntime
+from modelfleet.worker.tasklog import TaskLog
 
 log = logging.getLogger("modelfleet.worker")
 
@@ -100,6 +101,7 @@ class Coordinator:
         self._isolated_since: dict[str, float] = {}  # model id -> when its runtime was seen
         self._running: Counter[str] = Counter()  # model id -> tasks in flight here
         self._residency = Residency(clock)
+        self._task_log = TaskLog(self.worker_id, settings.log_format)
         self._counts: dict[str, QueueStats] = {}  # candidate queues as last counted
         self._dirty: set[str] = set()  # queues to count afresh at the next re-score
         self._idle = IdleMeter(self._cap, time.monotonic)
@@ -189,6 +191,7 @@ class Coordinator:
             "loading": self.loading,
             "permits_in_use": len(self._in_flight),
             "permits_cap": self._cap,
+            **self._residency.tally.summary(),  # bytes per tier, loads by source, evictions
             "runtimes": [{"name": r.name, "state": r.state, "restarts": r.restarts}
                          for r in self._supervisor.all()],
         }
@@ -531,6 +534,7 @@ class Coordinator:
             await self._reply_and_ack(delivery, reply)
             self._last_served[task.model_id] = self._clock()
             metrics.TASKS.labels(task.model_id, reply.status).inc()
+            self._task_log.settled(task, reply)
         except BrokerUnavailable as exc:
             # Could not even hand it back: its channel is gone with the connection, and
             # the broker redelivers it (a reply sent already makes that a duplicate).
@@ -558,6 +562,8 @@ class Coordinator:
                 del self._running[task.model_id]
 
     def _count_dropped(self, task: Task) -> None:
+        self._task_log.dropped(task, "client_disconnected" if task.request_id in self._cancelled
+                               else "deadline_exceeded")
         if task.request_id in self._cancelled:
             metrics.CANCELLED_TASKS.labels(task.model_id).inc()
         else:
@@ -565,9 +571,10 @@ class Coordinator:
 
     async def _settle_with_failure(self, delivery: Delivery, error: ModelfleetError) -> None:
         task = delivery.task
-        await self._reply_and_ack(delivery, EncodedReply.of(
-            Reply.failure(task.request_id, error, worker_id=self.worker_id)))
+        reply = EncodedReply.of(Reply.failure(task.request_id, error, worker_id=self.worker_id))
+        await self._reply_and_ack(delivery, reply)
         metrics.TASKS.labels(task.model_id, "error").inc()
+        self._task_log.settled(task, reply)
 
     async def _reply_and_ack(self, delivery: Delivery, reply: EncodedReply) -> None:
         """Send the reply, then ack: through a broker reconnect, never left unsettled.
@@ -692,11 +699,13 @@ class Coordinator:
                 Reply.failure(task.request_id, exc, worker_id=self.worker_id),
                 error_message=f"model '{task.model_id}': {reason}; dead-lettered"))
             metrics.DEAD_LETTERED.labels(task.model_id, "runtime_crashed").inc()
+            self._task_log.handed_back(task, "dead_lettered")
             await self._through_reconnects(
                 task, "reply", lambda: self._broker.publish_reply(task.reply_to, failure))
             await delivery.dead_letter(f"runtime_crashed: {reason}")
             return
         metrics.REDELIVERED.labels(task.model_id).inc()
+        self._task_log.handed_back(task, "runtime_crashed")
         # Sent, or past its deadline with nobody waiting: either way this copy is done.
         await self._through_reconnects(task, "hand-back",
                                        lambda: self._broker.republish(evidence))

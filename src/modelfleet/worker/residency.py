@@ -7,15 +7,13 @@ ask) at every re-score, and keeping the sums here.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable
 
 from modelfleet import metrics
 from modelfleet.errors import ModelfleetError
 from modelfleet.ipc.protocol import RuntimeStats
+from modelfleet.worker.cachestats import CacheTally
 from modelfleet.worker.supervisor import SupervisedRuntime
-
-LOAD_RATE_WINDOW_S = 60.0
 
 
 class Residency:
@@ -23,7 +21,7 @@ class Residency:
         self._clock = clock
         self._by_runtime: dict[str, dict[str, list[str]]] = {}  # runtime -> tier -> ids
         self._loading: dict[str, frozenset[str]] = {}  # runtime -> models loading on it
-        self._load_times: deque[float] = deque()
+        self.tally = CacheTally(clock)  # loads by source, bytes per tier, load rates
 
     def models(self, tier: str) -> frozenset[str]:
         """Models resident in ``tier`` ("device" or "host") on any runtime of this worker."""
@@ -38,11 +36,13 @@ class Residency:
         for gone in set(self._by_runtime) - {r.name for r in runtimes}:
             del self._by_runtime[gone]  # retired: what it held is gone with it
             self._loading.pop(gone, None)
+            self.tally.forget(gone)
         for runtime in runtimes:
             target = runtime.runtime
             if not runtime.ready or target is None:
                 self._by_runtime.pop(runtime.name, None)
                 self._loading.pop(runtime.name, None)
+                self.tally.forget(runtime.name)
                 continue
             try:
                 stats = await target.stats(timeout_s=5)
@@ -56,20 +56,17 @@ class Residency:
             totals["device_bytes"] += stats.device_used_bytes
             totals["host_bytes"] += stats.host_used_bytes
             self._count_events(stats)
+            self.tally.observe(runtime.name, stats)
         metrics.RESIDENT_MODELS.labels("device").set(totals["device"])
         metrics.RESIDENT_MODELS.labels("host").set(totals["host"])
         metrics.RESIDENT_BYTES.labels("device").set(totals["device_bytes"])
         metrics.RESIDENT_BYTES.labels("host").set(totals["host_bytes"])
-        horizon = self._clock() - LOAD_RATE_WINDOW_S
-        while self._load_times and self._load_times[0] < horizon:
-            self._load_times.popleft()
-        metrics.MODEL_LOAD_RATE.set(len(self._load_times))
+        self.tally.publish_rates()  # storage loads and host promotions, per minute, apart
 
     def _count_events(self, stats: RuntimeStats) -> None:
         for load in stats.loads:
             metrics.MODEL_LOADS.labels(load.source).inc()
             metrics.MODEL_LOAD_SECONDS.labels(load.source).observe(load.seconds)
-            self._load_times.append(self._clock())
         for action, _model_id in stats.evictions:
             metrics.EVICTIONS.labels(action).inc()
         metrics.MODEL_LOAD_FAILURES.inc(stats.load_failures)

@@ -3,7 +3,7 @@
 
 const POLL_MS = 2000;
 const SVG_NS = "http://www.w3.org/2000/svg";
-const W = 900, H = 260, PAD = { left: 48, right: 48, top: 14, bottom: 26 };
+const W = 900, H = 260, PAD = { left: 48, right: 72, top: 14, bottom: 26 };
 let last = null;
 
 function text(id, value) {
@@ -101,12 +101,17 @@ function renderChart(rate) {
   const points = (rate.points || []).map(p => {
     const s = scope ? (p.workers[scope] || null) : p.fleet;
     return s && { at: p.at, resident: s.resident_device + s.resident_host,
-                  loads: s.loads_per_min, promotions: s.promotions_per_min };
+                  loads: s.loads_per_min, promotions: s.promotions_per_min,
+                  loadCount: s.loads, promotionCount: s.promotions };
   }).filter(Boolean);
   const now = points.length ? points[points.length - 1] : null;
   text("rate-resident", now ? now.resident : null);
   text("rate-loads", now ? now.loads : null);
   text("rate-promotions", now ? now.promotions : null);
+  text("window-loads", points.reduce((n, p) => n + p.loadCount, 0));
+  text("window-promotions", points.reduce((n, p) => n + p.promotionCount, 0));
+  const span = points.length ? Math.round(points[points.length - 1].at - points[0].at) : 0;
+  text("window-span", Math.floor(span / 60) + " min " + (span % 60) + " s");
   chart.dataset.points = String(points.length);
   const x0 = PAD.left, x1 = W - PAD.right, y0 = H - PAD.bottom, y1 = PAD.top;
   svg("line", { x1: x0, y1: y0, x2: x1, y2: y0, stroke: "#c4c9d4" }, chart);
@@ -135,8 +140,8 @@ function renderChart(rate) {
   label(x0 - 6, y0, "0", "end", "#3867d6");
   label(x1 + 6, y1 + 8, maxRate.toFixed(1) + "/min", "start", "#e8590c");
   label(x1 + 6, y0, "0", "start", "#e8590c");
-  const span = Math.round(tMax - tMin);
-  label(x0, H - 8, "-" + Math.floor(span / 60) + "m" + (span % 60) + "s", "start", "#6b7385");
+  const width = Math.round(tMax - tMin);
+  label(x0, H - 8, "-" + Math.floor(width / 60) + "m" + (width % 60) + "s", "start", "#6b7385");
   label(x1, H - 8, "now", "end", "#6b7385");
 }
 
