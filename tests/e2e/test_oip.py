@@ -17,6 +17,8 @@ import httpx
 import numpy as np
 import pytest
 import tritonclient.http as triton
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from kserve import InferenceRESTClient, InferInput, InferRequest, RESTConfig
 from tritonclient.utils import InferenceServerException
 
@@ -298,6 +300,70 @@ def test_malformed_requests(served: str, body: bytes, headers: dict[str, str], s
                         timeout=30)
     assert answer.status_code == status, answer.text
     assert set(answer.json()) == {"error"} and match in answer.json()["error"]
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=5), inner,
+                                                                max_size=3),
+    max_leaves=20)
+TENSORS = st.fixed_dictionaries(
+    {"name": st.sampled_from(["features", "text", "x", ""]),
+     "datatype": st.sampled_from(["FP32", "BYTES", "INT64", "BOOL", "FP16", "UINT8", "fp32"]),
+     "shape": st.lists(st.integers(-2, 10**12), max_size=4)},
+    optional={"data": JSON_VALUES | st.lists(st.floats(width=32), max_size=12),
+              "parameters": st.fixed_dictionaries({}, optional={
+                  "binary_data_size": st.integers(-1, 64) | JSON_VALUES})})
+REQUESTS = st.fixed_dictionaries(
+    {"inputs": st.lists(TENSORS, max_size=3)},
+    optional={"id": JSON_VALUES, "parameters": JSON_VALUES | st.fixed_dictionaries(
+        {}, optional={"timeout": JSON_VALUES, "binary_data_output": JSON_VALUES}),
+        "outputs": JSON_VALUES | st.lists(st.fixed_dictionaries(
+            {"name": st.sampled_from(["class", "upper", "nope"])},
+            optional={"parameters": JSON_VALUES}), max_size=3)})
+
+
+@settings(max_examples=120, deadline=None)
+@given(model=st.sampled_from(["iris", "words", "plain", "nope"]), doc=REQUESTS,
+       tail=st.binary(max_size=64), header_length=st.none() | st.integers(-5, 400) | st.just(-1))
+def test_random_v2_requests_get_4xx_never_5xx(served: str, model: str, doc: dict[str, Any],
+                                              tail: bytes, header_length: int | None) -> None:
+    header = json.dumps(doc).encode()
+    headers = {}
+    if header_length is not None:  # -1: the right length, so the binary tail is parsed
+        length = len(header) if header_length == -1 else header_length
+        headers["Inference-Header-Content-Length"] = str(length)
+    answer = httpx.post(f"{served}/v2/models/{model}/infer", content=header + tail,
+                        headers=headers, timeout=60)
+    assert answer.status_code < 500, (answer.status_code, answer.text)
+    if answer.status_code >= 400:
+        assert isinstance(answer.json()["error"], str)
+
+
+def valid_bodies() -> list[tuple[str, bytes, int]]:
+    iris, iris_length = encode_request({"features": ROWS}, binary=True, binary_outputs=True)
+    words, words_length = encode_request(
+        {"text": np.array([b"ab", b"\xff", b""], dtype=object)}, binary=True)
+    assert iris_length is not None and words_length is not None
+    return [("iris", iris, iris_length), ("words", words, words_length)]
+
+
+@settings(max_examples=120, deadline=None)
+@given(which=st.sampled_from([0, 1]), cut=st.integers(0, 400), flips=st.lists(
+    st.tuples(st.integers(0, 400), st.integers(0, 255)), max_size=4),
+    length_shift=st.integers(-8, 8))
+def test_damaged_binary_requests_get_4xx_never_5xx(served: str, which: int, cut: int,
+                                                   flips: list[tuple[int, int]],
+                                                   length_shift: int) -> None:
+    model, body, header_length = valid_bodies()[which]
+    damaged = bytearray(body[:len(body) - cut] if cut < len(body) else body)
+    for at, value in flips:
+        if at < len(damaged):
+            damaged[at] = value
+    answer = httpx.post(f"{served}/v2/models/{model}/infer", content=bytes(damaged),
+                        timeout=60, headers={
+                            "Inference-Header-Content-Length": str(header_length + length_shift)})
+    assert answer.status_code < 500, (answer.status_code, answer.text)
 
 
 # --- the KServe SDK's REST client against `modelfleet serve` ---------------------------

@@ -312,11 +312,21 @@ def test_binary_bool_bytes_are_zero_or_one() -> None:
     rejected(header + b"\x01\x02", len(header), "BOOL element is a byte 0 or 1")
 
 
+def test_a_huge_bytes_shape_is_refused_before_allocating() -> None:
+    header = json.dumps(binary_doc(8, "BYTES", [10**15])).encode()
+    rejected(header + b"\0" * 8, len(header), "need at least 4000000000000000 bytes")
+
+
+def test_too_many_dimensions() -> None:
+    rejected(json.dumps(one_input(shape=[1] * 33, data=[1.0])).encode(), None,
+             "33 dimensions; at most 32")
+
+
 @pytest.mark.parametrize(("payload", "match"), [
-    (b"\x01\x00\x00", "no 4-byte length prefix"),                      # prefix cut short
-    (struct.pack("<I", 5) + b"abc", "says it has 5 bytes but only 3"),  # element cut short
-    (struct.pack("<I", 1) + b"a", r"element 1 of 2 has no 4-byte"),    # an element missing
+    (struct.pack("<I", 2) + b"ab" + b"\0\0", "element 1 of 2 has no 4-byte length prefix"),
+    (struct.pack("<I", 5) + b"abcd", "says it has 5 bytes but only 4 remain"),
     (struct.pack("<I", 1) + b"a" + struct.pack("<I", 0) + b"zz", "2 bytes remain"),
+    (struct.pack("<I", 1) + b"a", "2 BYTES elements need at least 8 bytes"),
 ])
 def test_malformed_binary_bytes(payload: bytes, match: str) -> None:
     header = json.dumps(binary_doc(len(payload), "BYTES")).encode()

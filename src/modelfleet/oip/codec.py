@@ -32,6 +32,7 @@ from modelfleet.errors import RequestRejected
 from modelfleet.oip.datatypes import DATATYPES, NUMPY_DTYPES, datatype_of
 
 _LENGTH = struct.Struct("<I")  # a BYTES element's length prefix in binary form
+MAX_RANK = 32  # dimensions of a tensor (numpy's own limit is 64)
 _INT_RANGES: dict[str, tuple[int, int]] = {
     name: (int(np.iinfo(dtype.str).min), int(np.iinfo(dtype.str).max))
     for name, dtype in NUMPY_DTYPES.items() if dtype.kind in "iu"
@@ -154,7 +155,10 @@ def _shape(value: Any, where: str) -> tuple[int, ...]:
     if not isinstance(value, list) or not all(
             isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in value):
         raise RequestRejected(f"{where}: 'shape' must be a list of non-negative integers, "
-                              f"got {value!r}")
+                              f"got {str(value)[:200]}")
+    if len(value) > MAX_RANK:
+        raise RequestRejected(f"{where}: 'shape' has {len(value)} dimensions; at most "
+                              f"{MAX_RANK} are supported")
     return tuple(value)
 
 
@@ -295,6 +299,10 @@ def _from_binary(tensor: TensorHeader, chunk: memoryview) -> np.ndarray:
 
 
 def _bytes_elements(chunk: memoryview, count: int, where: str) -> np.ndarray:
+    if count * _LENGTH.size > len(chunk):  # checked before allocating ``count`` elements
+        raise RequestRejected(
+            f"{where}: {count} BYTES elements need at least {count * _LENGTH.size} bytes "
+            f"(a 4-byte length each); binary_data_size is {len(chunk)}")
     out = np.empty(count, dtype=object)
     at = 0
     for index in range(count):
