@@ -244,6 +244,13 @@ class ModelCache:
         pinned = sum(self._device.get(key, 0) for key in self._pinned if key != model_id)
         return pinned + reserved + size_bytes <= self.device_budget_bytes
 
+    def pin(self, model_id: str) -> bool:
+        """Pin ``model_id`` if it is on the device (True); False if it is not there."""
+        if model_id not in self._device:
+            return False
+        self._pinned.add(model_id)
+        return True
+
     def unpin(self, model_id: str) -> None:
         """Make ``model_id`` evictable again (no-op if it was not pinned)."""
         self._pinned.discard(model_id)

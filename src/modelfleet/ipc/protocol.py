@@ -22,7 +22,7 @@ from typing import Any, Literal, Protocol
 
 from modelfleet.messages import EncodedReply
 
-Op = Literal["load", "unload", "infer", "health", "stats", "shutdown"]
+Op = Literal["load", "unload", "unpin", "infer", "health", "stats", "shutdown"]
 
 # The runtime's settings, as JSON (``Settings.model_dump_json()``).
 SETTINGS_ENV = "MODELFLEET_RUNTIME_SETTINGS"
@@ -73,6 +73,10 @@ class RuntimeStats:
     loads: tuple[Load, ...] = ()
     evictions: tuple[tuple[str, str], ...] = ()  # (action, model id)
     load_failures: int = 0
+    # By residency key ``model@version`` (the control agent rolls versions by these).
+    resident_versions: tuple[str, ...] = ()  # on the device or in host memory
+    pinned_versions: tuple[str, ...] = ()
+    loading_versions: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -98,8 +102,14 @@ class Runtime(Protocol):
         """Make the model resident (a no-op when it is)."""
         ...
 
-    async def unload(self, model_id: str, timeout_s: float | None = None) -> bool:
-        """Drop every resident version of the model; False when none was resident."""
+    async def unload(self, model_id: str, timeout_s: float | None = None,
+                     version: str | None = None) -> bool:
+        """Drop every resident version of the model (or only ``version``); False when
+        none was resident."""
+        ...
+
+    async def unpin(self, model_id: str, version: str, timeout_s: float | None = None) -> None:
+        """Make a pinned version evictable again (a no-op when it is not pinned)."""
         ...
 
     async def stats(self, timeout_s: float | None = None) -> RuntimeStats: ...
@@ -169,7 +179,10 @@ def stats_from_wire(data: Mapping[str, Any]) -> RuntimeStats:
         device_used_bytes=data["device_used_bytes"], host_used_bytes=data["host_used_bytes"],
         loads=tuple(Load(**load) for load in data["loads"]),
         evictions=tuple((action, model) for action, model in data["evictions"]),
-        load_failures=data["load_failures"])
+        load_failures=data["load_failures"],
+        resident_versions=tuple(data.get("resident_versions", ())),
+        pinned_versions=tuple(data.get("pinned_versions", ())),
+        loading_versions=tuple(data.get("loading_versions", ())))
 
 
 def health_to_wire(health: RuntimeHealth) -> dict[str, Any]:

@@ -58,9 +58,14 @@ class SocketRuntime:
         await self._call("load", timeout_s, args={"model_id": model_id, "version": version,
                                                    "pinned": pinned})
 
-    async def unload(self, model_id: str, timeout_s: float | None = None) -> bool:
-        frame = await self._call("unload", timeout_s, args={"model_id": model_id})
+    async def unload(self, model_id: str, timeout_s: float | None = None,
+                     version: str | None = None) -> bool:
+        frame = await self._call("unload", timeout_s, args={"model_id": model_id,
+                                                             "version": version})
         return bool(frame.header["result"])
+
+    async def unpin(self, model_id: str, version: str, timeout_s: float | None = None) -> None:
+        await self._call("unpin", timeout_s, args={"model_id": model_id, "version": version})
 
     async def stats(self, timeout_s: float | None = None) -> RuntimeStats:
         return stats_from_wire((await self._call("stats", timeout_s)).header["result"])

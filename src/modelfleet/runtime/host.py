@@ -148,6 +148,8 @@ class ModelHost:
             loaded = self._models.get(key)
             if loaded is not None and self.cache.tier_of(key) == "device":
                 self.cache.hit(key)  # a use, for the eviction policy's frequency count
+                if pinned:  # pinned after it was loaded (an operator's pin)
+                    self.cache.pin(key)
                 return loaded, waited
             pending = self._loading.get(key)
             if pending is None:
@@ -322,9 +324,11 @@ class ModelHost:
                     self.cache.remove(key)
                     await self._unload(key)
 
-    async def evict(self, model_id: str) -> bool:
-        """Drop every version of a model from every tier. False if none was resident."""
-        keys = [key for key in self._models if model_of(key) == model_id]
+    async def evict(self, model_id: str, version: str | None = None) -> bool:
+        """Drop every version of a model (or only ``version``) from every tier. False if
+        none was resident."""
+        keys = [key for key in self._models if model_of(key) == model_id
+                and (version is None or key == residency_key(model_id, version))]
         for key in keys:
             if self.cache.reservation(key) is None:
                 self.cache.remove(key)
@@ -358,6 +362,10 @@ class ModelHost:
             self._collected_at = now
             gc.collect()
 
+    def unpin(self, model_id: str, version: str) -> None:
+        """The version may be evicted again (its route moved on, or an operator unpinned)."""
+        self.cache.unpin(residency_key(model_id, version))
+
     def stats(self) -> RuntimeStats:
         """Residency by model id (versions folded), and what happened since the last ask."""
         snap = self.cache.snapshot()
@@ -375,6 +383,9 @@ class ModelHost:
             loads=tuple(events.loads),
             evictions=tuple(events.evictions),
             load_failures=events.load_failures,
+            resident_versions=tuple(sorted({*snap.device, *snap.host})),
+            pinned_versions=tuple(sorted(snap.pinned)),
+            loading_versions=tuple(sorted(self._loading)),
         )
 
     async def close(self) -> None:

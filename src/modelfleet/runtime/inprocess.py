@@ -47,8 +47,13 @@ class InProcessRuntime:
                    timeout_s: float | None = None) -> None:
         await self._call(self._service.load(model_id, version, pinned), timeout_s)
 
-    async def unload(self, model_id: str, timeout_s: float | None = None) -> bool:
-        return await self._call(self._service.unload(model_id), timeout_s)
+    async def unload(self, model_id: str, timeout_s: float | None = None,
+                     version: str | None = None) -> bool:
+        return await self._call(self._service.unload(model_id, version), timeout_s)
+
+    async def unpin(self, model_id: str, version: str, timeout_s: float | None = None) -> None:
+        self._check()
+        self._service.unpin(model_id, version)
 
     async def stats(self, timeout_s: float | None = None) -> RuntimeStats:
         self._check()

@@ -92,8 +92,11 @@ class RuntimeService:
     async def load(self, model_id: str, version: str, pinned: bool) -> None:
         await self.host.ensure(model_id, version, pinned)
 
-    async def unload(self, model_id: str) -> bool:
-        return await self.host.evict(model_id)
+    async def unload(self, model_id: str, version: str | None = None) -> bool:
+        return await self.host.evict(model_id, version)
+
+    def unpin(self, model_id: str, version: str) -> None:
+        self.host.unpin(model_id, version)
 
     def shutdown(self) -> None:
         self.stopping.set()
@@ -217,7 +220,10 @@ class SocketServer:
             await service.load(args["model_id"], args["version"], args.get("pinned", False))
             return True, b""
         if op == "unload":
-            return await service.unload(args["model_id"]), b""
+            return await service.unload(args["model_id"], args.get("version")), b""
+        if op == "unpin":
+            service.unpin(args["model_id"], args["version"])
+            return True, b""
         if op == "shutdown":
             service.shutdown()
             return True, b""

@@ -53,9 +53,11 @@ from modelfleet.messages import EncodedReply, Reply, Task, now_ms
 from modelfleet.repository import Catalog
 from modelfleet.scheduling import Decision, QueueView, Snapshot, WorkerView, decide, work_waiting
 from modelfleet.settings import Settings
+from modelfleet.worker.control import ControlAgent
 from modelfleet.worker.gate import CrashWitness, SuspectGate
 from modelfleet.worker.idle import IdleMeter
 from modelfleet.worker.pinning import PinKeeper
+from modelfleet.worker.placement import RuntimePlacement
 from modelfleet.worker.residency import Residency
 from modelfleet.worker.supervisor import RuntimeSupervisor, SupervisedRuntime
 from modelfleet.worker.tasklog import TaskLog
@@ -97,10 +99,14 @@ class Coordinator:
         self._deadlines: dict[str, asyncio.Timeout] = {}  # request id -> its running deadline
         self._cancelled: dict[str, float] = {}  # request ids whose callers hung up -> when
         self._pinning: asyncio.Task[None] | None = None
-        self._pins = PinKeeper(catalog, supervisor, clock)
+        self._residency = Residency(clock)
+        # The control API's orders (unload, pin), rolling versions: see worker/control.py.
+        self.control = ControlAgent(settings, broker, catalog, RuntimePlacement(
+            settings, catalog, supervisor, self._residency), self.worker_id,
+            lambda: self.ready, clock)
+        self._pins = PinKeeper(catalog, supervisor, clock, self.control)
         self._isolated_since: dict[str, float] = {}  # model id -> when its runtime was seen
         self._running: Counter[str] = Counter()  # model id -> tasks in flight here
-        self._residency = Residency(clock)
         self._task_log = TaskLog(self.worker_id, settings.log_format)
         self._counts: dict[str, QueueStats] = {}  # candidate queues as last counted
         self._dirty: set[str] = set()  # queues to count afresh at the next re-score
@@ -118,6 +124,7 @@ class Coordinator:
         metrics.PERMITS_CAP.set(self._cap)
         await self._supervisor.start()
         await self._pins.keep()
+        await self.control.start()
         self._loops = [
             asyncio.create_task(self._listen_events(), name="worker-events"),
             asyncio.create_task(self._rescore_loop(), name="worker-rescore"),
@@ -132,6 +139,7 @@ class Coordinator:
         for loop in background:
             loop.cancel()
         await asyncio.gather(*background, return_exceptions=True)
+        await self.control.stop()
         # 2. Stop taking new work: cancel every consumer (unstarted deliveries go back).
         await asyncio.gather(*(self._unsubscribe(m) for m in list(self._consumers)))
         # 3. Drain: in-flight tasks finish and reply, or are handed back after the timeout.
@@ -322,7 +330,7 @@ class Coordinator:
         host = self._residency.models("host")
         if self._pins.pinned and not (self._pinning and not self._pinning.done()):
             # A restarted runtime comes back empty: pinned models go back on it.
-            self._pinning = asyncio.create_task(self._pins.keep(device | host))
+            self._pinning = asyncio.create_task(self._pins.keep(self._residency.versions()[1]))
         serviceable = {m for m in self._catalog_ids() if self._runtime_accepting(m)}
         candidates = (set(self._demand) | set(self._consumers) | device | host
                       | set(self._pins.pinned)) & serviceable
@@ -502,6 +510,10 @@ class Coordinator:
             if task.expired(received_ms) or task.request_id in self._cancelled:
                 self._count_dropped(task)
                 await delivery.ack()
+                return
+            refusal = self.control.refusal(task.model_id)
+            if refusal is not None:  # queued before an operator unloaded it
+                await self._settle_with_failure(delivery, refusal)
                 return
             runtime = self._supervisor.runtime_for(task.model_id)
             if not await runtime.wait_settled((task.deadline_ms - now_ms()) / 1000):

@@ -15,12 +15,16 @@ from modelfleet.ipc.protocol import RuntimeStats
 from modelfleet.worker.cachestats import CacheTally
 from modelfleet.worker.supervisor import SupervisedRuntime
 
+_ByModel = dict[str, frozenset[str]]  # model id -> versions
+
 
 class Residency:
     def __init__(self, clock: Callable[[], float]) -> None:
         self._clock = clock
         self._by_runtime: dict[str, dict[str, list[str]]] = {}  # runtime -> tier -> ids
         self._loading: dict[str, frozenset[str]] = {}  # runtime -> models loading on it
+        # runtime -> (resident, pinned, loading) residency keys "model@version"
+        self._versions: dict[str, tuple[tuple[str, ...], ...]] = {}
         self.tally = CacheTally(clock)  # loads by source, bytes per tier, load rates
 
     def models(self, tier: str) -> frozenset[str]:
@@ -51,6 +55,8 @@ class Residency:
             self._by_runtime[runtime.name] = {"device": list(stats.device),
                                               "host": list(stats.host)}
             self._loading[runtime.name] = frozenset(stats.loading)
+            self._versions[runtime.name] = (stats.resident_versions, stats.pinned_versions,
+                                            stats.loading_versions)
             totals["device"] += len(stats.device)
             totals["host"] += len(stats.host)
             totals["device_bytes"] += stats.device_used_bytes
@@ -62,6 +68,20 @@ class Residency:
         metrics.RESIDENT_BYTES.labels("device").set(totals["device_bytes"])
         metrics.RESIDENT_BYTES.labels("host").set(totals["host_bytes"])
         self.tally.publish_rates()  # storage loads and host promotions, per minute, apart
+
+    def versions(self) -> tuple[_ByModel, _ByModel, _ByModel]:
+        """(resident, pinned, loading) versions by model, on the runtimes up at the last ask."""
+        found: list[dict[str, set[str]]] = [{}, {}, {}]
+        for name, kinds in self._versions.items():
+            if name not in self._by_runtime:
+                continue  # down or retired: it holds nothing now
+            for into, keys in zip(found, kinds, strict=True):
+                for key in keys:
+                    model_id, _, version = key.rpartition("@")
+                    into.setdefault(model_id, set()).add(version)
+        resident, pinned, loading = ({m: frozenset(vs) for m, vs in kind.items()}
+                                     for kind in found)
+        return resident, pinned, loading
 
     def _count_events(self, stats: RuntimeStats) -> None:
         for load in stats.loads:
