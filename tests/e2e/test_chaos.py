@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -168,26 +167,3 @@ def dlq(tmp_path: Path, url: str, names: dict[str, str], *args: str
                            "--db", str(tmp_path / "dlq.sqlite3")],
                           env={**os.environ, **names}, cwd=ROOT, capture_output=True,
                           text=True, timeout=60)
-
-
-def test_pinned_models_are_preloaded_and_come_back_after_a_crash(tmp_path: Path) -> None:
-    repo = tmp_path / "repo"
-    shutil.copytree(ROOT / "examples" / "models" / "iris", repo / "iris")
-    manifest = repo / "iris" / "1" / "model.toml"
-    manifest.write_text(manifest.read_text() + "\n[fanout]\npinned = true\n")
-    proc, base = serve(tmp_path, repo=repo, env={"MODELFLEET_RUNTIME__PING_INTERVAL_S": "0.5",
-                                                 "MODELFLEET_WORKER__STATE_INTERVAL_S": "0.3"})
-    try:
-        def iris_resident() -> bool:
-            workers = httpx.get(f"{base}/v1/fleet").json()["workers"]
-            return bool(workers) and "iris" in workers[0]["resident"]["device"]
-
-        wait_for(iris_resident)  # with no request at all
-        before = metric_sum(base, "modelfleet_model_loads_total")
-        for victim in proc.runtimes():
-            os.kill(victim.pid, signal.SIGKILL)
-        wait_for(lambda: metric_sum(base, "modelfleet_runtime_restarts_total") >= 1)
-        wait_for(lambda: metric_sum(base, "modelfleet_model_loads_total") > before)
-        wait_for(iris_resident)  # loaded again onto the new runtime, still with no request
-    finally:
-        proc.stop()

@@ -103,10 +103,14 @@ class InProcessStarted:
 
     def __init__(self, service: RuntimeService, name: str) -> None:
         self._service = service
+        self._name = name
         self._runtime = InProcessRuntime(service, name)
         self._exit_code: int | None = None
         self._exited = asyncio.Event()
         self._watch = asyncio.create_task(self._until_stopped(), name=f"inprocess-{name}")
+        # A killed runtime's models are released in the background, as a killed
+        # process's memory is: predicts still running on threads cannot be stopped.
+        self.released: asyncio.Task[None] | None = None
 
     @property
     def runtime(self) -> InProcessRuntime:
@@ -128,25 +132,26 @@ class InProcessStarted:
         self._service.shutdown()
 
     async def kill(self) -> None:
-        """Like SIGKILL: calls in flight fail with ``RuntimeCrashed``, the models go."""
+        """Like SIGKILL: it is gone at once; calls in flight fail with ``RuntimeCrashed``."""
         if self._exit_code is None:
             self._exit_code = KILLED
         self._watch.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._watch
-        await self._end()
+        self._end()
 
     async def _until_stopped(self) -> None:
         await self._service.stopping.wait()
         if self._exit_code is None:
             self._exit_code = 0
-        await self._end()
+        self._end()
 
-    async def _end(self) -> None:
+    def _end(self) -> None:
         if self._exited.is_set():
             return
         self._runtime._fail_all(f"exited with {self._exit_code}")
-        await self._service.close()
+        self.released = asyncio.create_task(self._service.close(),
+                                            name=f"inprocess-release-{self._name}")
         self._exited.set()
 
 
@@ -155,6 +160,14 @@ class InProcessLauncher:
 
     def __init__(self) -> None:
         self.started: list[InProcessStarted] = []
+
+    async def close(self) -> None:
+        """Wait until every runtime it started has released its models."""
+        for started in self.started:
+            if started.exit_code is None:
+                await started.kill()
+        await asyncio.gather(*(s.released for s in self.started if s.released is not None),
+                             return_exceptions=True)
 
     async def launch(self, name: str, python: str, env: Mapping[str, str],
                      standby: bool = False) -> InProcessStarted:

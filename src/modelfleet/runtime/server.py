@@ -158,6 +158,7 @@ class SocketServer:
         self._service = service
         self._name = name
         self._tasks: set[asyncio.Task[None]] = set()
+        self._writers: set[asyncio.StreamWriter] = set()
 
     async def serve(self, socket_path: str) -> None:
         server = await asyncio.start_unix_server(self._connection, socket_path, limit=2**20)
@@ -167,15 +168,20 @@ class SocketServer:
         loop.add_signal_handler(signal.SIGINT, lambda: None)
         loop.add_signal_handler(signal.SIGTERM, self._service.stopping.set)
         log.info("runtime %s listening on %s (pid %d)", self._name, socket_path, os.getpid())
-        async with server:
+        try:
             await self._service.stopping.wait()
-        for task in list(self._tasks):
-            task.cancel()
-        await self._service.close()
+        finally:
+            server.close()
+            for task in list(self._tasks):
+                task.cancel()
+            for writer in list(self._writers):  # the coordinator sees us gone at once
+                writer.close()
+            await self._service.close()
 
     async def _connection(self, reader: asyncio.StreamReader,
                           writer: asyncio.StreamWriter) -> None:
         lock = asyncio.Lock()
+        self._writers.add(writer)
         try:
             while True:
                 frame = await read_frame(reader)
@@ -187,6 +193,8 @@ class SocketServer:
             self._service.stopping.set()
         except asyncio.CancelledError:
             return  # shutting down
+        finally:
+            self._writers.discard(writer)
 
     async def _answer(self, frame: Frame, writer: asyncio.StreamWriter,
                       lock: asyncio.Lock) -> None:

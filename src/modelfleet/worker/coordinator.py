@@ -543,8 +543,14 @@ class Coordinator:
                 await self._stop_pulling(runtime)
                 await self._hand_back(delivery, crashed.error, crashed.alone)
                 return
-            await self._reply_and_ack(delivery, reply)
             self._last_served[task.model_id] = self._clock()
+            if task.expired():
+                # Its caller's deadline passed while it ran (the runtime may have said so
+                # itself, at the same instant): nobody waits for a reply any more.
+                self._count_dropped(task)
+                await delivery.ack()
+                return
+            await self._reply_and_ack(delivery, reply)
             metrics.TASKS.labels(task.model_id, reply.status).inc()
             self._task_log.settled(task, reply)
         except BrokerUnavailable as exc:

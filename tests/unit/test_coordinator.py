@@ -1,0 +1,331 @@
+"""The coordinator in one process: the embedded broker, in-process runtimes, real handlers.
+
+Settlement, deadlines, the suspect gate and the crash hand-back, each observed as a
+caller or an operator would: by the replies in a gateway's inbox, the queues'
+counts, the dead-letter queue and the worker's metrics. A runtime "crash" here is
+``InProcessStarted.kill``: what a SIGKILL does to a runtime process as far as the
+coordinator can tell (every call in flight fails with RuntimeCrashed, the
+supervisor sees it end and starts another); tests/e2e/test_chaos.py kills real
+processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import pytest
+from prometheus_client import REGISTRY
+
+from modelfleet.broker.embedded import MemoryBroker
+from modelfleet.errors import DeadlineExceeded, InvalidInput
+from modelfleet.gateway.service import GatewayService
+from modelfleet.launch import open_repository
+from modelfleet.messages import PayloadRef, Reply, Task, now_ms
+from modelfleet.runtime.inprocess import InProcessLauncher
+from modelfleet.settings import Settings
+from modelfleet.worker.coordinator import Coordinator
+from modelfleet.worker.supervisor import RuntimeSupervisor
+from tests.procs import EXAMPLES, write_package
+
+# A model whose predict writes "start <text> <t>" and "end <text> <t>" lines to a log
+# beside it, sleeps for the number in its input ("slow 0.5"), and echoes the text.
+TIMED = '''
+    from __future__ import annotations
+
+    import time
+    from pathlib import Path
+
+    from modelfleet import Model, Request
+
+    class Timed(Model):
+        def load(self, ctx):
+            self.log = Path(ctx.package_dir).parent.parent / "calls.log"
+
+        async def preprocess(self, request: Request) -> str:
+            return request.text()
+
+        def predict(self, batch):
+            out = []
+            for text in batch:
+                with self.log.open("a") as log:
+                    log.write(f"start {text} {time.monotonic()}\\n")
+                parts = text.split()
+                time.sleep(float(parts[1]) if len(parts) > 1 else 0.0)
+                with self.log.open("a") as log:
+                    log.write(f"end {text} {time.monotonic()}\\n")
+                out.append({"echo": text})
+            return out
+'''
+MANIFEST = '''
+    name = "{name}"
+    version = "1"
+    entrypoint = "handler:Timed"
+    accepts = ["text/plain"]
+    [batching]
+    max_batch_size = 1
+'''
+
+
+def sample(name: str, labels: dict[str, str]) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+@dataclass
+class Worker:
+    broker: MemoryBroker
+    coordinator: Coordinator
+    supervisor: RuntimeSupervisor
+    launcher: InProcessLauncher
+    inbox_address: str
+    replies: asyncio.Queue[Reply]
+    calls_log: Path
+
+    def task(self, text: str, deadline_s: float = 10, model: str = "timed") -> Task:
+        body = text.encode()
+        return Task(uuid.uuid4().hex, model, "1", now_ms() + int(deadline_s * 1000),
+                    self.inbox_address, PayloadRef("inline", data=body, size_bytes=len(body)),
+                    "text/plain", now_ms())
+
+    async def publish(self, task: Task) -> None:
+        """As a gateway does: the task on its queue, then the model's demand announced."""
+        await self.broker.publish_task(task)
+        await self.broker.publish_event({"kind": "demand", "model_id": task.model_id,
+                                         "at": time.time()})
+
+    async def reply(self, timeout_s: float = 20) -> Reply:
+        return await asyncio.wait_for(self.replies.get(), timeout_s)
+
+    def calls(self) -> list[tuple[str, str, float]]:
+        """(start|end, text, monotonic time) for every predict call so far."""
+        if not self.calls_log.exists():
+            return []
+        lines = [line.rsplit(" ", 1) for line in self.calls_log.read_text().splitlines()]
+        return [(head.split(" ", 1)[0], head.split(" ", 1)[1], float(at))
+                for head, at in lines]
+
+    async def started(self, text: str, count: int = 1, timeout_s: float = 20) -> None:
+        """Wait until predict has started on ``text`` ``count`` times."""
+        deadline = time.monotonic() + timeout_s
+        while sum(1 for kind, t, _ in self.calls() if kind == "start" and t == text) < count:
+            assert time.monotonic() < deadline, f"predict never started on {text!r}"
+            await asyncio.sleep(0.02)
+
+    async def kill_runtime(self) -> None:
+        [live] = [s for s in self.launcher.started if s.exit_code is None]
+        await live.kill()
+
+
+@pytest.fixture
+async def worker(tmp_path: Path) -> AsyncIterator[Worker]:
+    repo = tmp_path / "repo"
+    write_package(repo, "timed", MANIFEST.format(name="timed"), TIMED)
+    write_package(repo, "other", MANIFEST.format(name="other"), TIMED)  # same runtime
+    write_package(repo, "pinned", MANIFEST.format(name="pinned") + "[fanout]\npinned = true\n",
+                  TIMED)
+    settings = Settings(repo=str(repo), state_dir=tmp_path / "state", broker={
+        "url": "memory", "delivery_limit": 1}, worker={
+        "worker_id": "w-test", "permits": 4, "rescore_interval_s": 0.1,
+        "state_interval_s": 0.2, "standby_keep_s": 0, "restart_backoff_max_s": 0.2},
+        runtime={"ping_interval_s": 0.1})
+    broker = MemoryBroker(settings.broker)
+    await broker.connect()
+    store, catalog = open_repository(settings)
+    launcher = InProcessLauncher()
+    supervisor = RuntimeSupervisor(settings, catalog, store, launcher=launcher)
+    coordinator = Coordinator(settings, broker, catalog, supervisor)
+    inbox = await broker.open_inbox()
+    replies: asyncio.Queue[Reply] = asyncio.Queue()
+
+    async def collect() -> None:
+        async for reply in inbox:
+            replies.put_nowait(reply)
+
+    collector = asyncio.create_task(collect())
+    await coordinator.start()
+    try:
+        yield Worker(broker, coordinator, supervisor, launcher, inbox.address, replies,
+                     repo / "calls.log")
+    finally:
+        await coordinator.stop()
+        await launcher.close()
+        await inbox.close()
+        await collector
+        await broker.close()
+
+
+async def settled(broker: MemoryBroker, model: str, timeout_s: float = 10) -> None:
+    """Wait until the model's queue has nothing ready and nothing unacked."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        stats = await broker.queue_stats([model])
+        queue = broker._queues.get(f"model.{model}")
+        unacked = queue.unacked if queue is not None else 0
+        if (model not in stats or stats[model].backlog == 0) and unacked == 0:
+            return
+        assert time.monotonic() < deadline, f"{model}: {stats}, {unacked} unacked"
+        await asyncio.sleep(0.02)
+
+
+async def test_a_task_is_answered_stamped_by_the_worker_and_acked(worker: Worker) -> None:
+    task = worker.task("hello")
+    await worker.publish(task)
+    reply = await worker.reply()
+    assert (reply.request_id, reply.status) == (task.request_id, "ok")
+    assert reply.body == b'{"echo":"hello"}' and reply.cold
+    assert reply.worker_id == "w-test"  # stamped in the runtime, given with the task
+    assert reply.timings_ms["queue_wait"] >= 0 and "predict" in reply.timings_ms
+    await settled(worker.broker, "timed")
+    again = worker.task("again")
+    await worker.publish(again)
+    assert not (await worker.reply()).cold
+
+
+async def test_a_task_past_its_deadline_is_dropped_unanswered(worker: Worker) -> None:
+    before = sample("modelfleet_worker_expired_tasks_total", {"model": "timed"})
+    expired = worker.task("late", deadline_s=-1)
+    live = worker.task("live")
+    await worker.publish(expired)
+    await worker.publish(live)
+    assert (await worker.reply()).request_id == live.request_id
+    await settled(worker.broker, "timed")  # acked, not left for another worker
+    assert worker.replies.empty()  # nobody waits for the late one: no reply is sent
+    assert ("start", "late") not in {(k, t) for k, t, _ in worker.calls()}
+    assert sample("modelfleet_worker_expired_tasks_total", {"model": "timed"}) == before + 1
+
+
+async def test_a_deadline_that_passes_mid_predict_drops_the_task(worker: Worker) -> None:
+    await worker.publish(worker.task("slow 1.0", deadline_s=0.5))
+    await worker.started("slow 1.0")
+    await settled(worker.broker, "timed")  # acked at the deadline: it does not come back
+    await asyncio.sleep(1.0)
+    assert worker.replies.empty()
+    assert [k for k, t, _ in worker.calls() if t == "slow 1.0"].count("start") == 1
+
+
+async def test_a_suspect_task_runs_alone_on_its_runtime(worker: Worker) -> None:
+    """Two models on one runtime: their predicts overlap, except beside a suspect task."""
+    for model in ("timed", "other"):
+        await worker.publish(worker.task("warm", model=model))
+        await worker.reply()  # loaded: what follows is about running, not loading
+    await worker.publish(worker.task("together-a 0.4", model="other"))
+    await worker.publish(worker.task("together-b 0.4"))
+    await worker.reply()
+    await worker.reply()
+    await worker.publish(worker.task("before 0.4", model="other"))
+    await worker.started("before 0.4")
+    # It was on a runtime that crashed: it may be the cause, so it runs alone.
+    await worker.publish(replace(worker.task("suspect 0.4"), crashes=1))
+    await worker.publish(worker.task("after 0.4", model="other"))
+    texts = {(await worker.reply()).body for _ in range(3)}
+    assert texts == {b'{"echo":"before 0.4"}', b'{"echo":"suspect 0.4"}',
+                     b'{"echo":"after 0.4"}'}
+    starts = {t: at for kind, t, at in worker.calls() if kind == "start"}
+    ends = {t: at for kind, t, at in worker.calls() if kind == "end"}
+    # Without a suspect, the two models ran side by side...
+    assert starts["together-b 0.4"] < ends["together-a 0.4"] and \
+        starts["together-a 0.4"] < ends["together-b 0.4"]
+    # ...the suspect waited for the task already running, and nothing ran beside it.
+    assert starts["suspect 0.4"] >= ends["before 0.4"]
+    assert starts["after 0.4"] >= ends["suspect 0.4"]
+
+
+async def test_a_crash_hands_the_task_back_and_the_restarted_runtime_answers(
+        worker: Worker) -> None:
+    handed_back = sample("modelfleet_worker_tasks_handed_back_total", {"model": "timed"})
+    task = worker.task("victim 1.0")
+    await worker.publish(task)
+    await worker.started("victim 1.0")
+    await worker.kill_runtime()
+    reply = await worker.reply(timeout_s=30)
+    assert (reply.request_id, reply.status) == (task.request_id, "ok")
+    assert [k for k, t, _ in worker.calls() if t == "victim 1.0"].count("start") == 2
+    assert sample("modelfleet_worker_tasks_handed_back_total", {"model": "timed"}) \
+        == handed_back + 1
+    assert worker.supervisor.shared[0].restarts == 1
+    await settled(worker.broker, "timed")
+
+
+async def test_a_task_that_crashes_its_runtime_alone_each_time_is_dead_lettered(
+        worker: Worker) -> None:
+    """delivery_limit is 1 here: the second solo crash is evidence enough."""
+    poison = worker.task("poison 3.0", deadline_s=60)
+    await worker.publish(poison)
+    for attempt in (1, 2):
+        await worker.started("poison 3.0", count=attempt)
+        await worker.kill_runtime()
+    reply = await worker.reply(timeout_s=30)
+    assert (reply.request_id, reply.status, reply.error_code) == \
+        (poison.request_id, "error", "runtime_crashed")
+    assert "dead-lettered" in reply.error_message and "alone" in reply.error_message
+    dead = await worker.broker.subscribe_dead_letters(prefetch=1)
+    letter = await asyncio.wait_for(anext(aiter(dead)), 5)
+    assert letter.task.request_id == poison.request_id
+    assert letter.death_reason.startswith("runtime_crashed: crashed its runtime alone")
+    await letter.ack()
+    await dead.cancel()
+    # The runtime came back and serves the next task.
+    await worker.publish(worker.task("next"))
+    assert (await worker.reply(timeout_s=30)).status == "ok"
+
+
+async def eventually(check: object, timeout_s: float = 20) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "condition not reached"
+        await asyncio.sleep(0.05)
+
+
+async def test_pinned_models_are_preloaded_and_come_back_after_a_crash(worker: Worker) -> None:
+    def pinned_resident() -> bool:
+        return "pinned" in worker.coordinator.state()["resident"]["device"]
+
+    await eventually(pinned_resident)  # with no request at all
+    assert worker.calls() == []  # loaded, never run
+    await worker.kill_runtime()
+    await eventually(lambda: worker.supervisor.shared[0].restarts == 1
+                     and worker.supervisor.shared[0].ready)
+    [_, restarted] = worker.launcher.started  # the new runtime came back empty...
+    deadline = time.monotonic() + 20
+    while "pinned" not in (await restarted.runtime.stats()).pinned:  # ...and got the pin back
+        assert time.monotonic() < deadline, "the pin never came back"
+        await asyncio.sleep(0.05)
+    await eventually(pinned_resident)
+    assert worker.calls() == []  # all of it unasked
+    state = worker.coordinator.state()
+    assert state["runtimes"] == [{"name": "runtime-0", "state": "ready", "restarts": 1}]
+
+
+async def test_a_gateway_and_a_worker_in_one_process_answer_and_refuse(tmp_path: Path) -> None:
+    """GatewayService, Coordinator and a runtime on one event loop: the whole request path."""
+    settings = Settings(repo=str(EXAMPLES), state_dir=tmp_path, worker={"worker_id": "w1"})
+    broker = MemoryBroker(settings.broker)
+    await broker.connect()
+    store, catalog = open_repository(settings)
+    launcher = InProcessLauncher()
+    service = GatewayService(settings, broker, catalog, runtimes_local=True)
+    coordinator = Coordinator(settings, broker, catalog,
+                              RuntimeSupervisor(settings, catalog, store, launcher=launcher))
+    await service.start()
+    await coordinator.start()
+    try:
+        answer = await service.infer("iris", None, b'{"features": [5.1, 3.5, 1.4, 0.2]}',
+                                     "application/json", now_ms() + 30_000, {})
+        assert json.loads(answer.body)["class"] == "setosa"
+        assert answer.reply.worker_id == "w1" and answer.reply.cold
+        with pytest.raises(InvalidInput):
+            await service.infer("iris", None, b'{"features": [1]}', "application/json",
+                                now_ms() + 30_000, {})
+        with pytest.raises(DeadlineExceeded):
+            await service.infer("slowload", None, b'{"n": 1}', "application/json",
+                                now_ms() + 300, {})
+    finally:
+        await coordinator.stop()
+        await launcher.close()
+        await service.stop()
+        await broker.close()

@@ -1,0 +1,121 @@
+"""The runtime seam in one process: frames, and SocketRuntime against the real SocketServer.
+
+The server side is the runtime process's own code (``SocketServer`` over a
+``RuntimeService``) listening on a real Unix socket; only the process is missing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import tempfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from modelfleet.errors import ModelNotFound, RuntimeCrashed
+from modelfleet.ipc.framing import MAX_FRAME_BYTES, pack_frame, read_frame
+from modelfleet.ipc.protocol import InferCall
+from modelfleet.ipc.socket_runtime import SocketRuntime
+from modelfleet.messages import PayloadRef, Task, decode_reply, encode_task, now_ms
+from modelfleet.runtime.server import RuntimeService, SocketServer
+from modelfleet.settings import Settings
+from tests.procs import EXAMPLES
+
+
+def reader_of(data: bytes) -> asyncio.StreamReader:
+    reader = asyncio.StreamReader()
+    reader.feed_data(data)
+    reader.feed_eof()
+    return reader
+
+
+async def test_a_frame_carries_its_body_untouched() -> None:
+    body = bytes(range(256)) * 10
+    frame = await read_frame(reader_of(pack_frame({"id": 7, "op": "infer"}, body)))
+    assert frame.header == {"id": 7, "op": "infer"} and frame.body == body
+    empty = await read_frame(reader_of(pack_frame({"id": 8})))
+    assert empty.body == b""
+
+
+@pytest.mark.parametrize("raw, problem", [
+    ((MAX_FRAME_BYTES + 1).to_bytes(4, "big") + (1).to_bytes(4, "big"), "exceeds"),
+    ((10).to_bytes(4, "big") + (50).to_bytes(4, "big") + b"\x80" * 6, "overruns"),
+    ((5).to_bytes(4, "big") + (1).to_bytes(4, "big") + b"\x01", "not a map"),
+])
+async def test_malformed_frames_are_refused(raw: bytes, problem: str) -> None:
+    with pytest.raises(ValueError, match=problem):
+        await read_frame(reader_of(raw))
+
+
+async def test_a_truncated_frame_is_an_incomplete_read() -> None:
+    whole = pack_frame({"id": 1}, b"x" * 100)
+    with pytest.raises(asyncio.IncompleteReadError):
+        await read_frame(reader_of(whole[:-10]))
+
+
+@contextlib.asynccontextmanager
+async def served() -> AsyncIterator[tuple[SocketRuntime, RuntimeService, asyncio.Task[None]]]:
+    with tempfile.TemporaryDirectory() as folder:
+        path = str(Path(folder) / "rt.sock")
+        service = RuntimeService(Settings(repo=str(EXAMPLES), state_dir=Path(folder)))
+        server = asyncio.create_task(SocketServer(service, "rt").serve(path))
+        for _ in range(200):
+            if os.path.exists(path):  # noqa: ASYNC240 -- a test's wait for the socket
+                break
+            await asyncio.sleep(0.01)
+        runtime = await SocketRuntime.connect(path, "rt")
+        try:
+            yield runtime, service, server
+        finally:
+            await runtime.close()
+            service.stopping.set()
+            await asyncio.wait_for(server, 10)
+
+
+def iris_task() -> bytes:
+    body = b'{"features": [5.1, 3.5, 1.4, 0.2]}'
+    return encode_task(Task("r1", "iris", "1", now_ms() + 30_000, "inbox.x",
+                            PayloadRef("inline", data=body, size_bytes=len(body)),
+                            "application/json", now_ms()))
+
+
+async def test_socket_runtime_round_trip_with_typed_results() -> None:
+    async with served() as (runtime, _, _):
+        health = await runtime.health(timeout_s=5)
+        assert health.pid > 0 and health.loading == ()
+        reply = await runtime.infer(InferCall(iris_task(), 0, ("application/json",), "w9",
+                                              4.0), timeout_s=30)
+        assert (reply.request_id, reply.status) == ("r1", "ok")
+        decoded = decode_reply(reply.data)
+        assert decoded.worker_id == "w9" and decoded.timings_ms["queue_wait"] == 4.0
+        assert b"setosa" in decoded.body
+        stats = await runtime.stats(timeout_s=5)
+        assert stats.device == ("iris",) and [load.model_id for load in stats.loads] == ["iris"]
+        assert stats.device_used_bytes > 0
+        assert await runtime.unload("iris", timeout_s=5) is True
+        assert (await runtime.stats(timeout_s=5)).device == ()
+        assert await runtime.unload("iris", timeout_s=5) is False
+
+
+async def test_errors_come_back_as_their_own_types() -> None:
+    async with served() as (runtime, _, _):
+        with pytest.raises(ModelNotFound):
+            await runtime.load("no-such-model", "1", timeout_s=10)
+        await runtime.load("iris", "1", pinned=True, timeout_s=30)  # the connection is fine
+        assert (await runtime.stats(timeout_s=5)).pinned == ("iris",)
+
+
+async def test_calls_in_flight_fail_when_the_runtime_goes_away() -> None:
+    async with served() as (runtime, service, server):
+        slow = asyncio.create_task(runtime.load("slowload", "1", timeout_s=30))
+        await asyncio.sleep(0.3)  # the load (3 s) is under way
+        service.stopping.set()  # the runtime stops serving and closes its socket
+        await asyncio.wait_for(server, 10)
+        with pytest.raises(RuntimeCrashed):
+            await asyncio.wait_for(slow, 10)
+        assert runtime.closed
+        with pytest.raises(RuntimeCrashed):
+            await runtime.health(timeout_s=1)
