@@ -10,7 +10,9 @@ keep it for the README).
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import re
 import shutil
 import time
 from collections.abc import Callable, Iterator
@@ -22,7 +24,7 @@ import pytest
 from PIL import Image
 
 from tests.browser import dump_dom, screenshot
-from tests.procs import Proc, serve
+from tests.procs import ROOT, Proc, serve
 
 pytestmark = pytest.mark.timeout(240)
 SLOW_LOAD_S = 12  # the held-up load the backlog waits behind
@@ -134,3 +136,21 @@ def test_the_page_shows_the_fleet_the_backlog_and_the_load_rate(
     keep = os.environ.get("MODELFLEET_DASHBOARD_SCREENSHOT")
     if keep:
         shutil.copyfile(shot, keep)
+
+
+def test_grafana_panels_query_what_a_running_serve_exports(fleet: tuple[Proc, str]) -> None:
+    _, base = fleet
+    exported = set()
+    for line in httpx.get(f"{base}/metrics", timeout=10).text.splitlines():
+        match = re.match(r"^(modelfleet_[a-z0-9_]+)(\{.*\})? ", line)
+        if match:
+            exported.add(match.group(1))
+        elif line.startswith("# TYPE modelfleet_"):
+            exported.add(line.split()[2])
+    dashboard = json.loads((ROOT / "deploy" / "grafana" / "modelfleet-fleet.json").read_text())
+    used = {name for panel in dashboard["panels"] for target in panel.get("targets", [])
+            for name in re.findall(r"\bmodelfleet_[a-z0-9_]+", target["expr"])}
+    # A histogram's or counter's series names add a suffix to its TYPE name.
+    missing = {name for name in used if name not in exported
+               and re.sub(r"_(bucket|count|sum|total)$", "", name) not in exported}
+    assert not missing, f"not on a running serve's /metrics: {missing}"
