@@ -19,6 +19,7 @@ asks for the key as a user name), 403 for a role too low,
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -161,6 +162,9 @@ async def tenant_gate(settings: Settings, catalog: Catalog, embedded: bool
                       tenancy.metric_tenants_max)
     log.info("auth on: keys and usage in %s; limits %s", store.location,
              "in this process" if embedded else "shared through Redis")
+    if not await asyncio.to_thread(store.keys):
+        log.warning("auth on and no API key exists yet: make one with 'modelfleet keys create "
+                    "--tenant NAME [--role admin] --db %s'", store.location)
     try:
         yield gate
     finally:
