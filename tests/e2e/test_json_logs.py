@@ -43,5 +43,8 @@ def test_one_request_line_and_one_task_line_per_request(tmp_path: Path) -> None:
     assert "predict" in task["timings_ms"]
     failed = tasks[requests[1]["request_id"]]
     assert (failed["status"], failed["error_code"]) == ("error", "invalid_input")
+    # A failure reply still carries the worker's phases to the gateway's line.
+    assert requests[1]["worker"] == failed["worker"]
+    assert "queue_wait" in requests[1]["timings_ms"]
     assert requests[2]["request_id"] == ""  # refused before it was parked: no task
     assert "5.123456" not in proc.log()

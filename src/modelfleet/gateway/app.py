@@ -35,7 +35,7 @@ from modelfleet.gateway.http import STATUS_BY_CODE, error_body, error_response
 from modelfleet.gateway.inflight import RequestTimeout
 from modelfleet.gateway.observe import RequestObserver, RequestRecord
 from modelfleet.gateway.oip import oip_router
-from modelfleet.gateway.parking import PARKED_REQUEST_ID
+from modelfleet.gateway.parking import PARKED_REPLY, PARKED_REQUEST_ID
 from modelfleet.gateway.service import GatewayService
 from modelfleet.repository.manifest import CONTENT_TYPES
 
@@ -97,6 +97,7 @@ def create_app(service: GatewayService, readiness: list[ReadinessCheck] | None =
         status = 500
         outcome, reply, resolved = "internal_error", None, version or ""
         PARKED_REQUEST_ID.set("")
+        PARKED_REPLY.set(None)
         try:
             async with service.requests.track() as guard:
                 manifest = service.catalog.get(model).version(version)
@@ -124,7 +125,7 @@ def create_app(service: GatewayService, readiness: list[ReadinessCheck] | None =
             return error_response(exc)
         except ModelfleetError as exc:
             status, outcome = STATUS_BY_CODE.get(exc.code, 500), exc.code
-            reply = getattr(exc, "reply", None)  # a worker's failure reply, when one came
+            reply = PARKED_REPLY.get()  # a worker's failure reply, when one came
             if isinstance(exc, RequestTimeout):
                 metrics.READ_TIMEOUTS.labels("body").inc()
             return error_response(exc)
