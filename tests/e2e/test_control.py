@@ -7,6 +7,8 @@ request, and a version that fails to load never takes the route.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import textwrap
 import threading
 import time
@@ -19,7 +21,7 @@ import httpx
 import pytest
 
 from tests.conftest import rabbitmq_url, require_rabbitmq
-from tests.procs import Proc, gateway, serve, worker
+from tests.procs import ROOT, Proc, gateway, serve, worker
 
 MiB = 1024 * 1024
 FAST = {"MODELFLEET_WORKER__STATE_INTERVAL_S": "0.3",
@@ -169,6 +171,8 @@ def test_load_errors_say_why(versioned: Path, repo: Path, served: str) -> None:
     assert control(served, "m", "load", workers=5).status_code == 503  # one worker here
     assert control(served, "m", "load", workers=0).status_code == 400
     assert control(served, "m", "load", version="7").status_code == 404
+    config = control(served, "m", "load", config="{}")
+    assert config.status_code == 400 and "model.toml" in config.json()["error"]
 
 
 def test_unload_refuses_until_load_restores(versioned: Path, served: str) -> None:
@@ -240,6 +244,26 @@ def test_a_version_that_fails_to_load_never_takes_the_route(versioned: Path, rep
     explicit = control(served, "m", "load", version="2")
     assert explicit.status_code == 500 and "is broken" in explicit.json()["error"]
     assert infer(served, "m").json()["version"] == "1"
+
+
+def test_an_unmodified_tritonclient_script_lists_loads_infers_and_unloads(
+        tmp_path: Path) -> None:
+    proc, base = serve(tmp_path)  # examples/models, as `make serve` does
+    try:
+        run = subprocess.run([sys.executable, str(ROOT / "examples" / "tritonclient_control.py"),
+                              base.removeprefix("http://")],
+                             capture_output=True, text=True, timeout=180)
+    finally:
+        proc.stop()
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    assert lines[0].startswith("index: ") and "iris READY" in lines[0]
+    assert lines[1] == "loaded: iris ready = True"
+    assert lines[2].startswith("metadata: [('features', 'FP32', [-1, 4])]")
+    assert lines[3] == "infer: ['setosa', 'virginica']"
+    assert lines[4] == "unloaded: iris ready = False"
+    assert lines[5].startswith("refused: model 'iris' was unloaded")
+    assert lines[6] == "loaded again: iris ready = True"
 
 
 # -- RabbitMQ: two gateways, two workers ------------------------------------------------------

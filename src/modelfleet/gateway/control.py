@@ -46,6 +46,12 @@ def control_router(service: GatewayService) -> APIRouter:
     async def load(model: str, request: Request) -> Response:
         try:
             params = await _parameters(request)
+            unknown = sorted(set(params) - {"workers", "version", "pinned"})
+            if unknown:  # e.g. tritonclient's config= or files=: not how models are made here
+                raise RequestRejected(
+                    f"load takes the parameters workers, version and pinned; not "
+                    f"{', '.join(unknown)} (a model's configuration is its model.toml in the "
+                    "repository)")
             workers = _positive_int(params.get("workers", 1), "workers")
             version = params.get("version")
             if version is not None and not isinstance(version, str | int):
