@@ -41,6 +41,7 @@ from modelfleet.redaction import secure_logging
 from modelfleet.repository import Catalog, ModelStore, open_store
 from modelfleet.repository.catalog import model_of_location
 from modelfleet.settings import Settings
+from modelfleet.tenancy.plans import with_plans_file
 from modelfleet.worker.coordinator import Coordinator
 from modelfleet.worker.health import create_health_app
 from modelfleet.worker.supervisor import RuntimeSupervisor
@@ -203,6 +204,7 @@ def _dead_letters_archived(broker: Broker, settings: Settings
 
 
 async def serve(settings: Settings) -> None:
+    settings = with_plans_file(settings)  # a plans file's fan-out and priorities
     _secure_logs(settings)
     store, catalog = open_repository(settings)
     with _listen(settings.gateway.host, settings.gateway.port) as listener:
@@ -262,6 +264,7 @@ async def gateway(settings: Settings) -> None:
 
 
 async def worker(settings: Settings, host: str, port: int) -> None:
+    settings = with_plans_file(settings)  # a plans file's fan-out and priorities
     _secure_logs(settings)
     store, catalog = open_repository(settings)
     with _listen(host, port) as listener:

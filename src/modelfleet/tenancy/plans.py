@@ -17,10 +17,14 @@ from __future__ import annotations
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from modelfleet.errors import ConfigError
+
+if TYPE_CHECKING:
+    from modelfleet.settings import Settings
 
 
 class Plan(BaseModel):
@@ -76,3 +80,19 @@ def _first_problem(exc: Exception) -> str:
         first = exc.errors()[0]
         return f"field '{'.'.join(map(str, first['loc']))}': {first['msg']}"
     return str(exc)
+
+
+def with_plans_file(settings: Settings) -> Settings:
+    """``settings`` whose queue scoring uses the plans file's fan-out multipliers and
+    priorities (for workers: a plans file that changes ``pro`` changes its queues too).
+    Without a plans file, unchanged (the built-in plans match the scoring defaults)."""
+    if not settings.tenancy.plans_file:
+        return settings
+    plans = load_plans(settings.tenancy.plans_file)
+    scoring = settings.scheduling
+    return settings.model_copy(update={"scheduling": scoring.model_copy(update={
+        "plan_fanout_multiplier": {**scoring.plan_fanout_multiplier,
+                                   **{name: p.fanout_multiplier for name, p in plans.items()}},
+        "plan_priority": {**scoring.plan_priority,
+                          **{name: p.priority for name, p in plans.items()}},
+    })})
