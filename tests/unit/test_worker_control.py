@@ -1,0 +1,238 @@
+"""The worker's control agent in one process: the embedded broker, in-process runtimes.
+
+Pins follow versions (the leak: a pinned model's new version was never preloaded
+while the old one was resident, and the old one stayed pinned for good); an unload
+drops the model and refuses its queued tasks; a failed load is answered with why and
+announced, so that the version never takes the route. The test plays the gateway:
+it publishes control commands and reads results and announcements on the event
+channel, as gateway/control_plane.py does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import textwrap
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from modelfleet.broker.embedded import MemoryBroker
+from modelfleet.control import Command, Revision
+from modelfleet.control.commands import Action
+from modelfleet.ipc.protocol import RuntimeStats
+from modelfleet.launch import open_repository
+from modelfleet.messages import PayloadRef, Reply, Task, now_ms
+from modelfleet.repository import Catalog, ModelStore
+from modelfleet.runtime.inprocess import InProcessLauncher
+from modelfleet.settings import Settings
+from modelfleet.worker.coordinator import Coordinator
+from modelfleet.worker.supervisor import RuntimeSupervisor
+
+HANDLER = '''\
+from modelfleet import Model
+
+
+class Echo(Model):
+    def load(self, ctx):
+        if {fail}:
+            raise RuntimeError("version {version} does not load")
+        self.version = ctx.version
+
+    def predict(self, batch):
+        return [{{"version": self.version}} for _ in batch]
+'''
+
+
+def add_version(repo: Path, name: str, version: str, pinned: bool = False,
+                fail: bool = False) -> None:
+    folder = repo / name / version
+    folder.mkdir(parents=True)
+    (folder / "model.toml").write_text(textwrap.dedent(f"""\
+        name = "{name}"
+        version = "{version}"
+        entrypoint = "handler:Echo"
+        accepts = ["application/json"]
+        [fanout]
+        pinned = {"true" if pinned else "false"}
+        """))
+    (folder / "handler.py").write_text(HANDLER.format(fail=fail, version=version))
+
+
+@dataclass
+class Worker:
+    broker: MemoryBroker
+    coordinator: Coordinator
+    supervisor: RuntimeSupervisor
+    catalog: Catalog
+    store: ModelStore
+    repo: Path
+    events: list[dict[str, Any]]
+    replies: asyncio.Queue[Reply]
+    inbox: str
+
+    def refresh(self) -> None:
+        """What the repository refresh does: the catalog swapped for a fresh read."""
+        self.catalog.replace_with(Catalog.from_store(self.store))
+
+    async def stats(self) -> RuntimeStats:
+        runtime = self.supervisor.shared[0].runtime
+        assert runtime is not None
+        return await runtime.stats()
+
+    async def command(self, action: Action, model: str, version: str = "",
+                      workers: tuple[str, ...] = ("w-test",)) -> dict[str, Any]:
+        """Publish a command as a gateway does; returns this worker's result event."""
+        command = Command(uuid.uuid4().hex, model, action, Revision(time.time(), "gw-test"),
+                          version, workers)
+        await self.broker.publish_event(command.event())
+        return await eventually(lambda: next(
+            (e for e in self.events if e.get("kind") == "control_result"
+             and e["command_id"] == command.command_id), None))
+
+    def announced(self) -> dict[str, Any] | None:
+        mine = [e for e in self.events if e.get("kind") == "worker_control"]
+        return mine[-1] if mine else None
+
+
+async def eventually(check: Callable[[], Any], timeout_s: float = 20) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while not (value := check()):
+        assert time.monotonic() < deadline, "condition not reached"
+        await asyncio.sleep(0.05)
+    return value
+
+
+async def until(check: Callable[[], Any], timeout_s: float = 20) -> Any:
+    """``eventually`` for an async check."""
+    deadline = time.monotonic() + timeout_s
+    while not (value := await check()):
+        assert time.monotonic() < deadline, "condition not reached"
+        await asyncio.sleep(0.05)
+    return value
+
+
+@pytest.fixture
+async def repo(tmp_path: Path) -> Path:
+    root = tmp_path / "repo"
+    root.mkdir()
+    return root
+
+
+@pytest.fixture
+async def worker(tmp_path: Path, repo: Path) -> AsyncIterator[Worker]:
+    settings = Settings(repo=str(repo), state_dir=tmp_path / "state", broker={"url": "memory"},
+                        worker={"worker_id": "w-test", "rescore_interval_s": 0.1,
+                                "state_interval_s": 0.2, "standby_keep_s": 0},
+                        runtime={"ping_interval_s": 0.1},
+                        control={"announce_interval_s": 0.1, "drain_s": 0.5})
+    broker = MemoryBroker(settings.broker)
+    await broker.connect()
+    store, catalog = open_repository(settings)
+    launcher = InProcessLauncher()
+    supervisor = RuntimeSupervisor(settings, catalog, store, launcher=launcher)
+    coordinator = Coordinator(settings, broker, catalog, supervisor)
+    inbox = await broker.open_inbox()
+    events: list[dict[str, Any]] = []
+    replies: asyncio.Queue[Reply] = asyncio.Queue()
+
+    async def listen() -> None:
+        async for event in broker.events():
+            events.append(event)
+
+    async def collect() -> None:
+        async for reply in inbox:
+            replies.put_nowait(reply)
+
+    loops = [asyncio.create_task(listen()), asyncio.create_task(collect())]
+    await asyncio.sleep(0)
+    await coordinator.start()
+    try:
+        yield Worker(broker, coordinator, supervisor, catalog, store, repo, events, replies,
+                     inbox.address)
+    finally:
+        await coordinator.stop()
+        await launcher.close()
+        await inbox.close()
+        for loop in loops:
+            loop.cancel()
+        await asyncio.gather(*loops, return_exceptions=True)
+        await broker.close()
+
+
+@pytest.fixture
+def pinned_repo(repo: Path) -> Path:
+    add_version(repo, "p", "1", pinned=True)
+    return repo
+
+
+async def test_a_pinned_models_new_version_is_preloaded_and_the_old_pin_released(
+        pinned_repo: Path, worker: Worker) -> None:
+    await until(lambda: worker_stats_has(worker, "pinned_versions", ("p@1",)))
+    add_version(worker.repo, "p", "2", pinned=True)
+    worker.refresh()
+    # Preloaded, pinned, while version 1 is still resident (the leak kept it out)...
+    both = await until(lambda: worker_stats_has(worker, "resident_versions", ("p@1", "p@2")))
+    assert "p@2" in both.pinned_versions
+    # ...then version 1 is unpinned and, after its drain, released: one pin, not two.
+    final = await until(lambda: worker_stats_has(worker, "resident_versions", ("p@2",)))
+    assert final.pinned_versions == ("p@2",)
+
+
+async def worker_stats_has(worker: Worker, field: str, keys: tuple[str, ...]
+                           ) -> RuntimeStats | None:
+    if worker.supervisor.shared[0].runtime is None:
+        return None
+    stats = await worker.stats()
+    return stats if getattr(stats, field) == keys else None
+
+
+async def test_unload_drops_the_model_and_refuses_what_was_queued(repo: Path,
+                                                                 worker: Worker) -> None:
+    add_version(repo, "m", "1")
+    worker.refresh()
+    loaded = await worker.command("load", "m", "1")
+    assert loaded["ok"], loaded
+    assert "m@1" in (await worker.stats()).resident_versions
+    unloaded = await worker.command("unload", "m")
+    assert unloaded["ok"]
+    assert (await worker.stats()).resident_versions == ()
+    task = Task(uuid.uuid4().hex, "m", "1", now_ms() + 10_000, worker.inbox,
+                PayloadRef("inline", data=b"{}", size_bytes=2), "application/json", now_ms())
+    await worker.broker.publish_task(task)
+    await worker.broker.publish_event({"kind": "demand", "model_id": "m", "at": time.time()})
+    reply = await asyncio.wait_for(worker.replies.get(), 20)
+    assert reply.status == "error" and reply.error_code == "model_unavailable"
+    await eventually(lambda: (a := worker.announced()) is not None
+                     and a["control"]["m"]["loaded"][0] is False)
+    assert (await worker.command("load", "m", "1"))["ok"]
+    assert "m@1" in (await worker.stats()).resident_versions
+
+
+async def test_a_failed_load_is_answered_with_why_and_announced(repo: Path,
+                                                                worker: Worker) -> None:
+    add_version(repo, "m", "1")
+    add_version(repo, "m", "2", fail=True)
+    worker.refresh()
+    result = await worker.command("load", "m", "2")
+    assert not result["ok"] and "version 2 does not load" in result["message"]
+    assert result["code"] == "model_load_failed"
+    announced = await eventually(lambda: (a := worker.announced()) and a["failed"] and a)
+    assert announced["failed"] == {"m": ["2"]}
+    assert worker.coordinator.control.route("m") == "1"
+
+
+async def test_commands_for_other_workers_are_recorded_not_carried_out(
+        repo: Path, worker: Worker) -> None:
+    add_version(repo, "m", "1")
+    worker.refresh()
+    command = Command(uuid.uuid4().hex, "m", "pin", Revision(time.time(), "gw"), "",
+                      ("w-other",))
+    await worker.broker.publish_event(command.event())
+    await eventually(lambda: worker.coordinator.control.pinned("m"))
+    await asyncio.sleep(0.3)
+    assert not [e for e in worker.events if e.get("kind") == "control_result"]
