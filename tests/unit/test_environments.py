@@ -66,7 +66,7 @@ async def run(python: Path, code: str, *args: str) -> str:
     ("  Six == 1.16.0  ", "six==1.16.0"),
     ("Foo.Bar_baz>=1.0 , <2", "foo-bar-baz<2,>=1.0"),
     ("requests[Socks, security]>=2", "requests[security,socks]>=2"),
-    ("numpy>=1.26 ;  python_version < '3.12'", "numpy>=1.26; python_version < '3.12'"),
+    ("numpy>=1.26 ;  python_version < '3.12'", 'numpy>=1.26; python_version < "3.12"'),
     ("pkg @ https://example.com/pkg-1.0.tar.gz", "pkg @ https://example.com/pkg-1.0.tar.gz"),
     ("six==1.16.0  # the comment goes", "six==1.16.0"),
 ])

@@ -14,7 +14,6 @@ from modelfleet.model.api import Context, Model, Request
 from modelfleet.model.importer import import_handler
 from modelfleet.model.pipeline import Batcher, handle_request
 from modelfleet.oip import HEADER_LENGTH_PARAM, OIP_CONTENT_TYPE
-from modelfleet.oip.codec import decode_response, encode_request
 from modelfleet.oip.transport import header_length_of
 from modelfleet.repository.manifest import Manifest, load_manifest
 
@@ -86,6 +85,8 @@ class LocalModel:
         >>> model = LocalModel.from_package("examples/models/iris/1")
         >>> model.infer_tensors({"features": np.array([[5.1, 3.5, 1.4, 0.2]], "f4")})
         """
+        from modelfleet.oip.codec import decode_response, encode_request  # numpy: only here
+
         body, header_length = encode_request(inputs, binary=binary, outputs=outputs,
                                              binary_outputs=binary)
         params = {} if header_length is None else {HEADER_LENGTH_PARAM: str(header_length)}

@@ -14,13 +14,15 @@ import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from modelfleet.errors import ModelFailed, ModelfleetError, RequestRejected
 from modelfleet.model.api import Model, Request
-from modelfleet.model.tensors import TensorCall
 from modelfleet.oip import OIP_CONTENT_TYPE
 from modelfleet.repository.manifest import Manifest
+
+if TYPE_CHECKING:  # numpy only when a v2 request comes: isolated runtimes may lack it
+    from modelfleet.model.tensors import TensorCall
 
 
 def as_model_error(exc: BaseException) -> ModelfleetError:
@@ -146,6 +148,8 @@ async def handle_request(model: Model, batcher: Batcher, request: Request,
     call: TensorCall | None = None
     try:
         if request.content_type == OIP_CONTENT_TYPE:
+            from modelfleet.model.tensors import TensorCall
+
             call, request = TensorCall.open(request, manifest)
         item = await model.preprocess(request)
         timings["preprocess"] = (time.perf_counter() - started) * 1000

@@ -10,7 +10,12 @@ body unchanged, and when it has a binary part, the JSON header's length in the t
 parameter ``HEADER_LENGTH_PARAM``.
 """
 
-from typing import Final
+from typing import Final, Literal, get_args
 
 OIP_CONTENT_TYPE: Final = "application/vnd.modelfleet.oip-v2"
+# The v2 datatype names. Here, not in ``datatypes``, so that the manifest (read in
+# isolated runtimes' own environments, which need not have numpy) imports no numpy.
+Datatype = Literal["BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32",
+                   "INT64", "FP16", "FP32", "FP64", "BYTES"]
+DATATYPES: Final[tuple[str, ...]] = get_args(Datatype)
 HEADER_LENGTH_PARAM: Final = "oip.header_length"

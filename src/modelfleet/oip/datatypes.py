@@ -8,13 +8,13 @@ binary form each element is a 4-byte little-endian length followed by its bytes.
 
 from __future__ import annotations
 
-from typing import Final, Literal, get_args
+from typing import Final
 
 import numpy as np
 
-Datatype = Literal["BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32",
-                   "INT64", "FP16", "FP32", "FP64", "BYTES"]
-DATATYPES: Final[tuple[str, ...]] = get_args(Datatype)
+from modelfleet.oip import DATATYPES, Datatype
+
+__all__ = ["DATATYPES", "NUMPY_DTYPES", "Datatype", "datatype_of", "element_size"]
 
 # Fixed-size datatypes: the numpy dtype their binary form is read as (little-endian).
 NUMPY_DTYPES: Final[dict[str, np.dtype[np.generic]]] = {

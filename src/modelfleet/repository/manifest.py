@@ -52,8 +52,7 @@ from pydantic import (
 )
 
 from modelfleet.errors import ManifestError
-from modelfleet.oip import OIP_CONTENT_TYPE
-from modelfleet.oip.datatypes import Datatype
+from modelfleet.oip import OIP_CONTENT_TYPE, Datatype
 
 MODEL_ID = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,127}$")
 CONTENT_TYPES = ("image/png", "image/jpeg", "application/json", "text/plain",

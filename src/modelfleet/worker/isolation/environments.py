@@ -49,6 +49,9 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
+
 import modelfleet
 from modelfleet.errors import ConfigError, ManifestError, ModelLoadFailed
 from modelfleet.repository.manifest import Manifest
@@ -88,49 +91,39 @@ class EnvironmentBuildFailed(ModelLoadFailed):
 
 # --- requirements ----------------------------------------------------------------
 
-_NAME = re.compile(r"^\s*([A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)\s*(\[[^\]]*\])?\s*(.*)$")
-_SPECIFIER = re.compile(r"^(~=|===|==|!=|<=|>=|<|>)\s*[A-Za-z0-9*+!._-]+$")
-
-
 def canonical_name(name: str) -> str:
     """PEP 503: ``Foo.Bar_baz`` and ``foo-bar-baz`` are the same project."""
-    return re.sub(r"[-_.]+", "-", name).lower()
+    return str(canonicalize_name(name))
+
+
+def _parse(line: str) -> Requirement:
+    text = line.split(" #", 1)[0].strip()
+    if text.startswith("-"):
+        raise ValueError(f"{line.strip()!r}: pip options are not supported here "
+                         "(the worker's index configuration applies to every model)")
+    try:
+        return Requirement(text)
+    except InvalidRequirement as exc:
+        raise ValueError(f"{line.strip()!r} is not a requirement (expected e.g. "
+                         f"'six==1.16.0'): {exc}") from exc
 
 
 def normalise_requirement(line: str) -> str:
     """One PEP 508 requirement in a canonical spelling; ``ValueError`` if it is not one.
 
     ``NumPy >= 1.0 , <2 ; python_version<'3.12'`` becomes
-    ``numpy<2,>=1.0; python_version<'3.12'``: the hash then does not change with
-    spelling, spacing or specifier order.
+    ``numpy<2,>=1.0; python_version < "3.12"``: the hash then does not change with
+    spelling, spacing or specifier order. Parsing is ``packaging``'s (PEP 508).
     """
-    text = line.split(" #", 1)[0].strip()
-    if text.startswith("-"):
-        raise ValueError(f"{line.strip()!r}: pip options are not supported here "
-                         "(the worker's index configuration applies to every model)")
-    requirement, _, marker = text.partition(";")
-    match = _NAME.match(requirement)
-    if not match:
-        raise ValueError(f"{line.strip()!r} is not a requirement (expected e.g. 'six==1.16.0')")
-    name, extras, rest = match.groups()
-    out = canonical_name(name)
-    if extras:
-        names = sorted({canonical_name(e.strip()) for e in extras[1:-1].split(",") if e.strip()})
-        out += f"[{','.join(names)}]" if names else ""
-    rest = rest.strip()
-    if rest.startswith("@"):
-        url = rest[1:].strip()
-        if not url or any(c.isspace() for c in url):
-            raise ValueError(f"{line.strip()!r}: expected 'name @ url'")
-        out += f" @ {url}"
-    elif rest:
-        specifiers = sorted(re.sub(r"\s+", "", s) for s in rest.split(","))
-        for spec in specifiers:
-            if not _SPECIFIER.match(spec):
-                raise ValueError(f"{line.strip()!r}: {spec!r} is not a version specifier")
-        out += ",".join(specifiers)
-    marker = " ".join(marker.split())
-    return f"{out}; {marker}" if marker else out
+    requirement = _parse(line)
+    out = canonical_name(requirement.name)
+    if requirement.extras:
+        out += f"[{','.join(sorted(canonical_name(e) for e in requirement.extras))}]"
+    if requirement.url:
+        out += f" @ {requirement.url}"
+    elif requirement.specifier:
+        out += ",".join(sorted(str(spec) for spec in requirement.specifier))
+    return f"{out}; {requirement.marker}" if requirement.marker else out
 
 
 def normalise_requirements(lines: Iterable[str]) -> tuple[str, ...]:
@@ -140,8 +133,10 @@ def normalise_requirements(lines: Iterable[str]) -> tuple[str, ...]:
 
 
 def requirement_name(requirement: str) -> str:
-    match = _NAME.match(requirement)
-    return canonical_name(match.group(1)) if match else requirement
+    try:
+        return canonical_name(_parse(requirement).name)
+    except ValueError:
+        return requirement
 
 
 def requirements_for(package_dir: Path, manifest: Manifest) -> tuple[str, ...]:
