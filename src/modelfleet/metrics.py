@@ -76,7 +76,10 @@ DEAD_LETTERED = Counter("modelfleet_worker_dead_lettered_total",
 RESIDENT_MODELS = Gauge("modelfleet_resident_models", "Models resident, by tier", ["tier"])
 RESIDENT_BYTES = Gauge("modelfleet_resident_bytes", "Bytes of resident models, by tier",
                        ["tier"])
-MODEL_LOADS = Counter("modelfleet_model_loads_total", "Model loads, by source", ["source"])
+MODEL_LOADS = Counter("modelfleet_model_loads_total",
+                      "Model loads, by source: 'repository' and 'disk' (the worker's disk "
+                      "cache) read storage; 'host' is a promotion from host memory (a copy)",
+                      ["source"])
 MODEL_LOAD_SECONDS = Histogram("modelfleet_model_load_seconds", "Model load duration, by source",
                                ["source"], buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
                                                     30, 60, 120, 300))
@@ -88,7 +91,8 @@ MODEL_LOAD_RATE = Gauge("modelfleet_model_loads_per_minute",
 MODEL_PROMOTION_RATE = Gauge("modelfleet_model_promotions_per_minute",
                              "Promotions from host memory to the device in the last 60 s "
                              "(a copy, not a load)")
-EVICTIONS = Counter("modelfleet_evictions_total", "Evictions from the device, by action",
+EVICTIONS = Counter("modelfleet_evictions_total",
+                    "Evictions from the device, by action: 'demote' (to host memory) or 'drop'",
                     ["action"])
 
 # -- fleet, as one gateway sees it (autoscaling signals; see README "Metrics") --------
