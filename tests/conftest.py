@@ -28,6 +28,17 @@ def require_rabbitmq() -> None:
     pytest.skip("RabbitMQ not reachable on 127.0.0.1:5672 (start it with .ci/rabbitmq-up)")
 
 
+def require_redis() -> None:
+    """Redis tests never skip in CI; locally they skip when none answers on 6379."""
+    try:
+        with socket.create_connection(("127.0.0.1", 6379), timeout=1):
+            return
+    except OSError:
+        if os.environ.get("CI") == "true":
+            pytest.fail("Redis is not reachable on 127.0.0.1:6379 and CI=true: run .ci/redis-up")
+        pytest.skip("Redis not reachable on 127.0.0.1:6379 (start it with .ci/redis-up)")
+
+
 # In CI, property-based tests explore the same examples every run, so a landing is never
 # decided by luck; locally they keep exploring new ones.
 from hypothesis import settings as hypothesis_settings  # noqa: E402

@@ -18,9 +18,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import rabbitmq_url, require_rabbitmq
+from tests.conftest import rabbitmq_url, require_rabbitmq, require_redis
 from tests.procs import MODELFLEET, ROOT, Proc, gateway, serve, worker
-from tests.unit.test_tenancy_limits import require_redis
 
 
 def cli(db: Path, *args: str) -> str:

@@ -63,6 +63,9 @@ async def test_late_and_duplicate_replies_are_dropped() -> None:
     (b'{"features": [1, 2]}', "application/json", None),
     (b"not json", "application/json", None),
     (b"[" * 4000 + b"]" * 4000, "application/json", None),
+    # The key spelled with a JSON escape is still "url".
+    (b'{"\\u0075rl": "https://example.com/a.png"}', "application/json",
+     "https://example.com/a.png"),
 ])
 def test_url_bodies(body: bytes, ctype: str, expected: str | None) -> None:
     assert url_payload(body, ctype) == expected

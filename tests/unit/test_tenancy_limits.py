@@ -4,7 +4,6 @@ key cache that makes revocation take effect without a restart."""
 from __future__ import annotations
 
 import os
-import socket
 import uuid
 from pathlib import Path
 
@@ -16,20 +15,10 @@ from modelfleet.tenancy.limits import LocalLimits, RedisLimits
 from modelfleet.tenancy.plans import BUILTIN, Plan
 from modelfleet.tenancy.store import UsageRow, open_store
 from modelfleet.tenancy.usage import UsageMeter, outcome_of
+from tests.conftest import require_redis
 
 REDIS_URL = os.environ.get("MODELFLEET_TEST_REDIS", "redis://127.0.0.1:6379/0")
 PLAN = Plan(name="t", requests_per_s=10, burst=5, max_concurrent=3)
-
-
-def require_redis() -> None:
-    """Redis tests never skip in CI; locally they skip when none answers."""
-    try:
-        with socket.create_connection(("127.0.0.1", 6379), timeout=1):
-            return
-    except OSError:
-        if os.environ.get("CI") == "true":
-            pytest.fail("Redis is not reachable on 127.0.0.1:6379 and CI=true: run .ci/redis-up")
-        pytest.skip("Redis not reachable on 127.0.0.1:6379 (start it with .ci/redis-up)")
 
 
 class Clock:

@@ -59,6 +59,8 @@ def url_payload(body: bytes, content_type: str) -> str | None:
     """
     if content_type != "application/json" or len(body) > 8192:
         return None
+    if b"url" not in body and b"\\u" not in body:
+        return None  # cannot be {"url": ...}: the handler is the only one to parse it
     try:
         value = json.loads(body)
     except (ValueError, UnicodeDecodeError, RecursionError):
