@@ -64,3 +64,16 @@ def test_server_timing_is_read_back_into_phases() -> None:
     assert _server_timing("queue_wait;dur=1.50, predict;dur=2.25, model_load;dur=300.00") == {
         "queue_wait": 1.5, "predict": 2.25, "model_load": 300.0}
     assert _server_timing("junk, x;dur=abc") == {}
+
+
+def test_a_task_carries_the_callers_tenant_and_plan_when_one_is_known() -> None:
+    from modelfleet.tenancy.access import CALLER, task_tenant
+
+    assert task_tenant("examples", "free") == ("examples", "free")  # auth off
+    token = CALLER.set(Principal("0123456789ab", "caller", Tenant("acme", "pro"),
+                                 BUILTIN["pro"]))
+    try:
+        assert task_tenant("examples", "free") == ("acme", "pro")
+    finally:
+        CALLER.reset(token)
+    assert task_tenant("examples", "free") == ("examples", "free")

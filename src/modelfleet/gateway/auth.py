@@ -36,7 +36,7 @@ from modelfleet.gateway.http import error_body
 from modelfleet.repository import Catalog
 from modelfleet.settings import Settings
 from modelfleet.tenancy import Forbidden, RateLimited, TenancyStoreError, Unauthenticated
-from modelfleet.tenancy.access import Principal
+from modelfleet.tenancy.access import CALLER, Principal
 from modelfleet.tenancy.identity import Authenticator
 from modelfleet.tenancy.limits import Limits, open_limits
 from modelfleet.tenancy.plans import load_plans
@@ -245,9 +245,11 @@ class AuthMiddleware:
             await self._refuse(exc, scope, receive, send)
             return
         seen = _Seen()
+        caller = CALLER.set(principal)
         try:
             await self.app(scope, seen.receiving(receive), seen.sending(send))
         finally:
+            CALLER.reset(caller)
             await release()
             outcome = outcome_of(seen.status)
             TENANT_REQUESTS.labels(label, outcome).inc()

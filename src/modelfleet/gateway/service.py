@@ -40,6 +40,7 @@ from modelfleet.gateway.payloads import PayloadStore
 from modelfleet.messages import PayloadRef, Reply, Task, now_ms
 from modelfleet.repository import Catalog
 from modelfleet.settings import Settings
+from modelfleet.tenancy.access import task_tenant
 
 log = logging.getLogger("modelfleet.gateway")
 _DECIMAL = re.compile(r"[0-9]+(?:\.[0-9]*)?|\.[0-9]+")
@@ -178,7 +179,8 @@ class GatewayService:
                                  + self.payloads.url_path(request_id, deadline_ms))
         assert self._inbox is not None, "start() the gateway service first"
         task = Task(request_id, model_id, manifest.version, deadline_ms, self._inbox.address,
-                    payload, content_type, now_ms(), manifest.tenant, manifest.plan, params)
+                    payload, content_type, now_ms(), *task_tenant(manifest.tenant, manifest.plan),
+                    params)
         waiting = self.parked.park(request_id, model_id)
         try:
             await self.broker.publish_task(task)

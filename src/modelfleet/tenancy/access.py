@@ -7,6 +7,7 @@ API, the dashboard and, if configured, metrics), ``admin`` (also every tenant's 
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 from modelfleet.tenancy.keys import RANK, Role
@@ -33,3 +34,15 @@ class Principal:
             return self.role == "admin"
         return (self.role == "admin" or owner == self.tenant.name
                 or model in self.tenant.grants)
+
+
+# Who sent the request being handled (set by the gateway's auth layer around the route):
+# the task it makes carries the caller's tenant and plan, so that a dead letter names the
+# tenant whose request it was. None with auth off.
+CALLER: ContextVar[Principal | None] = ContextVar("modelfleet_caller", default=None)
+
+
+def task_tenant(owner: str, owner_plan: str) -> tuple[str, str]:
+    """(tenant, plan) a task carries: the caller's when known, else the model owner's."""
+    caller = CALLER.get()
+    return (owner, owner_plan) if caller is None else (caller.tenant.name, caller.plan.name)
