@@ -5,6 +5,7 @@ gateway and a worker joined by a real RabbitMQ."""
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import shutil
 import time
@@ -172,6 +173,13 @@ def test_infer(served: str, binary_in: bool, binary_out: bool) -> None:
     np.testing.assert_allclose(probabilities.sum(axis=1), 1.0, rtol=1e-5)
 
 
+@pytest.mark.parametrize("compression", ["gzip", "deflate"])
+def test_compressed_requests(served: str, compression: str) -> None:
+    result = client_of(served).infer("iris", [triton_input("features", ROWS, "FP32")],
+                                     request_compression_algorithm=compression)
+    assert result.as_numpy("class_index").tolist() == [0, 1, 2]
+
+
 def test_every_output_by_default_in_binary(served: str) -> None:
     # No outputs named: tritonclient asks for all of them, in binary (binary_data_output).
     result = client_of(served).infer("iris", [triton_input("features", ROWS, "FP32")])
@@ -289,7 +297,10 @@ def test_the_timeout_parameter_is_the_deadline(served: str) -> None:
      {"Inference-Header-Content-Length": "auto"}, 400, "truncated"),
     (b'{"inputs": []}', {"Inference-Header-Content-Length": "99"}, 400, "cannot be that long"),
     (b'{"inputs": []}', {"Inference-Header-Content-Length": "x"}, 400, "whole number"),
-    (b'{"inputs": []}', {"Content-Encoding": "gzip"}, 400, "Content-Encoding"),
+    (b'{"inputs": []}', {"Content-Encoding": "br"}, 400, "Content-Encoding 'br'"),
+    (b'{"inputs": []}', {"Content-Encoding": "gzip"}, 400, "not valid gzip data"),
+    (gzip.compress(b"\0" * (MAX_BODY_BYTES * 4)), {"Content-Encoding": "gzip"}, 413,
+     "inflates past the limit"),
     (b"\0" * (MAX_BODY_BYTES + 1), {}, 413, "limit"),
 ])
 def test_malformed_requests(served: str, body: bytes, headers: dict[str, str], status: int,

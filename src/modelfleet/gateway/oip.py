@@ -12,7 +12,9 @@ forwarded unchanged with the content type ``OIP_CONTENT_TYPE`` (and the JSON hea
 length as a task parameter when binary parts follow it); the runtime decodes it against
 the model's tensor signature (``modelfleet.model.tensors``). The gateway first checks
 the request's JSON header against the signature, so a malformed request is refused
-here before it takes a place in a queue. The deadline is the ``timeout`` request
+here before it takes a place in a queue. A body sent with ``Content-Encoding: gzip`` or
+``deflate`` (tritonclient's ``request_compression_algorithm``) is inflated first, under
+the body limit. The deadline is the ``timeout`` request
 parameter (microseconds, as tritonclient sends it), else ``X-Request-Timeout``
 (seconds), else the model's.
 
@@ -34,6 +36,7 @@ from fastapi.responses import JSONResponse, Response
 from modelfleet import __version__, metrics
 from modelfleet.errors import ClientGone, ModelfleetError, RequestRejected
 from modelfleet.gateway.body import disconnect_waiter, read_body
+from modelfleet.gateway.encoding import inflate
 from modelfleet.gateway.http import CLOSE_AFTER, STATUS_BY_CODE
 from modelfleet.gateway.inflight import RequestTimeout
 from modelfleet.gateway.observe import RequestObserver, RequestRecord
@@ -192,13 +195,10 @@ def oip_router(service: GatewayService, readiness: list[ReadinessCheck],
                         f"model '{model}' declares no tensor signature ([[inputs]] and "
                         f"[[outputs]] in its model.toml), so /v2 cannot decode tensors for "
                         f"it: call POST /v1/models/{model}/infer")
-                encoding = request.headers.get("content-encoding", "identity").lower()
-                if encoding != "identity":
-                    raise RequestRejected(f"Content-Encoding {encoding!r} is not supported: "
-                                          f"send the request uncompressed")
                 header_length = parse_header_length(request.headers.get(HEADER_LENGTH))
                 with guard.reading(body_timeout_s):
                     body = await read_body(request, limit)
+                body = inflate(body, request.headers.get("content-encoding", ""), limit)
                 parsed = parse_request(body, header_length)
                 check_request(parsed, manifest.inputs, manifest.outputs, model)
                 deadline_ms = service.deadline_ms(
