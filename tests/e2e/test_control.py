@@ -173,6 +173,14 @@ def test_load_errors_say_why(versioned: Path, repo: Path, served: str) -> None:
     assert control(served, "m", "load", version="7").status_code == 404
     config = control(served, "m", "load", config="{}")
     assert config.status_code == 400 and "model.toml" in config.json()["error"]
+    for action in ("unload", "pin", "unpin"):
+        missing = control(served, "nope", action)
+        assert missing.status_code == 404 and "nope" in missing.json()["error"]
+    for path, body in (("models/m/load", b"{not json"), ("models/m/load", b"[1]"),
+                       ("models/m/load", b'{"parameters": 3}'), ("index", b'{"ready": "yes"}')):
+        bad = httpx.post(f"{served}/v2/repository/{path}", content=body, timeout=10)
+        assert bad.status_code == 400 and bad.json()["error"], (path, bad.text)
+    assert infer(served, "m").status_code == 200  # none of it changed anything
 
 
 def test_unload_refuses_until_load_restores(versioned: Path, served: str) -> None:
