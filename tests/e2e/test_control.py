@@ -238,6 +238,24 @@ def test_a_new_version_rolls_in_without_a_cold_request(versioned: Path, repo: Pa
     assert set(versions[:switch]) == {"1"} and set(versions[switch:]) == {"2"}
 
 
+def test_a_load_naming_a_version_rolls_it_in_without_a_cold_request(repo: Path,
+                                                                    served: str) -> None:
+    add_version(repo, "v", "1")
+    add_version(repo, "v", "2", load_s=2.0)
+    wait_for(lambda: httpx.get(f"{served}/v1/models/v").status_code == 200, what="refresh")
+    first = control(served, "v", "load", version="1")  # the route held on version 1
+    assert first.status_code == 200 and first.json()["version"] == "1", first.text
+    with Traffic(served, "v") as traffic:
+        wait_for(lambda: len(traffic.answers) >= 5, what="traffic")
+        second = control(served, "v", "load", version="2")
+        assert second.status_code == 200 and second.json()["version"] == "2", second.text
+        wait_for(lambda: traffic.versions()[-5:] == ["2"] * 5, what="only version 2")
+    assert all(status == 200 for status, _, _ in traffic.answers), traffic.answers
+    assert [cold for _, cold, _ in traffic.answers] == ["0"] * len(traffic.answers)
+    index = httpx.post(f"{served}/v2/repository/index", timeout=10).json()
+    assert [(r["name"], r["version"]) for r in index] == [("v", "2")]
+
+
 def test_a_version_that_fails_to_load_never_takes_the_route(versioned: Path, repo: Path,
                                                             served: str) -> None:
     assert infer(served, "m").json()["version"] == "1"
