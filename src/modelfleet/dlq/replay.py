@@ -28,6 +28,7 @@ from modelfleet.dlq.classify import FailureClass
 from modelfleet.dlq.records import DeadLetterRecord, Selection
 from modelfleet.errors import ConfigError
 from modelfleet.messages import Task, now_ms
+from modelfleet.redaction import redact  # the gateway URL may carry an API key
 
 DEFAULT_TIMEOUT_MS = 30_000  # when the archived task has no usable original timeout
 REPLY_GRACE_MS = 2_000  # a reply may be in flight when its deadline passes
@@ -211,7 +212,7 @@ async def replay_through_gateway(base_url: str, archive: Archive, plan: ReplayPl
                              "x-request-timeout": f"{timeout_s:.3f}"})
             except httpx.HTTPError as exc:
                 outcome = ReplayOutcome(record.request_id, record.model_id, "error",
-                                        "gateway_unreachable", f"{base_url}: {exc!r}")
+                                        "gateway_unreachable", redact(f"{base_url}: {exc!r}"))
             else:
                 outcome = _http_outcome(record, response, clock_ms() - at_ms)
             outcomes.append(outcome)
