@@ -125,6 +125,13 @@ def test_nested_and_flat_data_decode_alike() -> None:
     assert a.shape == (2, 2) and a.dtype == np.float32
 
 
+def test_json_infinity_and_nan_are_kept() -> None:  # Python's json reads them; so may others
+    body = (b'{"inputs": [{"name": "x", "datatype": "FP16", "shape": [2], '
+            b'"data": [NaN, -Infinity]}]}')
+    array = parse_request(body).decode_inputs()["x"]
+    assert np.isnan(array[0]) and array[1] == -np.inf and array.dtype == np.float16
+
+
 def test_json_numbers_may_be_integers_for_float_tensors() -> None:
     array = parse_request(*body_of(one_input(datatype="FP64", data=[1, 2.5]))).decode_inputs()
     assert array["x"].tolist() == [1.0, 2.5]
@@ -350,6 +357,10 @@ def test_malformed_binary_bytes(payload: bytes, match: str) -> None:
     ({"datatype": "INT8", "data": [1, 128]}, "128 is out of the range of INT8"),
     ({"datatype": "UINT8", "data": [-1, 0]}, "-1 is out of the range of UINT8"),
     ({"datatype": "UINT64", "data": [0, 2**64]}, "out of the range of UINT64"),
+    ({"datatype": "FP16", "data": [1.0, 70000.0]}, "70000 is out of the range of FP16"),
+    ({"datatype": "FP32", "data": [1.0, 1e300]}, "1e\\+300 is out of the range of FP32"),
+    ({"datatype": "FP64", "data": [1.0, 10**400]}, "a number is out of the range of FP64"),
+    ({"datatype": "FP32", "data": [1.0, 10**400]}, "a number is out of the range of FP32"),
     ({"datatype": "BOOL", "data": [True, 1]},
      "BOOL elements in JSON are true or false, element 1 is '1' \\(int\\)"),
     ({"datatype": "BYTES", "data": ["a", 1]}, "BYTES elements in JSON are strings"),

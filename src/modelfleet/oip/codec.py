@@ -390,7 +390,18 @@ def _from_json(tensor: TensorHeader) -> np.ndarray:
             raise RequestRejected(f"{where}: a BYTES element is not valid Unicode text: "
                                   f"{exc.reason}") from exc
         return out.reshape(tensor.shape)
-    return np.asarray(flat, dtype=NUMPY_DTYPES[datatype]).reshape(tensor.shape)
+    target = NUMPY_DTYPES[datatype]
+    if target.kind != "f":
+        return np.asarray(flat, dtype=target).reshape(tensor.shape)
+    try:
+        wide = np.asarray(flat, dtype=np.float64)
+    except OverflowError:  # an integer literal past any float: 1e400 written out
+        raise RequestRejected(f"{where}: a number is out of the range of {datatype}") from None
+    too_big = np.isfinite(wide) & (np.abs(wide) > float(np.finfo(target.str).max))
+    if too_big.any():
+        raise RequestRejected(f"{where}: {wide[too_big][0]:g} is out of the range of "
+                              f"{datatype}")
+    return wide.astype(target).reshape(tensor.shape)
 
 
 # -- the response ---------------------------------------------------------------------
