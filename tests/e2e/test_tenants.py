@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import csv
 import io
+import os
 import subprocess
 import time
 import uuid
@@ -21,8 +22,11 @@ import pytest
 from tests.conftest import rabbitmq_url, require_rabbitmq, require_redis
 from tests.procs import MODELFLEET, ROOT, Proc, gateway, serve, worker
 
+POSTGRES_URL = os.environ.get("MODELFLEET_TEST_POSTGRES",
+                              "postgresql://postgres@127.0.0.1:5432/test")
 
-def cli(db: Path, *args: str) -> str:
+
+def cli(db: Path | str, *args: str) -> str:
     """Run ``modelfleet <args> --db db``; its stdout (it must succeed)."""
     done = subprocess.run([*MODELFLEET, *args, "--db", str(db)], capture_output=True,
                           text=True, cwd=ROOT, timeout=60)
@@ -30,7 +34,7 @@ def cli(db: Path, *args: str) -> str:
     return done.stdout.strip()
 
 
-def new_key(db: Path, tenant: str, role: str = "caller", plan: str | None = None,
+def new_key(db: Path | str, tenant: str, role: str = "caller", plan: str | None = None,
             plans_file: Path | None = None) -> str:
     extra = ["--plan", plan] if plan else []
     extra += ["--plans-file", str(plans_file)] if plans_file else []
@@ -57,7 +61,7 @@ def eventually(check: Callable[[], bool], within_s: float) -> float:
     raise AssertionError(f"not within {within_s}s")
 
 
-def tenancy_env(db: Path) -> dict[str, str]:
+def tenancy_env(db: Path | str) -> dict[str, str]:
     return {"MODELFLEET_TENANCY__DB": str(db), "MODELFLEET_TENANCY__CACHE_TTL_S": "1",
             "MODELFLEET_TENANCY__USAGE_FLUSH_S": "0.5",
             "MODELFLEET_TENANCY__REDIS_PREFIX": f"test-{uuid.uuid4().hex[:8]}:",
@@ -89,13 +93,33 @@ def procs() -> Iterator[list[Proc]]:
         proc.stop()
 
 
-@pytest.mark.parametrize("deployment", ["serve", pytest.param("rabbitmq",
-                                                              marks=pytest.mark.rabbitmq)])
-def test_keys_and_roles_end_to_end(tmp_path: Path, procs: list[Proc], deployment: str) -> None:
+@pytest.fixture
+def postgres_schema() -> Iterator[str]:
+    """A PostgreSQL URL whose tables live in a schema of this test's own (dropped after)."""
+    import psycopg
+
+    schema = f"tn_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(POSTGRES_URL, autocommit=True) as db:
+        db.execute(f"CREATE SCHEMA {schema}")
+    try:
+        yield f"{POSTGRES_URL}?options=-csearch_path%3D{schema}"
+    finally:
+        with psycopg.connect(POSTGRES_URL, autocommit=True) as db:
+            db.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
+@pytest.mark.parametrize("deployment", [
+    "serve", pytest.param("rabbitmq", marks=pytest.mark.rabbitmq),
+    pytest.param("rabbitmq+postgres", marks=pytest.mark.rabbitmq)])
+def test_keys_and_roles_end_to_end(tmp_path: Path, procs: list[Proc], deployment: str,
+                                   request: pytest.FixtureRequest) -> None:
     """Who reaches what: 401 without a usable key, 404 (like a missing model) for another
     tenant's model until granted, 403 on operator routes for a caller; revocation takes
-    effect within seconds; usage is exported; no key reaches a log."""
-    db = tmp_path / "tenants.sqlite3"
+    effect within seconds; usage is exported; no key reaches a log. The store is SQLite,
+    or PostgreSQL."""
+    db: Path | str = tmp_path / "tenants.sqlite3"
+    if deployment.endswith("postgres"):
+        db = request.getfixturevalue("postgres_schema")
     env = tenancy_env(db)
     if deployment == "serve":
         proc, base = serve(tmp_path, env={**env, "MODELFLEET_TENANCY__AUTH": "on",
