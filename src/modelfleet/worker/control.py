@@ -221,9 +221,16 @@ class ControlAgent:
         resident, pinned_here, loading = self._placement.versions()
         fleet = self._fleet()
         views = []
-        for entry in self._catalog:
-            model_id = entry.model_id
-            versions = tuple(m.version for m in entry.versions)
+        # Only what this worker holds can need warming, unpinning or releasing (pinned
+        # models are loaded by the PinKeeper): the plan's cost follows residency, not
+        # the catalog's size.
+        held = sorted(m for m, vs in resident.items() if vs and m in self._catalog)
+        for gone in set(self._routes) - set(held):
+            del self._routes[gone]
+        for key in [k for k in self._superseded if k[1] not in resident.get(k[0], ())]:
+            del self._superseded[key]
+        for model_id in held:
+            versions = tuple(m.version for m in self._catalog.get(model_id).versions)
             current = route(model_id, versions, self.state.version(model_id), fleet)
             previous = self._routes.get(model_id)
             if previous is not None and previous != current:
