@@ -153,23 +153,25 @@ async def tenant_gate(settings: Settings, catalog: Catalog, embedded: bool
         return
     plans = load_plans(tenancy.plans_file)
     store: TenantStore = open_store(store_location(tenancy.db))
-    limits = open_limits("memory" if embedded else tenancy.redis_url, tenancy.redis_prefix)
-    meter = UsageMeter(store, tenancy.usage_flush_s)
-    meter.start()
-    lease_s = settings.gateway.max_timeout_s + settings.gateway.body_read_timeout_s
-    gate = TenantGate(Authenticator(store, plans, tenancy.cache_ttl_s), limits, meter,
-                      _owner_lookup(catalog), tenancy.protect_metrics, lease_s,
-                      tenancy.metric_tenants_max)
-    log.info("auth on: keys and usage in %s; limits %s", store.location,
-             "in this process" if embedded else "shared through Redis")
-    if not await asyncio.to_thread(store.keys):
-        log.warning("auth on and no API key exists yet: make one with 'modelfleet keys create "
-                    "--tenant NAME [--role admin] --db %s'", store.location)
     try:
-        yield gate
+        if not await asyncio.to_thread(store.keys):
+            log.warning("auth on and no API key exists yet: make one with 'modelfleet keys "
+                        "create --tenant NAME [--role admin] --db %s'", store.location)
+        limits = open_limits("memory" if embedded else tenancy.redis_url, tenancy.redis_prefix)
+        meter = UsageMeter(store, tenancy.usage_flush_s)
+        lease_s = settings.gateway.max_timeout_s + settings.gateway.body_read_timeout_s
+        gate = TenantGate(Authenticator(store, plans, tenancy.cache_ttl_s), limits, meter,
+                          _owner_lookup(catalog), tenancy.protect_metrics, lease_s,
+                          tenancy.metric_tenants_max)
+        log.info("auth on: keys and usage in %s; limits %s", store.location,
+                 "in this process" if embedded else "shared through Redis")
+        meter.start()
+        try:
+            yield gate
+        finally:  # after the HTTP server stopped: what was counted is written
+            await meter.close()
+            await limits.close()
     finally:
-        await meter.close()
-        await limits.close()
         store.close()
 
 
