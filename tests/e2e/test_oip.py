@@ -8,6 +8,7 @@ import asyncio
 import gzip
 import json
 import shutil
+import socket
 import time
 import uuid
 from collections.abc import Iterator
@@ -108,7 +109,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     tmp = tmp_path_factory.mktemp("oip-serve")
     proc, base = serve(tmp, repo=repository(tmp / "repo"),
                        env={"MODELFLEET_GATEWAY__MAX_BODY_BYTES": str(MAX_BODY_BYTES),
-                            "MODELFLEET_GATEWAY__PAYLOAD_STORE_BYTES": str(PAYLOAD_STORE_BYTES)})
+                            "MODELFLEET_GATEWAY__PAYLOAD_STORE_BYTES": str(PAYLOAD_STORE_BYTES),
+                            "MODELFLEET_GATEWAY__BODY_READ_TIMEOUT_S": "2"})
     try:
         yield base
     finally:
@@ -239,6 +241,19 @@ def test_a_caller_hanging_up_is_counted_and_its_task_cancelled(served: str) -> N
     while metric_sum(served, "modelfleet_worker_cancelled_tasks_total") < cancelled + 1:
         assert time.monotonic() < deadline, "the worker was not told"
         time.sleep(0.1)
+
+
+def test_a_body_that_stops_arriving_is_answered_408(served: str) -> None:
+    url = httpx.URL(served)
+    with socket.create_connection((url.host, url.port), timeout=30) as conn:
+        conn.sendall(b"POST /v2/models/iris/infer HTTP/1.1\r\nHost: x\r\n"
+                     b"Content-Length: 1000\r\n\r\n" + b'{"inputs": [')
+        answer = b""
+        while chunk := conn.recv(65536):  # the gateway closes after its answer
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408"), answer
+    assert json.loads(body)["error"].startswith("the request body did not arrive within 2 s")
 
 
 # --- error statuses --------------------------------------------------------------------
