@@ -1,0 +1,305 @@
+"""One delivered task, from its delivery to its settlement.
+
+A task is acked only after its reply is published (at-least-once). Expired and
+cancelled tasks are acked and dropped unrun, and a reply that comes back after the
+task's deadline is dropped too: its caller has its 504 already. A task whose runtime
+crashed under it goes back to the broker as a new message carrying its crash evidence,
+or to the dead-letter queue once it crashed its runtime alone too often
+(``hand_back``). A redelivered task runs alone on its runtime (the suspect gate).
+
+The coordinator decides which queues to pull and holds the permits; this runs what
+they deliver. The reply crosses here as the runtime's bytes (``EncodedReply``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+
+from modelfleet import metrics
+from modelfleet.broker import Broker, Delivery
+from modelfleet.errors import BrokerUnavailable, ModelfleetError, RuntimeCrashed
+from modelfleet.ipc.protocol import InferCall
+from modelfleet.messages import EncodedReply, Reply, Task, now_ms
+from modelfleet.repository import Catalog
+from modelfleet.settings import Settings
+from modelfleet.worker.control import ControlAgent
+from modelfleet.worker.gate import CrashWitness, SuspectGate
+from modelfleet.worker.supervisor import RuntimeSupervisor, SupervisedRuntime
+from modelfleet.worker.tasklog import TaskLog
+
+log = logging.getLogger("modelfleet.worker")
+
+
+class TaskRunner:
+    def __init__(self, settings: Settings, broker: Broker, catalog: Catalog,
+                 supervisor: RuntimeSupervisor, worker_id: str, control: ControlAgent,
+                 task_log: TaskLog,
+                 stop_pulling: Callable[[SupervisedRuntime], Awaitable[None]],
+                 clock: Callable[[], float]) -> None:
+        self._settings = settings
+        self._broker = broker
+        self._catalog = catalog
+        self._supervisor = supervisor
+        self.worker_id = worker_id
+        self.control = control
+        self._task_log = task_log
+        self._stop_pulling = stop_pulling
+        self._clock = clock
+        self.running: Counter[str] = Counter()  # model id -> tasks in flight here
+        self.last_served: dict[str, float] = {}  # model id -> when a task of it last ended
+        self._gates: dict[str, SuspectGate] = {}  # runtime name -> its gate
+        self._witnesses: dict[str, CrashWitness] = {}  # runtime name -> who ran alone
+        self._deadlines: dict[str, asyncio.Timeout] = {}  # request id -> its running deadline
+        self._cancelled: dict[str, float] = {}  # request ids whose callers hung up -> when
+
+    def cancel(self, request_id: str) -> None:
+        """The caller hung up: its task ends as if its deadline had passed.
+
+        A task running here has its deadline moved to now (a runtime call under way is
+        abandoned, like at a deadline); one not delivered yet is remembered, and dropped
+        unrun when it arrives.
+        """
+        now = self._clock()
+        self._cancelled[request_id] = now
+        horizon = now - self._settings.gateway.max_timeout_s
+        while self._cancelled and next(iter(self._cancelled.values())) < horizon:
+            self._cancelled.pop(next(iter(self._cancelled)))
+        timeout = self._deadlines.get(request_id)
+        if timeout is not None:
+            timeout.reschedule(asyncio.get_running_loop().time())
+
+    async def run(self, delivery: Delivery) -> None:
+        """Run one delivered task on its runtime and settle it: exactly one of reply and
+        ack, ack unanswered (expired, cancelled), hand back (its runtime crashed), or
+        dead-letter. Never raises but for cancellation (a drain), which hands it back."""
+        task = delivery.task
+        received_ms = now_ms()
+        self.running[task.model_id] += 1
+        try:
+            if task.expired(received_ms) or task.request_id in self._cancelled:
+                self._count_dropped(task)
+                await delivery.ack()
+                return
+            refusal = self.control.refusal(task.model_id)
+            if refusal is not None:  # queued before an operator unloaded it
+                await self._settle_with_failure(delivery, refusal)
+                return
+            runtime = self._supervisor.runtime_for(task.model_id)
+            if not await runtime.wait_settled((task.deadline_ms - now_ms()) / 1000):
+                # Its runtime is (re)starting and the deadline passed meanwhile: nobody waits.
+                metrics.EXPIRED_TASKS.labels(task.model_id).inc()
+                await delivery.ack()
+                return
+            if runtime.failure is not None:  # cannot start (e.g. its environment won't build)
+                runtime.request_retry()
+                await self._settle_with_failure(delivery, runtime.failure)
+                return
+            try:
+                async with asyncio.timeout(max(0.0, (task.deadline_ms - now_ms()) / 1000)) \
+                        as deadline:
+                    self._deadlines[task.request_id] = deadline
+                    if task.request_id in self._cancelled:  # hung up while it waited
+                        deadline.reschedule(asyncio.get_running_loop().time())
+                    reply = await self._run_on(runtime, delivery, queue_wait_ms=max(
+                        0, received_ms - task.enqueued_ms))
+            except TimeoutError:
+                self._count_dropped(task)
+                await delivery.ack()
+                return
+            except _Crashed as crashed:
+                # Stop pulling this runtime's queues first, so the task handed back goes to
+                # another worker or waits for the restart instead of bouncing straight back.
+                await self._stop_pulling(runtime)
+                await self._hand_back(delivery, crashed.error, crashed.alone)
+                return
+            self.last_served[task.model_id] = self._clock()
+            if task.expired():
+                # Its caller's deadline passed while it ran (the runtime may have said so
+                # itself, at the same instant): nobody waits for a reply any more.
+                self._count_dropped(task)
+                await delivery.ack()
+                return
+            await self._reply_and_ack(delivery, reply)
+            metrics.TASKS.labels(task.model_id, reply.status).inc()
+            self._task_log.settled(task, reply)
+        except BrokerUnavailable as exc:
+            # Could not even hand it back: its channel is gone with the connection, and
+            # the broker redelivers it (a reply sent already makes that a duplicate).
+            log.warning("task %s for %s: %s; the broker redelivers it", task.request_id,
+                        task.model_id, exc)
+        except ModelfleetError as exc:
+            # The runtime could not run it and said why: the caller hears it, the task is done.
+            await self._settle_with_failure(delivery, exc)
+        except Exception as exc:
+            # A bug of ours. Settle the task anyway, where someone will look at it.
+            log.exception("task %s for %s failed in the worker", task.request_id, task.model_id)
+            with contextlib.suppress(BrokerUnavailable, RuntimeError):
+                await self._broker.publish_reply(task.reply_to, EncodedReply.of(Reply.failure(
+                    task.request_id, ModelfleetError(f"worker error: {exc!r}"),
+                    worker_id=self.worker_id)))
+                await delivery.dead_letter(f"worker_error: {exc!r}")
+        except asyncio.CancelledError:
+            with contextlib.suppress(BrokerUnavailable, RuntimeError):
+                await delivery.reject(requeue=True)  # drained past the timeout: hand it back
+            raise
+        finally:
+            self._deadlines.pop(task.request_id, None)
+            self.running[task.model_id] -= 1
+            if not self.running[task.model_id]:
+                del self.running[task.model_id]
+
+    def _count_dropped(self, task: Task) -> None:
+        self._task_log.dropped(task, "client_disconnected" if task.request_id in self._cancelled
+                               else "deadline_exceeded")
+        if task.request_id in self._cancelled:
+            metrics.CANCELLED_TASKS.labels(task.model_id).inc()
+        else:
+            metrics.EXPIRED_TASKS.labels(task.model_id).inc()
+
+    async def _settle_with_failure(self, delivery: Delivery, error: ModelfleetError) -> None:
+        task = delivery.task
+        reply = EncodedReply.of(Reply.failure(task.request_id, error, worker_id=self.worker_id))
+        await self._reply_and_ack(delivery, reply)
+        metrics.TASKS.labels(task.model_id, "error").inc()
+        self._task_log.settled(task, reply)
+
+    async def _reply_and_ack(self, delivery: Delivery, reply: EncodedReply) -> None:
+        """Send the reply, then ack: through a broker reconnect, never left unsettled.
+
+        While the connection is down (or not yet known to be back: a restored consumer
+        can deliver before the connection says so), the reply is retried until the
+        task's deadline; after it nobody waits, and the task is only acked. The ack is
+        tried once: a delivery whose channel died with the old connection cannot be
+        acked, and the broker redelivers it (the gateway ignores a duplicate reply).
+        A task held this way keeps its permit, so the worker takes no more work than it
+        can settle.
+        """
+        task = delivery.task
+        await self._through_reconnects(
+            task, "reply", lambda: self._broker.publish_reply(task.reply_to, reply))
+        try:
+            await delivery.ack()
+        except BrokerUnavailable as exc:
+            log.info("task %s answered; its ack was lost with the connection (%s): the "
+                     "broker redelivers it, and the duplicate reply is ignored",
+                     task.request_id, exc)
+
+    async def _through_reconnects(self, task: Task, what: str,
+                                  send: Callable[[], Awaitable[object]]) -> bool:
+        """``send`` until the broker takes it, retrying until ``task``'s deadline.
+
+        True once sent; False when the deadline passed first (nobody waits any more).
+        """
+        pause = 0.05
+        while True:
+            try:
+                await send()
+                return True
+            except BrokerUnavailable as exc:
+                if task.expired():
+                    log.info("%s for %s dropped: the broker was down until its deadline "
+                             "(%s)", what, task.request_id, exc)
+                    return False
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 1.0)
+
+    async def _run_on(self, runtime: SupervisedRuntime, delivery: Delivery,
+                      queue_wait_ms: float) -> EncodedReply:
+        """Run the task on its runtime once the runtime is up and the gate lets it in.
+
+        A redelivered task may be the one that crashed a runtime: it runs alone (the
+        suspect gate). A task whose runtime went down while it waited for its turn never
+        ran there: it waits for the restart and goes in then, without being charged a
+        delivery for a crash it had no part in (three crashes in a row otherwise
+        dead-letter an innocent task that was only queued behind a poison pill).
+        """
+        task = delivery.task
+        gate = self._gates.setdefault(runtime.name, SuspectGate())
+        witness = self._witnesses.setdefault(runtime.name, CrashWitness())
+        while True:
+            async with gate.slot(suspect=task.suspect):
+                if runtime.ready and runtime.runtime is not None:
+                    with witness.on_runtime() as alone:
+                        try:
+                            return await self._infer(runtime, delivery, queue_wait_ms)
+                        except RuntimeCrashed as exc:
+                            raise _Crashed(exc, alone()) from exc
+            await runtime.wait_settled(float("inf"))  # bounded by the task's deadline
+            if runtime.failure is not None and not runtime.ready:
+                runtime.request_retry()
+                raise runtime.failure
+            await asyncio.sleep(0.01)  # settled but not yet handed a client: a moment
+
+    async def _infer(self, runtime: SupervisedRuntime, delivery: Delivery,
+                     queue_wait_ms: float) -> EncodedReply:
+        """The task's bytes go to the runtime as the broker gave them; its reply comes
+        back encoded, stamped with what this worker adds, and is passed on as bytes."""
+        task = delivery.task
+        target = runtime.runtime
+        if target is None or not runtime.ready:
+            raise RuntimeCrashed(f"runtime {runtime.name} is not ready")
+        manifest = self._catalog.get(task.model_id).manifest
+        remaining_s = max(0.0, (task.deadline_ms - now_ms()) / 1000)
+        call = InferCall(delivery.body, task.delivery_count, tuple(manifest.accepts),
+                         self.worker_id, queue_wait_ms)
+        try:
+            return await target.infer(
+                call, timeout_s=remaining_s + self._settings.runtime.ping_timeout_s)
+        except TimeoutError as exc:
+            raise RuntimeCrashed(f"runtime {runtime.name} did not answer in time") from exc
+        except RuntimeCrashed:
+            runtime.connection_lost()  # before the gate lets the next task in
+            raise
+
+    async def _hand_back(self, delivery: Delivery, exc: RuntimeCrashed, alone: bool) -> None:
+        """A runtime crashed with this task in flight: charge it only if it was alone.
+
+        The task goes back to its queue as a new message carrying its crash evidence
+        (published and confirmed before the old one is acked), so the broker's own
+        delivery count, which also counts consumers that went away, decides nothing
+        here. A task is dead-lettered, and its caller answered at once, when it has
+        crashed a runtime alone more than ``broker.delivery_limit`` times: that is
+        evidence, and the dead letter is classified deterministic. A task that keeps
+        sharing crashes (the suspect gate makes that rare) is dead-lettered after twice
+        as many, as transient.
+        """
+        task = delivery.task
+        limit = self._settings.broker.delivery_limit
+        evidence = replace(task, crashes=task.crashes + 1,
+                           crashes_alone=task.crashes_alone + (1 if alone else 0))
+        if evidence.crashes_alone > limit or evidence.crashes > 2 * limit + 1:
+            if evidence.crashes_alone > limit:
+                reason = (f"crashed its runtime alone on each of {evidence.crashes_alone} "
+                          f"deliveries: {exc}")
+            else:
+                reason = (f"was on {evidence.crashes} runtimes that crashed, never alone "
+                          f"on one: {exc}")
+            failure = EncodedReply.of(replace(
+                Reply.failure(task.request_id, exc, worker_id=self.worker_id),
+                error_message=f"model '{task.model_id}': {reason}; dead-lettered"))
+            metrics.DEAD_LETTERED.labels(task.model_id, "runtime_crashed").inc()
+            self._task_log.handed_back(task, "dead_lettered")
+            await self._through_reconnects(
+                task, "reply", lambda: self._broker.publish_reply(task.reply_to, failure))
+            await delivery.dead_letter(f"runtime_crashed: {reason}")
+            return
+        metrics.REDELIVERED.labels(task.model_id).inc()
+        self._task_log.handed_back(task, "runtime_crashed")
+        # Sent, or past its deadline with nobody waiting: either way this copy is done.
+        await self._through_reconnects(task, "hand-back",
+                                       lambda: self._broker.republish(evidence))
+        await delivery.ack()
+
+
+class _Crashed(Exception):
+    """A runtime crash under a task, and whether the task was alone on the runtime."""
+
+    def __init__(self, error: RuntimeCrashed, alone: bool) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.alone = alone
