@@ -3,11 +3,16 @@ key cache that makes revocation take effect without a restart."""
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import os
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from modelfleet.tenancy import RateLimited, TenancyStoreUnavailable, Unauthenticated
 from modelfleet.tenancy.identity import Authenticator, token_of
@@ -205,3 +210,31 @@ async def test_a_store_gone_after_a_read_keeps_serving_what_was_read() -> None:
     with pytest.raises(TenancyStoreUnavailable):
         await fresh.principal(f"Bearer {token}")
     store.close()
+
+
+
+@pytest.fixture(scope="module")
+def fuzz_auth(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Authenticator]:
+    store = open_store(str(tmp_path_factory.mktemp("fuzz") / "k.sqlite3"))
+    store.create_key("acme", "caller")
+    yield Authenticator(store, dict(BUILTIN), ttl_s=60)
+    store.close()
+
+
+@settings(max_examples=200, deadline=None)
+@given(header=st.one_of(
+    st.text(max_size=120),
+    st.builds(lambda s: f"Bearer {s}", st.text(max_size=80)),
+    st.builds(lambda b: "Basic " + base64.b64encode(b).decode(), st.binary(max_size=80)),
+    st.builds(lambda s: f"Bearer mfk_{s}", st.text(alphabet="0123456789abcdef_-xyzXYZ",
+                                                    max_size=70))))
+def test_any_authorization_header_is_a_principal_or_unauthenticated(
+        fuzz_auth: Authenticator, header: str) -> None:
+    """Bad input gets a clear 401 (Unauthenticated), never another error."""
+    async def check() -> None:
+        try:
+            await fuzz_auth.principal(header)
+        except Unauthenticated as exc:
+            assert exc.message
+
+    asyncio.run(check())
