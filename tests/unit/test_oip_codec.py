@@ -13,10 +13,7 @@ from modelfleet.errors import RequestRejected
 from modelfleet.oip import OIP_CONTENT_TYPE
 from modelfleet.oip.codec import (
     OutputTensor,
-    TensorHeader,
-    as_output_array,
     decode_response,
-    decode_tensor,
     encode_request,
     encode_response,
     parse_header_length,
@@ -24,6 +21,7 @@ from modelfleet.oip.codec import (
 )
 from modelfleet.oip.datatypes import DATATYPES, datatype_of, element_size
 from modelfleet.oip.signature import check_request, shape_fits
+from modelfleet.oip.tensor import TensorHeader, as_output_array, decode_tensor
 from modelfleet.oip.transport import header_length_of, response_content_type
 
 SAMPLES: dict[str, np.ndarray] = {

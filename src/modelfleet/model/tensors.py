@@ -25,12 +25,12 @@ from modelfleet.oip import HEADER_LENGTH_PARAM
 from modelfleet.oip.codec import (
     InferenceRequest,
     OutputTensor,
-    as_output_array,
     encode_response,
     parse_header_length,
     parse_request,
 )
 from modelfleet.oip.signature import check_request, shape_fits
+from modelfleet.oip.tensor import as_output_array
 from modelfleet.oip.transport import response_content_type
 from modelfleet.repository.manifest import Manifest
 

@@ -1,6 +1,7 @@
 """The Open Inference Protocol v2 (KServe V2) data plane's tensor codec: pure, no I/O.
 
 - ``datatypes``: the v2 datatypes and their numpy dtypes;
+- ``tensor``: one tensor's data, JSON or binary, to and from a numpy array;
 - ``codec``: request and response bodies (JSON tensors and the binary tensor extension)
   to and from numpy arrays, with a ``RequestRejected`` for every malformed body;
 - ``signature``: a request checked against a model's declared inputs and outputs.
