@@ -14,10 +14,12 @@ _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 
 
 # -- gateway ------------------------------------------------------------------------
 REQUESTS = Counter("modelfleet_gateway_requests_total",
-                   "Inference requests answered by this gateway, by model and HTTP status",
+                   "Inference requests answered by this gateway, by model (the first N "
+                   "models seen, the rest as 'other') and HTTP status",
                    ["model", "status"])
 REQUEST_SECONDS = Histogram("modelfleet_gateway_request_seconds",
-                            "Time from request received to answer sent", ["model"],
+                            "Time from request received to answer sent, by model (the first "
+                            "N models seen, the rest as 'other')", ["model"],
                             buckets=_LATENCY_BUCKETS)
 PARKED = Gauge("modelfleet_gateway_parked_requests", "Requests waiting for their reply")
 CLIENT_DISCONNECTS = Counter("modelfleet_gateway_client_disconnects_total",

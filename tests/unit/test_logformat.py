@@ -102,3 +102,5 @@ def test_every_outcome_is_observed_with_model_and_outcome_and_one_json_line() ->
                                                   "status": 500, "outcome": "model_error"}
     assert first["timings_ms"] == {"queue_wait": 2.0, "predict": 30.0, "total": 50.0}
     assert second["model"] == "obs-b" and second["worker"] == "" and second["status"] == 504
+    # The gateway's request counter and histogram take the same bounded labels.
+    assert (observer.label("obs-a"), observer.label("obs-c")) == ("obs-a", "other")

@@ -134,8 +134,9 @@ def create_app(service: GatewayService, readiness: list[ReadinessCheck] | None =
             return error_body(500, "internal_error", f"internal error: {type(exc).__name__}")
         finally:
             known = model if model in service.catalog else "(unknown)"
-            metrics.REQUESTS.labels(known, str(status)).inc()
-            metrics.REQUEST_SECONDS.labels(known).observe(time.perf_counter() - started)
+            label = observer.label(known)  # the first N models, then "other"
+            metrics.REQUESTS.labels(label, str(status)).inc()
+            metrics.REQUEST_SECONDS.labels(label).observe(time.perf_counter() - started)
             observer.record(RequestRecord(PARKED_REQUEST_ID.get(), known, resolved, status,
                                           outcome, time.perf_counter() - started, reply))
 

@@ -37,6 +37,10 @@ class RequestObserver:
         self._level = logging.INFO if log_format == "json" else logging.DEBUG
         self._label = model_labels or ModelLabels()
 
+    def label(self, model_id: str) -> str:
+        """The bounded ``model`` label value for ``model_id``."""
+        return self._label(model_id)
+
     def record(self, rec: RequestRecord) -> None:
         model = self._label(rec.model)
         timings = dict(rec.reply.timings_ms) if rec.reply is not None else {}
