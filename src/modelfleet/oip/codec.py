@@ -19,7 +19,6 @@ what was wrong; nothing here knows HTTP.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from modelfleet.errors import RequestRejected
+from modelfleet.oip import jsonio
 from modelfleet.oip.datatypes import DATATYPES, datatype_of
 from modelfleet.oip.tensor import (
     TensorHeader,
@@ -115,7 +115,7 @@ def parse_header_length(value: str | None) -> int | None:
 
 def _json_object(raw: memoryview, what: str) -> dict[str, Any]:
     try:
-        value = json.loads(bytes(raw))
+        value = jsonio.loads(raw)
     except UnicodeDecodeError as exc:
         raise RequestRejected(f"the {what} is not UTF-8: {exc}") from exc
     except ValueError as exc:
@@ -263,7 +263,7 @@ def encode_response(model_name: str, model_version: str, outputs: Sequence[Outpu
         doc["id"] = request_id
     if parameters:
         doc["parameters"] = dict(parameters)
-    tensors, parts = [], []
+    tensors, parts, arrays = [], [], []
     for out in outputs:
         tensor: dict[str, Any] = {"name": out.name, "datatype": out.datatype,
                                   "shape": list(out.array.shape)}
@@ -273,12 +273,14 @@ def encode_response(model_name: str, model_version: str, outputs: Sequence[Outpu
             parts.append(part)
             params["binary_data_size"] = len(part)
         else:
-            tensor["data"] = json_data(out.array, out.datatype, out.name)
+            tensor["data"] = data = json_data(out.array, out.datatype, out.name)
+            if isinstance(data, np.ndarray):
+                arrays.append(data)
         if params:
             tensor["parameters"] = params
         tensors.append(tensor)
     doc["outputs"] = tensors
-    header = json.dumps(doc, separators=(",", ":"), allow_nan=True).encode()
+    header = jsonio.dumps(doc, arrays)
     if not parts:
         return header, None
     return b"".join([header, *parts]), len(header)
@@ -299,7 +301,7 @@ def encode_request(inputs: Mapping[str, np.ndarray], binary: bool = False,
         params["binary_data_output"] = True
     if params:
         doc["parameters"] = params
-    tensors, parts = [], []
+    tensors, parts, arrays = [], [], []
     for name, value in inputs.items():
         array = np.asarray(value)
         datatype = datatype_of(array)
@@ -311,12 +313,14 @@ def encode_request(inputs: Mapping[str, np.ndarray], binary: bool = False,
             parts.append(part)
             tensor["parameters"] = {"binary_data_size": len(part)}
         else:
-            tensor["data"] = json_data(array, datatype, name)
+            tensor["data"] = data = json_data(array, datatype, name)
+            if isinstance(data, np.ndarray):
+                arrays.append(data)
         tensors.append(tensor)
     doc["inputs"] = tensors
     if outputs is not None:
         doc["outputs"] = [{"name": n} for n in outputs]
-    header = json.dumps(doc, separators=(",", ":")).encode()
+    header = jsonio.dumps(doc, arrays)
     if not parts:
         return header, None
     return b"".join([header, *parts]), len(header)

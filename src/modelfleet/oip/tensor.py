@@ -135,6 +135,10 @@ def _check_elements(flat: list[Any], datatype: str, where: str) -> None:
     allowed = _JSON_TYPES.get(datatype, (int,) if integer else (int, float))
     if not set(map(type, flat)) <= set(allowed):
         index, bad = next((i, v) for i, v in enumerate(flat) if type(v) not in allowed)
+        if integer and isinstance(bad, float) and bad.is_integer() and abs(bad) >= 2**63:
+            # A JSON parser may read an integer past 64 bits as a float.
+            raise RequestRejected(f"{where}: element {index} ({bad:g}) is out of the range "
+                                  f"of {datatype}")
         kind = _JSON_KIND.get(datatype, "integers" if integer else "numbers")
         raise RequestRejected(f"{where}: {datatype} elements in JSON are {kind}, element "
                               f"{index} is {str(bad)[:50]!r} ({type(bad).__name__})")
@@ -210,10 +214,11 @@ def binary_of(array: np.ndarray, datatype: str) -> bytes:
     return np.ascontiguousarray(array, dtype=NUMPY_DTYPES[datatype]).tobytes()
 
 
-def json_data(array: np.ndarray, datatype: str, name: str) -> list[Any]:
+def json_data(array: np.ndarray, datatype: str, name: str) -> np.ndarray | list[str]:
+    """The array's elements, flat: a numpy array to write as a JSON list of numbers
+    (``jsonio.dumps``), or the ``BYTES`` elements as strings."""
     if datatype != "BYTES":
-        data: list[Any] = array.reshape(-1).tolist()
-        return data
+        return np.ascontiguousarray(array.reshape(-1), dtype=NUMPY_DTYPES[datatype])
     out = []
     for item in array.reshape(-1):
         try:
