@@ -58,7 +58,7 @@ async def test_loads_record_their_source(tmp_path: Path) -> None:
     await host.ensure("banner", "1")
     await host.evict("banner")
     await host.ensure("banner", "1")
-    assert [load[1] for load in host.stats()["loads"]] == ["repository", "disk"]
+    assert [load.source for load in host.stats().loads] == ["repository", "disk"]
     await host.close()
 
 

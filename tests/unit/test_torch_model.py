@@ -69,5 +69,5 @@ async def test_demote_promote_round_trip_keeps_outputs(tmp_path: Path) -> None:
     assert await infer(host, "a") == before
     expected_device = "cuda" if torch.cuda.is_available() else "cpu"
     assert loaded.handler.device == expected_device
-    assert [s for _, s, _, _ in host.stats()["loads"]] == ["repository", "repository", "host"]
+    assert [load.source for load in host.stats().loads] == ["repository", "repository", "host"]
     await host.close()
