@@ -27,7 +27,7 @@ from tests.browser import dump_dom, screenshot
 from tests.procs import ROOT, Proc, serve
 
 pytestmark = pytest.mark.timeout(240)
-SLOW_LOAD_S = 12  # the held-up load the backlog waits behind
+SLOW_LOAD_S = 16  # the held-up load the backlog waits behind: the page is read meanwhile
 HELD = 5  # requests sent to it at once, with one permit: one runs, four wait in the queue
 
 
