@@ -232,7 +232,7 @@ class Coordinator:
         if counted is None or model_id not in self._catalog:
             return False
         manifest = self._catalog.get(model_id).manifest
-        if manifest.fanout.pinned:
+        if self.control.pinned(model_id):  # the manifest's pin, or an operator's
             return False
         cap = self._settings.scheduling.fanout_cap(manifest.fanout.max_workers, manifest.plan)
         return counted.consumers >= cap
@@ -334,7 +334,7 @@ class Coordinator:
             metrics.QUEUE_BACKLOG.labels(model_id).set(qs.backlog)
             queues.append(QueueView(model_id, qs.backlog, qs.consumers,
                                     manifest.fanout.max_workers, manifest.plan,
-                                    manifest.fanout.pinned,
+                                    self.control.pinned(model_id),
                                     manifest.batching.max_batch_size, runtime.name))
         # A model with a task running here but not resident yet is being loaded for it.
         loading = {r.name: set(self._residency.loading(r.name)) for r in self._supervisor.all()}
