@@ -53,7 +53,7 @@ class Versioned(Model):
 
 
 def add_version(root: Path, name: str, version: str, load_s: float = 1.0,
-                fail: bool = False, size: int = MiB) -> None:
+                fail: bool = False, size: int = MiB, max_workers: int = 2) -> None:
     folder = root / name / version
     staging = root.parent / f".staging-{name}-{version}"
     staging.mkdir(parents=True)
@@ -65,6 +65,8 @@ def add_version(root: Path, name: str, version: str, load_s: float = 1.0,
         device = "cpu"
         memory_estimate_mb = {max(1, size // MiB)}
         timeout_s = 30
+        [fanout]
+        max_workers = {max_workers}
         """))
     (staging / "handler.py").write_text(HANDLER.format(load_s=load_s, fail=fail, size=size,
                                                        name=name, version=version))
@@ -355,7 +357,7 @@ def test_control_across_two_gateways_and_two_workers(tmp_path: Path, versioned: 
 def test_a_pin_reaches_every_worker_on_rabbitmq(tmp_path: Path, repo: Path,
                                                 fleet_env: dict[str, str],
                                                 procs: list[Proc]) -> None:
-    add_version(repo, "p", "1", load_s=0.2)
+    add_version(repo, "p", "1", load_s=0.2, max_workers=1)
     url = rabbitmq_url()
     for name in ("w1", "w2"):
         proc, _ = worker(tmp_path, url, fleet_env, name, repo=repo)
@@ -366,5 +368,13 @@ def test_a_pin_reaches_every_worker_on_rabbitmq(tmp_path: Path, repo: Path,
     r = control(base, "p", "pin")
     assert r.status_code == 200 and sorted(r.json()["workers"]) == ["w1", "w2"], r.text
     wait_for(lambda: sorted(workers_holding(base, "p")) == ["w1", "w2"], what="pinned twice")
+    # Like a pin in model.toml, it lifts the fan-out cap (1 here): both workers pull it
+    # (once its queue exists: the first request declares it).
+    for _ in range(3):
+        answer = infer(base, "p")
+        assert answer.status_code == 200 and answer.headers["x-model-cold"] == "0"
+    wait_for(lambda: sorted(w["worker_id"] for w in httpx.get(f"{base}/v1/fleet").json()
+                            ["workers"] if "p" in w["subscriptions"]) == ["w1", "w2"],
+             what="both workers pulling p")
     index = httpx.post(f"{base}/v2/repository/index").json()
     assert index[0]["pinned"] is True

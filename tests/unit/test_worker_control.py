@@ -236,3 +236,42 @@ async def test_commands_for_other_workers_are_recorded_not_carried_out(
     await eventually(lambda: worker.coordinator.control.pinned("m"))
     await asyncio.sleep(0.3)
     assert not [e for e in worker.events if e.get("kind") == "control_result"]
+
+
+async def test_an_operators_pin_lifts_the_fan_out_cap_like_a_manifest_pin(
+        tmp_path: Path, repo: Path) -> None:
+    add_version(repo, "p", "1")
+    manifest = repo / "p" / "1" / "model.toml"
+    manifest.write_text(manifest.read_text() + "max_workers = 1\n")  # under [fanout]
+    broker = MemoryBroker(Settings().broker)
+    await broker.connect()
+    coordinators, launchers = [], []
+    for name in ("w1", "w2"):
+        settings = Settings(repo=str(repo), state_dir=tmp_path / name,
+                            broker={"url": "memory"},
+                            worker={"worker_id": name, "rescore_interval_s": 0.1,
+                                    "state_interval_s": 0.2, "standby_keep_s": 0},
+                            control={"announce_interval_s": 0.1})
+        store, catalog = open_repository(settings)
+        launchers.append(InProcessLauncher())
+        coordinator = Coordinator(settings, broker, catalog, RuntimeSupervisor(
+            settings, catalog, store, launcher=launchers[-1]))
+        await coordinator.start()
+        coordinators.append(coordinator)
+    try:
+        pin = Command(uuid.uuid4().hex, "p", "pin", Revision(time.time(), "gw"), "",
+                      ("w1", "w2"))
+        await broker.publish_event(pin.event())
+        inbox = await broker.open_inbox()
+        for _ in range(3):  # the queue exists once a gateway publishes to it
+            await broker.publish_task(Task(
+                uuid.uuid4().hex, "p", "1", now_ms() + 10_000, inbox.address,
+                PayloadRef("inline", data=b"{}", size_bytes=2), "application/json", now_ms()))
+            await broker.publish_event({"kind": "demand", "model_id": "p", "at": time.time()})
+        await eventually(lambda: all("p" in c.state()["subscriptions"] for c in coordinators))
+    finally:
+        for coordinator in coordinators:
+            await coordinator.stop()
+        for launcher in launchers:
+            await launcher.close()
+        await broker.close()
