@@ -40,7 +40,7 @@ from modelfleet.gateway.encoding import inflate
 from modelfleet.gateway.http import CLOSE_AFTER, STATUS_BY_CODE
 from modelfleet.gateway.inflight import RequestTimeout
 from modelfleet.gateway.observe import RequestObserver, RequestRecord
-from modelfleet.gateway.parking import PARKED_REQUEST_ID
+from modelfleet.gateway.parking import PARKED_REPLY, PARKED_REQUEST_ID
 from modelfleet.gateway.service import GatewayService
 from modelfleet.oip import HEADER_LENGTH_PARAM, OIP_CONTENT_TYPE
 from modelfleet.oip.codec import InferenceRequest, parse_header_length, parse_request
@@ -184,6 +184,7 @@ def oip_router(service: GatewayService, readiness: list[ReadinessCheck],
         status = 500
         outcome, reply, resolved = "internal_error", None, version or ""
         PARKED_REQUEST_ID.set("")
+        PARKED_REPLY.set(None)
         try:
             async with service.requests.track() as guard:
                 # The version this request will get (a rollout may move the route).
@@ -230,7 +231,7 @@ def oip_router(service: GatewayService, readiness: list[ReadinessCheck],
         except ModelfleetError as exc:
             response = v2_error(exc)
             status, outcome = response.status_code, exc.code
-            reply = getattr(exc, "reply", None)  # a worker's failure reply, when one came
+            reply = PARKED_REPLY.get()  # a worker's failure reply, when one came
             if isinstance(exc, RequestTimeout):
                 metrics.READ_TIMEOUTS.labels("body").inc()
             return response
@@ -240,8 +241,9 @@ def oip_router(service: GatewayService, readiness: list[ReadinessCheck],
                                 status_code=500)
         finally:
             known = model if model in service.catalog else "(unknown)"
-            metrics.REQUESTS.labels(known, str(status)).inc()
-            metrics.REQUEST_SECONDS.labels(known).observe(time.perf_counter() - started)
+            label = observer.label(known)  # the first N models, then "other"
+            metrics.REQUESTS.labels(label, str(status)).inc()
+            metrics.REQUEST_SECONDS.labels(label).observe(time.perf_counter() - started)
             observer.record(RequestRecord(PARKED_REQUEST_ID.get(), known, resolved, status,
                                           outcome, time.perf_counter() - started, reply))
 
