@@ -77,3 +77,22 @@ def test_a_task_carries_the_callers_tenant_and_plan_when_one_is_known() -> None:
     finally:
         CALLER.reset(token)
     assert task_tenant("examples", "free") == ("examples", "free")
+
+
+@pytest.mark.parametrize(("mode", "host", "embedded", "on"), [
+    ("auto", "127.0.0.1", True, False),   # serve on loopback: open, with a warning
+    ("auto", "::1", True, False),
+    ("auto", "0.0.0.0", True, True),      # serve reachable from elsewhere: keys
+    ("auto", "127.0.0.1", False, True),   # a gateway: always keys unless told
+    ("off", "0.0.0.0", False, False),
+    ("on", "127.0.0.1", True, True),
+])
+def test_when_auth_is_on(mode: str, host: str, embedded: bool, on: bool) -> None:
+    from modelfleet.gateway.auth import auth_enabled
+    from modelfleet.settings import Settings
+
+    base = Settings()
+    settings = base.model_copy(update={
+        "tenancy": base.tenancy.model_copy(update={"auth": mode}),
+        "gateway": base.gateway.model_copy(update={"host": host})})
+    assert auth_enabled(settings, embedded) is on
