@@ -100,7 +100,9 @@ def create_app(service: GatewayService, readiness: list[ReadinessCheck] | None =
         PARKED_REPLY.set(None)
         try:
             async with service.requests.track() as guard:
-                manifest = service.catalog.get(model).version(version)
+                # The version this request will get (a rollout may hold the route back).
+                manifest = service.catalog.get(model).version(service.control.route(model,
+                                                                                    version))
                 resolved = manifest.version
                 deadline_ms = service.deadline_ms(manifest.timeout_s,
                                                   request.headers.get("x-request-timeout"))
