@@ -9,6 +9,7 @@ import re
 import pytest
 from prometheus_client import generate_latest
 
+from modelfleet.broker.base import QueueStats
 from modelfleet.broker.embedded import MemoryBroker
 from modelfleet.gateway.fleet import FleetView
 from modelfleet.gateway.fleet_summary import FleetSummary, desired_workers
@@ -183,3 +184,38 @@ async def test_oldest_waiting_age_is_per_model_and_leaves_with_the_answer() -> N
     parked.unpark("r1")
     assert parked.oldest_waiting_s() == {"a": 1.0, "b": 1.0}
     await asyncio.sleep(0)
+
+
+class SlowCountingBroker(MemoryBroker):
+    """The embedded broker, whose counts take 3 s of the summary's clock."""
+
+    def __init__(self, clock: list[float]) -> None:
+        super().__init__(BrokerSettings())
+        self.clock = clock
+        self.counts = 0
+
+    async def queue_stats(self, model_ids: list[str]) -> dict[str, QueueStats]:
+        self.counts += 1
+        self.clock[0] += 3
+        return await super().queue_stats(model_ids)
+
+
+async def test_a_slow_count_spaces_out_the_next_one() -> None:
+    clock = [0.0]
+    broker = SlowCountingBroker(clock)
+    await broker.connect()
+    try:
+        fleet = FleetView(stale_after_s=10)
+        fleet.observe({"kind": "demand", "model_id": "m"})
+        await broker.publish_task(make_task("m"))
+        summary = FleetSummary(Settings(), broker, fleet, ParkedRequests(),
+                               clock=lambda: clock[0])
+        await summary.get()
+        clock[0] += 10  # 10 s later: less than 5 x the 3 s the count took
+        await summary.get()
+        assert broker.counts == 1
+        clock[0] += 6
+        assert (await summary.get())["totals"]["backlog"] == 1
+        assert broker.counts == 2
+    finally:
+        await broker.close()
