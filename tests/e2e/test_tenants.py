@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from tests.conftest import rabbitmq_url, require_rabbitmq, require_redis
-from tests.procs import MODELFLEET, ROOT, Proc, gateway, serve, worker
+from tests.procs import MODELFLEET, ROOT, Proc, gateway, metric_sum, serve, worker
 
 POSTGRES_URL = os.environ.get("MODELFLEET_TEST_POSTGRES",
                               "postgresql://postgres@127.0.0.1:5432/test")
@@ -206,6 +206,10 @@ def test_keys_and_roles_end_to_end(tmp_path: Path, procs: list[Proc], deployment
         return ok == owner_ok and any(r["model"] == "iris" for r in rows)
 
     eventually(owner_rows_complete, within_s=10)
+    # Metrics carry the tenant (the first ones seen; bounded).
+    assert metric_sum(base, "modelfleet_tenant_requests_total", tenant="examples",
+                      outcome="ok") == owner_ok + 1  # and the iris call
+    assert metric_sum(base, "modelfleet_gateway_auth_refusals_total", status="401") >= 3
     rows = [r for r in exported() if r["model"] == "banner" and r["outcome"] == "ok"]
     assert sum(int(r["bytes_in"]) for r in rows) == 2 * owner_ok  # b"hi" each
     assert sum(int(r["bytes_out"]) for r in rows) > 0
