@@ -7,8 +7,11 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import re
 import shutil
 import socket
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -26,7 +29,16 @@ from tritonclient.utils import InferenceServerException
 
 from modelfleet.oip.codec import decode_response, encode_request
 from tests.conftest import rabbitmq_url, require_rabbitmq
-from tests.procs import EXAMPLES, Proc, gateway, metric_sum, serve, worker, write_package
+from tests.procs import (
+    EXAMPLES,
+    ROOT,
+    Proc,
+    gateway,
+    metric_sum,
+    serve,
+    worker,
+    write_package,
+)
 
 MAX_BODY_BYTES = 4 * 1024 * 1024
 PAYLOAD_STORE_BYTES = 3 * 1024 * 1024  # holds one 1.9 MB body, not a 3.5 MB one
@@ -201,6 +213,21 @@ def test_bytes_input(served: str, binary: bool) -> None:
     expected = [t.encode() if isinstance(t, str) else t for t in texts]
     assert result.as_numpy("length").tolist() == [len(t) for t in expected]
     assert as_bytes(result.as_numpy("upper")) == [t.upper() for t in expected]
+
+
+def test_the_readme_tritonclient_example_runs_as_printed(served: str) -> None:
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Open Inference Protocol v2"):]
+    match = re.search(r"```python\n(.*?)```", section, re.S)
+    assert match is not None
+    script = match.group(1).replace("localhost:8000", served.removeprefix("http://"))
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    assert lines[0] == "True True"
+    assert lines[1] == "[{'name': 'features', 'datatype': 'FP32', 'shape': [-1, 4]}]"
+    assert lines[2] == "[b'setosa' b'virginica']"
 
 
 def test_the_v1_api_still_serves_a_model_with_a_signature(served: str) -> None:
