@@ -73,7 +73,8 @@ class LocalLimits:
                 raise _refused(tenant, plan, 1, allow_at - now_ms)
             self._tat_ms[tenant] = tat
         lease = uuid.uuid4().hex
-        leases[lease] = now_ms + lease_s * 1000
+        if plan.max_concurrent:  # (at most max_concurrent are held: pruning stays cheap)
+            leases[lease] = now_ms + lease_s * 1000
         return lease
 
     async def admit(self, tenant: str, plan: Plan, lease_s: float) -> Release:
