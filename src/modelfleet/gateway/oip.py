@@ -134,7 +134,7 @@ def oip_router(service: GatewayService, readiness: list[ReadinessCheck],
     def metadata(model: str, version: str | None) -> JSONResponse:
         try:
             entry = service.catalog.get(model)
-            manifest = entry.version(version)
+            manifest = entry.version(service.control.route(model, version))
         except ModelfleetError as exc:
             return v2_error(exc)
         versions = [m.version for m in entry.versions] if version is None else [version]
@@ -150,7 +150,7 @@ def oip_router(service: GatewayService, readiness: list[ReadinessCheck],
 
     def model_ready(model: str, version: str | None) -> JSONResponse:
         try:
-            manifest = service.catalog.get(model).version(version)
+            manifest = service.catalog.get(model).version(service.control.route(model, version))
         except ModelfleetError as exc:
             return v2_error(exc)
         reasons = not_ready()
