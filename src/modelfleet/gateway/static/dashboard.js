@@ -122,16 +122,23 @@ function renderChart(rate) {
   }
   const tMin = points[0].at, tMax = Math.max(points[points.length - 1].at, tMin + 1);
   const maxRes = Math.max(1, ...points.map(p => p.resident));
-  const maxRate = Math.max(1, ...points.map(p => Math.max(p.loads, p.promotions)));
+  // The rate axis gets headroom (a round number above 1.5 x the peak), the residency
+  // axis none: equal numbers of models and loads per minute do not draw one line.
+  const peak = Math.max(1, ...points.map(p => Math.max(p.loads, p.promotions))) * 1.5;
+  const step = Math.pow(10, Math.floor(Math.log10(peak)));
+  const maxRate = [1, 2, 2.5, 5, 10].map(m => m * step).find(v => v >= peak);
   const xs = t => x0 + (x1 - x0) * (t - tMin) / (tMax - tMin);
   const yRes = v => y0 - (y0 - y1) * v / maxRes;
   const yRate = v => y0 - (y0 - y1) * v / maxRate;
-  const line = (key, y, color, cls) => svg("polyline", {
+  const line = (key, y, color, cls, dash) => svg("polyline", {
     points: points.map(p => xs(p.at).toFixed(1) + "," + y(p[key]).toFixed(1)).join(" "),
-    fill: "none", stroke: color, "stroke-width": 2, class: cls }, chart);
-  line("resident", yRes, "#3867d6", "series-resident");
-  line("loads", yRate, "#e8590c", "series-loads");
-  line("promotions", yRate, "#2f9e44", "series-promotions");
+    fill: "none", stroke: color, "stroke-width": dash ? 2 : 3, class: cls,
+    "stroke-dasharray": dash ? "6 4" : "none" }, chart);
+  // Rates dashed on their own (right) scale, residency solid on top: when both lines
+  // meet, both stay visible.
+  line("promotions", yRate, "#2f9e44", "series-promotions", true);
+  line("loads", yRate, "#e8590c", "series-loads", true);
+  line("resident", yRes, "#3867d6", "series-resident", false);
   const label = (x, y, s, anchor, color) => {
     const t = svg("text", { x, y, "text-anchor": anchor, fill: color, "font-size": 11 }, chart);
     t.textContent = s;
