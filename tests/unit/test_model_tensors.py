@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import textwrap
 from pathlib import Path
@@ -153,6 +154,35 @@ def test_the_response_echoes_the_id_and_names_the_model(model: LocalModel) -> No
     doc = json.loads(answer.body)
     assert (doc["id"], doc["model_name"], doc["model_version"]) == ("r-7", "t", "1")
     assert answer.content_type == "application/json"
+
+
+PARAMS_HANDLER = """
+from modelfleet import Model
+
+class H(Model):
+    async def preprocess(self, request):
+        return dict(request.params)
+
+    def predict(self, batch):
+        return [{"sum": [0.0], "upper": [str(sorted(item.items())).encode()]} for item in batch]
+"""
+
+
+def test_the_handler_gets_the_requests_own_parameters(tmp_path: Path) -> None:
+    package = tmp_path / "t" / "1"
+    package.mkdir(parents=True)
+    (package / "model.toml").write_text(BASE + SIGNATURE)
+    (package / "handler.py").write_text(textwrap.dedent(PARAMS_HANDLER))
+    model = LocalModel.from_package(package)
+    body, header_length = encode_request(INPUTS, binary=True, parameters={
+        "top_k": 3, "mode": "fast", "exact": True, "timeout": 5_000_000})
+    [answer] = asyncio.run(model.ainfer_many([(body, OIP_CONTENT_TYPE)],
+                                             {HEADER_LENGTH_PARAM: str(header_length)}))
+    _, arrays = decode_response(answer.body)
+    # strings as they are, other values as JSON; timeout (the protocol's) and the header
+    # length (the transport's) are not the handler's
+    assert arrays["upper"].tolist() == [
+        b"[('exact', 'true'), ('mode', 'fast'), ('top_k', '3')]"]
 
 
 def test_only_the_requested_outputs_in_the_format_asked(model: LocalModel) -> None:

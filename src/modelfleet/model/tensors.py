@@ -3,7 +3,8 @@
 ``TensorCall.open`` decodes the request body the gateway forwarded unchanged (JSON
 tensors or the binary tensor extension), checks it against the manifest's
 ``[[inputs]]``, and gives the handler a ``Request`` whose ``tensors`` are numpy arrays
-by input name. ``TensorCall.answer`` turns what the handler returned (a dict of arrays
+by input name and whose ``params`` hold the request's own ``parameters``.
+``TensorCall.answer`` turns what the handler returned (a dict of arrays
 by output name, a list of them in the manifest's order, or one array for a model with
 one output) into the v2 response, with the outputs the caller asked for, each as JSON
 ``data`` or in binary as asked. A request that does not fit is the caller's fault
@@ -13,6 +14,7 @@ one output) into the v2 response, with the outputs the caller asked for, each as
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -34,6 +36,16 @@ from modelfleet.oip.tensor import as_output_array
 from modelfleet.oip.transport import response_content_type
 from modelfleet.repository.manifest import Manifest
 
+# Request parameters the protocol itself acts on; the handler gets the others.
+PROTOCOL_PARAMETERS = frozenset({"timeout", "binary_data_output"})
+
+
+def handler_parameters(parameters: Mapping[str, Any]) -> dict[str, str]:
+    """A v2 request's own parameters as ``Request.params`` holds /v1 query parameters:
+    strings as they are, any other JSON value as its JSON text (``true``, ``5``)."""
+    return {name: value if isinstance(value, str) else json.dumps(value)
+            for name, value in parameters.items() if name not in PROTOCOL_PARAMETERS}
+
 
 @dataclass(frozen=True)
 class TensorCall:
@@ -51,6 +63,7 @@ class TensorCall:
         parsed = parse_request(request.body, header_length)
         check_request(parsed, manifest.inputs, manifest.outputs, manifest.name)
         params = {k: v for k, v in request.params.items() if k != HEADER_LENGTH_PARAM}
+        params.update(handler_parameters(parsed.parameters))
         return cls(manifest, parsed), replace(request, tensors=parsed.decode_inputs(),
                                               params=params)
 
