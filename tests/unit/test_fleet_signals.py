@@ -219,3 +219,29 @@ async def test_a_slow_count_spaces_out_the_next_one() -> None:
         assert broker.counts == 2
     finally:
         await broker.close()
+
+
+async def test_a_broker_that_cannot_count_still_leaves_the_workers_on_the_page() -> None:
+    broker = MemoryBroker(BrokerSettings())
+    await broker.connect()
+    fleet = FleetView(stale_after_s=10)
+    fleet.observe(state("w1", {"disk": 1}, ["m"], in_use=1, cap=4, subscriptions=["m"]))
+    for _ in range(7):
+        await broker.publish_task(make_task("m"))
+    clock = [0.0]
+    summary = FleetSummary(Settings(), broker, fleet, ParkedRequests(), clock=lambda: clock[0])
+    assert (await summary.get())["totals"]["backlog"] == 7
+    assert metric("modelfleet_fleet_desired_workers") == 3  # (1 + 7) / (4 x 0.8)
+    await broker.close()  # counting now fails with BrokerUnavailable
+    clock[0] += 2
+    latest = await summary.get()
+    assert latest["broker_error"]
+    # Unknown, not zero: an autoscaler must not shrink the fleet because the broker is down.
+    assert latest["totals"]["backlog"] is None and latest["totals"]["desired_workers"] is None
+    assert metric("modelfleet_fleet_desired_workers") == 3
+    assert metric("modelfleet_fleet_total_backlog") == 7
+    summary = latest
+    assert [w["worker_id"] for w in summary["workers"]] == ["w1"]
+    assert summary["totals"]["permits_in_use"] == 1
+    assert summary["queues"] == [{"model": "m", "backlog": None, "consumers": None,
+                                  "oldest_waiting_s": None, "warm_on": ["w1"]}]

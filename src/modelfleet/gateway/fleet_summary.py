@@ -102,8 +102,10 @@ class FleetSummary:
             "permits_in_use": in_use,
             "permits_cap": cap,
             "permit_utilization": round(in_use / cap, 4) if cap else 0.0,
-            "backlog": backlog,
-            "desired_workers": desired_workers(
+            # Unknown, not 0, when the broker could not count: a 0 would tell an
+            # autoscaler to shrink the fleet because the broker is down.
+            "backlog": None if broker_error else backlog,
+            "desired_workers": None if broker_error else desired_workers(
                 in_use, backlog, per_worker, self._settings.gateway.target_permit_utilization),
             "resident_device": sum(len((w.get("resident") or {}).get("device", []))
                                    for w in workers),
@@ -123,6 +125,8 @@ class FleetSummary:
         metrics.FLEET_PERMITS_IN_USE.set(totals["permits_in_use"])
         metrics.FLEET_PERMITS_CAP.set(totals["permits_cap"])
         metrics.FLEET_PERMIT_UTILIZATION.set(totals["permit_utilization"])
+        if totals["backlog"] is None:  # not counted: the gauges keep their last values
+            return
         metrics.FLEET_DESIRED_WORKERS.set(totals["desired_workers"])
         metrics.FLEET_TOTAL_BACKLOG.set(totals["backlog"])
         limit = self._settings.gateway.fleet_metrics_models
