@@ -128,6 +128,11 @@ def test_the_page_shows_the_fleet_the_backlog_and_the_load_rate(
     # none of them a promotion.
     assert dom.text("window-loads") == "3" and dom.text("window-promotions") == "0"
 
+    # One worker's panel (a shareable link): its own series, here the fleet's only worker.
+    worker_id = worker["data"]["worker"]
+    scoped = dump_dom(f"{page}?worker={worker_id}")
+    assert scoped.text("window-loads") == "3" and float(scoped.text("rate-resident")) == 3
+
     shot = screenshot(page, tmp_path / "dashboard.png")
     image = Image.open(shot).convert("RGB")
     assert image.size == (1280, 1000)

@@ -245,3 +245,25 @@ async def test_a_broker_that_cannot_count_still_leaves_the_workers_on_the_page()
     assert summary["totals"]["permits_in_use"] == 1
     assert summary["queues"] == [{"model": "m", "backlog": None, "consumers": None,
                                   "oldest_waiting_s": None, "warm_on": ["w1"]}]
+
+
+async def test_the_summary_carries_one_workers_series_only_when_asked() -> None:
+    broker = MemoryBroker(BrokerSettings())
+    await broker.connect()
+    try:
+        now = [0.0]
+        fleet = FleetView(stale_after_s=60, clock=lambda: now[0])
+        for t in (0.0, 10.0):
+            now[0] = t
+            fleet.observe(state("w1", {"disk": int(t)}, ["a"]))
+            fleet.observe(state("w2", {"disk": 1}, ["b"]))
+        summary = FleetSummary(Settings(), broker, fleet, ParkedRequests())
+        whole = await summary.get()
+        assert [p["workers"] for p in whole["load_rate"]["points"]] == [{}]
+        assert whole["load_rate"]["points"][0]["fleet"]["loads"] == 10
+        one = await summary.get("w1")
+        (point,) = one["load_rate"]["points"]
+        assert list(point["workers"]) == ["w1"] and point["workers"]["w1"]["loads"] == 10
+        assert one["totals"] == whole["totals"]
+    finally:
+        await broker.close()

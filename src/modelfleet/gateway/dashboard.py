@@ -35,9 +35,10 @@ def dashboard_router(summary: FleetSummary) -> APIRouter:
     router = APIRouter()
 
     @router.get("/v1/fleet/summary")
-    async def fleet_summary() -> dict[str, Any]:
-        """Workers, queues, totals and the load-rate series, as the page shows them."""
-        return await summary.get()
+    async def fleet_summary(worker: str | None = None) -> dict[str, Any]:
+        """Workers, queues, totals and the fleet's load-rate series, as the page shows
+        them; ``?worker=ID`` adds that worker's own series."""
+        return await summary.get(worker)
 
     @router.get("/dashboard", include_in_schema=False)
     async def page() -> Response:

@@ -31,6 +31,11 @@ class FleetView:
         elif kind == "demand" and isinstance(event.get("model_id"), str):
             self._demand[event["model_id"]] = self._clock()
 
+    def sample_load_rates(self) -> None:
+        """A load-rate sample now (if one is due), of the live workers only."""
+        live = {str(state["worker_id"]) for state in self.workers()}
+        self.load_rates.sample(self._clock(), live)
+
     def in_demand(self) -> set[str]:
         """Models any gateway announced demand for in the last minute."""
         horizon = self._clock() - DEMAND_WINDOW_S

@@ -56,9 +56,16 @@ class FleetSummary:
         self._last: dict[str, Any] = {}
         self._labelled: dict[str, set[str]] = {"backlog": set(), "oldest": set()}
 
-    async def get(self) -> dict[str, Any]:
+    async def get(self, worker: str | None = None) -> dict[str, Any]:
         """The current summary (at most ``MIN_REFRESH_S`` old, or longer when counting
-        the queues is slow); sets the fleet gauges."""
+        the queues is slow); sets the fleet gauges. Its load-rate series is the fleet's,
+        with ``worker``'s own beside it when one is named."""
+        summary = await self._current()
+        if worker is None:
+            return summary
+        return {**summary, "load_rate": self._fleet.load_rates.series({worker})}
+
+    async def _current(self) -> dict[str, Any]:
         async with self._lock:
             started = self._clock()
             if started - self._built_at >= self._min_interval_s:
@@ -71,7 +78,7 @@ class FleetSummary:
 
     async def _build(self) -> dict[str, Any]:
         workers = sorted(self._fleet.workers(), key=lambda w: str(w.get("worker_id")))
-        self._fleet.load_rates.sample(time.time(), {str(w["worker_id"]) for w in workers})
+        self._fleet.sample_load_rates()
         oldest = self._parked.oldest_waiting_s()
         models = set(self._fleet.in_demand()) | set(oldest)
         for state in workers:
@@ -95,7 +102,7 @@ class FleetSummary:
         cap = sum(int(w.get("permits_cap", 0)) for w in workers)
         backlog = sum(qs.backlog for qs in counts.values())
         per_worker = cap / len(workers) if workers else float(self._settings.worker.permits)
-        rates = self._fleet.load_rates.series()
+        rates = self._fleet.load_rates.series(workers_shown=())
         totals = {
             "workers": len(workers),
             "ready_workers": sum(1 for w in workers if w.get("ready")),

@@ -15,6 +15,7 @@ first seen in a sample has no rate there (its earlier counts are not of this win
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Collection
 from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any
@@ -70,10 +71,15 @@ class LoadRateRing:
             return
         self._samples.append(Sample(now, dict(self._latest)))
 
-    def series(self) -> dict[str, Any]:
+    def series(self, workers_shown: Collection[str] | None = None) -> dict[str, Any]:
         """Points over the window: at each sample after the first, per worker and for the
         fleet, resident models (device, host), and loads from storage and promotions from
-        host memory since the sample before (counts, and per minute)."""
+        host memory since the sample before (counts, and per minute).
+
+        ``workers_shown``: the workers whose own series the points carry (all: None). A
+        page polling every two seconds asks for the fleet and at most one worker: every
+        worker's ten minutes would be megabytes a poll in a large fleet.
+        """
         points: list[dict[str, Any]] = []
         recent: deque[tuple[float, dict[str, tuple[int, int]]]] = deque()  # the last minute
         for before, after in pairwise(self._samples):
@@ -104,7 +110,8 @@ class LoadRateRing:
             points.append({"at": round(after.at, 3),
                            "fleet": {k: round(v, 2) for k, v in fleet.items()},
                            "workers": {w: {k: round(v, 2) for k, v in counts.items()}
-                                       for w, counts in workers.items()}})
+                                       for w, counts in workers.items()
+                                       if workers_shown is None or w in workers_shown}})
         return {"step_s": self._step_s, "points": points}
 
 

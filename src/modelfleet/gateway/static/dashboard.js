@@ -5,6 +5,7 @@ const POLL_MS = 2000;
 const SVG_NS = "http://www.w3.org/2000/svg";
 const W = 900, H = 260, PAD = { left: 48, right: 72, top: 14, bottom: 26 };
 let last = null;
+let timer = null;
 
 function text(id, value) {
   const el = document.getElementById(id);
@@ -167,15 +168,32 @@ function render(summary) {
 
 async function poll() {
   try {
-    const response = await fetch("/v1/fleet/summary", { cache: "no-store" });
+    const scope = document.getElementById("scope").value;
+    const url = "/v1/fleet/summary" + (scope ? "?worker=" + encodeURIComponent(scope) : "");
+    const response = await fetch(url, { cache: "no-store" });
     if (!response.ok) throw new Error("HTTP " + response.status);
     render(await response.json());
   } catch (err) {
     document.getElementById("status").textContent = "cannot reach the gateway: " + err.message;
   } finally {
-    setTimeout(poll, POLL_MS);
+    clearTimeout(timer);
+    timer = setTimeout(poll, POLL_MS);
   }
 }
 
-document.getElementById("scope").addEventListener("change", () => last && renderChart(last.load_rate));
+// /dashboard?worker=ID opens with that worker's panel (a link an operator can share).
+const asked = new URLSearchParams(location.search).get("worker");
+if (asked) {
+  const option = document.createElement("option");
+  option.value = option.textContent = asked;
+  document.getElementById("scope").appendChild(option);
+  document.getElementById("scope").value = asked;
+}
+
+// A new scope needs that worker's series: poll now rather than at the next tick.
+document.getElementById("scope").addEventListener("change", () => {
+  if (last) renderChart({ points: [] });
+  clearTimeout(timer);
+  poll();
+});
 poll();
