@@ -77,9 +77,11 @@ def test_the_page_shows_the_fleet_the_backlog_and_the_load_rate(
     try:
         # One task runs (its model loading), the other four wait in the queue.
         loop.run_until_complete(asyncio.sleep(0))
+        # All sent (parked here), one taken (its permit in use), the rest in the queue.
         waiting = loop.run_in_executor(None, wait_for, base, lambda s: any(
-            q["model"] == "slowload" and q["backlog"] == HELD - 1 for q in s["queues"]),
-            "the held-up backlog")
+            q["model"] == "slowload" and q["backlog"] == HELD - 1 for q in s["queues"])
+            and s["totals"]["permits_in_use"] == 1
+            and s["totals"]["requests_waiting"] == HELD, "the held-up backlog")
         loop.run_until_complete(waiting)
         dom = dump_dom(page)
         assert dom.text("total-workers") == "1" and dom.text("total-ready-workers") == "1"
