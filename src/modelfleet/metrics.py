@@ -32,6 +32,10 @@ READ_TIMEOUTS = Counter("modelfleet_gateway_read_timeouts_total",
                         "Requests whose headers or body did not arrive in time", ["phase"])
 LATE_REPLIES = Counter("modelfleet_gateway_late_replies_total",
                        "Replies that found no waiting request (duplicate or after deadline)")
+CONTROL_COMMANDS = Counter("modelfleet_control_commands_total",
+                           "Control API commands this gateway ran (load, unload, pin, "
+                           "unpin, route), by outcome: ok, failed, timed_out",
+                           ["action", "outcome"])
 PAYLOAD_STORE_BYTES = Gauge("modelfleet_gateway_payload_store_bytes",
                             "Bytes of request payloads held for workers to fetch")
 PAYLOAD_FETCHES = Counter("modelfleet_gateway_payload_fetches_total",
@@ -66,6 +70,10 @@ QUEUE_BACKLOG = Gauge("modelfleet_queue_backlog", "Ready messages per model queu
                       ["model"])
 SUBSCRIBE_EVENTS = Counter("modelfleet_worker_subscription_changes_total",
                            "Subscribe and unsubscribe decisions", ["change", "warmth"])
+VERSION_CHANGES = Counter("modelfleet_worker_version_changes_total",
+                          "Model versions this worker warmed (a new version), failed to warm, "
+                          "unpinned or released (the route left them), or dropped (unloaded "
+                          "by an operator)", ["action"])
 RUNTIME_RESTARTS = Counter("modelfleet_runtime_restarts_total",
                            "Runtime processes restarted after a crash or hang", ["reason"])
 RUNTIMES_READY = Gauge("modelfleet_runtimes_ready", "Runtime processes ready to take work")

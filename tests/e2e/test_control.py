@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from tests.conftest import rabbitmq_url, require_rabbitmq
-from tests.procs import ROOT, Proc, gateway, serve, worker
+from tests.procs import ROOT, Proc, gateway, metric_sum, serve, worker
 
 MiB = 1024 * 1024
 FAST = {"MODELFLEET_WORKER__STATE_INTERVAL_S": "0.3",
@@ -162,6 +162,8 @@ def test_load_answers_once_warm_and_the_next_request_is_warm(versioned: Path,
     assert first.status_code == 200 and first.headers["x-model-cold"] == "0"
     index = httpx.post(f"{served}/v2/repository/index", timeout=10).json()
     assert index[0]["name"] == "m" and index[0]["state"] == "READY"
+    assert metric_sum(served, "modelfleet_control_commands_total", action="load",
+                      outcome="ok") == 1
 
 
 def test_load_errors_say_why(versioned: Path, repo: Path, served: str) -> None:
@@ -238,6 +240,9 @@ def test_a_new_version_rolls_in_without_a_cold_request(versioned: Path, repo: Pa
     versions = traffic.versions()
     switch = versions.index("2")
     assert set(versions[:switch]) == {"1"} and set(versions[switch:]) == {"2"}
+    assert metric_sum(served, "modelfleet_worker_version_changes_total", action="warm") == 1
+    wait_for(lambda: metric_sum(served, "modelfleet_worker_version_changes_total",
+                                action="release") == 1, what="version 1 released")
 
 
 def test_a_load_naming_a_version_rolls_it_in_without_a_cold_request(repo: Path,

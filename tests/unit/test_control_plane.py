@@ -173,3 +173,20 @@ async def test_unload_is_refused_here_at_once_and_answered_by_every_worker(
         lambda p: p.unload("n"))
     assert outcome.workers == ("a", "b") and not p.available("n")
     assert seen[0]["action"] == "unload"
+
+
+def test_the_gateway_keeps_its_route_until_a_worker_says_what_it_holds(tmp_path: Path) -> None:
+    clock = Clock()
+    catalog = repo(tmp_path, {"m": ["1"]})
+    p = ControlPlane(Settings(control={"stale_after_s": 5}),  # type: ignore[arg-type]
+                     MemoryBroker(BrokerSettings()), catalog, clock)
+    assert p.route("m") == "1"
+    (tmp_path / "m" / "2").mkdir()
+    (tmp_path / "m" / "2" / "model.toml").write_text(
+        'name = "m"\nversion = "2"\nentrypoint = "handler:Model"\n')
+    catalog.replace_with(Catalog.from_store(LocalStore(tmp_path)))
+    assert p.route("m") == "1"  # a request just went to 1: no announcement yet
+    p.observe(worker("a", {"m": {"1"}}))
+    assert p.route("m") == "1"
+    p.observe(worker("a", {"m": {"1", "2"}}))
+    assert p.route("m") == "2"

@@ -91,3 +91,11 @@ def test_an_operators_unpin_unpins_every_resident_version() -> None:
 def test_an_unloaded_model_still_resident_is_dropped() -> None:
     assert plan([view(loaded=False)], drain_s=10).unload == ("m",)
     assert plan([view(loaded=False, resident=frozenset())], drain_s=10).unload == ()
+
+
+def test_a_route_just_given_sticks_while_no_worker_is_known_to_hold_the_model() -> None:
+    # A request has just loaded version 1; no announcement says so yet; version 2 appears.
+    assert route("m", ["1", "2"], None, [], sticky="1") == "1"
+    assert route("m", ["1", "2"], None, [held("a", {"1", "2"})], sticky="1") == "2"
+    assert route("m", ["1", "2"], None, [held("a", set(), failed={"1"})], sticky="1") == "2"
+    assert route("m", ["2"], None, [], sticky="1") == "2"  # gone from the repository

@@ -9,7 +9,8 @@ The route of a model (``route``):
 2. otherwise the newest version in the repository that no worker failed to load and
    that every worker holding the model (any version) holds: a new version takes the
    route only once it is warm wherever the old one is;
-3. no worker holds the model: the newest version that no worker failed to load.
+3. no worker holds the model: the newest version that no worker failed to load (or
+   the good version the caller routed it to a moment ago: ``sticky``).
 
 A worker (``plan``) warms the newest version where it holds an older one (a pinned
 model's versions are kept on every worker by its ``PinKeeper``), unpins a version as
@@ -35,10 +36,14 @@ class Holdings:
 
 
 def route(model_id: str, versions: Sequence[str], explicit: str | None,
-          fleet: Iterable[Holdings]) -> str:
+          fleet: Iterable[Holdings], sticky: str | None = None) -> str:
     """The version unversioned requests for ``model_id`` are stamped with.
 
     ``versions``: the repository's versions of the model, oldest first (never empty).
+    ``sticky``: the version this caller routed the model to a moment ago, kept while no
+    worker is known to hold the model: announcements lag a model a request has just
+    loaded, and without it a new version appearing in that moment would be routed to
+    (and loaded cold) before any worker said it holds the old one.
     """
     if explicit is not None and explicit in versions:
         return explicit
@@ -49,7 +54,7 @@ def route(model_id: str, versions: Sequence[str], explicit: str | None,
         return versions[-1]
     holders = [h.resident[model_id] for h in fleet if h.resident.get(model_id)]
     if not holders:
-        return candidates[0]
+        return sticky if sticky in candidates else candidates[0]
     for version in candidates:
         if all(version in held for held in holders):
             return version

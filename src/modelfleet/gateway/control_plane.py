@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from modelfleet import metrics
 from modelfleet.broker import Broker
 from modelfleet.control import (
     Command,
@@ -75,6 +76,7 @@ class ControlPlane:
         self._revisions = RevisionClock(f"gateway-{uuid.uuid4().hex[:12]}", clock)
         self._holdings: dict[str, tuple[float, Holdings, bool]] = {}  # worker -> (seen, .., ready)
         self._pending: dict[str, _Collect] = {}
+        self._routed: dict[str, tuple[str, float]] = {}  # model -> (version, when) last routed
 
     # -- what the fleet said ------------------------------------------------------
     def observe(self, event: dict[str, Any]) -> None:
@@ -125,7 +127,14 @@ class ControlPlane:
         if version is not None or model_id not in self._catalog:
             return version
         versions = [m.version for m in self._catalog.get(model_id).versions]
-        return route(model_id, versions, self.state.version(model_id), self.holdings())
+        now = self._clock()
+        last = self._routed.get(model_id)
+        sticky = last[0] if last is not None and now - last[1] < \
+            self._settings.stale_after_s else None
+        chosen = route(model_id, versions, self.state.version(model_id), self.holdings(),
+                       sticky)
+        self._routed[model_id] = (chosen, now)
+        return chosen
 
     def warm_on(self, model_id: str, version: str) -> list[str]:
         return sorted(h.worker_id for h in self.holdings()
@@ -215,6 +224,7 @@ class ControlPlane:
             try:
                 await asyncio.wait_for(collect.done.wait(), timeout_s)
             except TimeoutError:
+                metrics.CONTROL_COMMANDS.labels(action, "timed_out").inc()
                 missing = sorted(workers - set(collect.results))
                 raise DeadlineExceeded(
                     f"{action} of '{model_id}' not confirmed within {timeout_s:.0f}s by "
@@ -223,6 +233,7 @@ class ControlPlane:
         finally:
             del self._pending[command.command_id]
         failed = [r for r in collect.results.values() if not r.ok]
+        metrics.CONTROL_COMMANDS.labels(action, "failed" if failed else "ok").inc()
         if failed:
             first = failed[0]
             detail = "; ".join(f"{r.worker_id}: {r.message}" for r in failed)

@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from modelfleet import metrics
 from modelfleet.broker import Broker
 from modelfleet.control import (
     Command,
@@ -250,13 +251,16 @@ class ControlAgent:
         for model_id in decided.unload:
             log.info("control: dropping %s (unloaded by an operator)", model_id)
             await self._quietly(self._placement.unload(model_id, None))
+            metrics.VERSION_CHANGES.labels("unload").inc()
         for model_id, version in decided.unpin:
             await self._quietly(self._placement.unpin(model_id, version))
+            metrics.VERSION_CHANGES.labels("unpin").inc()
         for model_id, version in decided.release:
             log.info("control: releasing %s v%s (the route left it %.0fs ago)", model_id,
                      version, self._settings.drain_s)
             await self._quietly(self._placement.unload(model_id, version))
             self._superseded.pop((model_id, version), None)
+            metrics.VERSION_CHANGES.labels("release").inc()
         for warm in decided.warm:
             key = (warm.model_id, warm.version)
             if key not in self._warming:
@@ -269,7 +273,9 @@ class ControlAgent:
     async def _warm(self, model_id: str, version: str) -> None:
         try:
             await self._load(model_id, version, False)
+            metrics.VERSION_CHANGES.labels("warm").inc()
         except ModelfleetError as exc:
+            metrics.VERSION_CHANGES.labels("warm_failed").inc()
             log.error("control: %s v%s failed to load; it will not take the route: %s",
                       model_id, version, exc)
         finally:
