@@ -39,8 +39,9 @@ from modelfleet.gateway.parking import ParkedRequests
 from modelfleet.gateway.payloads import PayloadStore
 from modelfleet.messages import PayloadRef, Reply, Task, now_ms
 from modelfleet.repository import Catalog
+from modelfleet.scheduling.demand import DemandPriority
 from modelfleet.settings import Settings
-from modelfleet.tenancy.access import task_tenant
+from modelfleet.tenancy.access import caller_priority, task_tenant
 
 log = logging.getLogger("modelfleet.gateway")
 _DECIMAL = re.compile(r"[0-9]+(?:\.[0-9]*)?|\.[0-9]+")
@@ -116,6 +117,8 @@ class GatewayService:
         self._cancels: set[asyncio.Task[None]] = set()
         self._inbox: Inbox | None = None
         self._announced: dict[str, float] = {}
+        # Callers' plan priorities per model, announced with the demand (issue 14).
+        self._priority = DemandPriority(settings.gateway.max_timeout_s)
         self._loops: list[asyncio.Task[None]] = []
         self.public_url = public_url(settings, bound_port, runtimes_local)
 
@@ -184,6 +187,7 @@ class GatewayService:
         waiting = self.parked.park(request_id, model_id)
         try:
             await self.broker.publish_task(task)
+            self._priority.note(model_id, caller_priority(), time.monotonic())
             await self._announce(model_id)
             try:
                 reply = await self._wait(waiting, deadline_ms, disconnected)
@@ -243,7 +247,8 @@ class GatewayService:
         self._announced[model_id] = now
         with contextlib.suppress(BrokerUnavailable):
             await self.broker.publish_event({"kind": "demand", "model_id": model_id,
-                                             "at": time.time()})
+                                             "at": time.time(),
+                                             "priority": self._priority.of(model_id, now)})
 
     async def _announce_waiting(self) -> None:
         while True:

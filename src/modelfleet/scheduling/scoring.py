@@ -198,8 +198,9 @@ def choose_queues(queues: Sequence[QueueView], worker: WorkerView, settings: Sco
     6. Cold capacity and rate limit: new cold subscriptions need a free load
        slot on their runtime; those taken under pressure also need a free
        permit and fit the per-minute budget. When slots or permits are scarce,
-       queues of a higher-priority plan (``ScoringSettings.plan_priority``) are
-       taken first, then the higher score.
+       queues of a higher priority are taken first, then the higher score: the
+       priority of the queue's plan (``ScoringSettings.plan_priority``) or of its
+       recent callers' plans (``QueueView.priority``), whichever is higher.
     7. Subscription cap: the ``max_subscriptions`` best scores survive.
     """
     scores: dict[str, float] = {}
@@ -270,7 +271,8 @@ def choose_queues(queues: Sequence[QueueView], worker: WorkerView, settings: Sco
             reasons[model_id] = "gone"
 
     runtime_of = {queue.model_id: queue.runtime for queue in queues}
-    priority_of = {queue.model_id: settings.priority(queue.plan) for queue in queues}
+    priority_of = {queue.model_id: max(settings.priority(queue.plan), queue.priority)
+                   for queue in queues}
     cold = _admit_cold(take_starving, take_cold, idle_join, runtime_of, priority_of, worker,
                        settings, now, reasons)
     chosen = kept + take_warm + [(scores[m], m) for m in cold]

@@ -39,6 +39,9 @@ class QueueView:
     pinned: bool = False  # preloaded everywhere, exempt from the fan-out cap
     batch_size: int = 1  # from model.toml [batching] max_batch_size: a batch must fit the window
     runtime: str = ""  # which of this worker's runtimes would run it (each has its own loader)
+    # The highest plan priority among its recent callers (gateways' demand events); the
+    # queue's own plan's priority counts too (ScoringSettings.priority).
+    priority: int = 0
 
 
 @dataclass(frozen=True, slots=True)

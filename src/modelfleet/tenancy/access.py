@@ -46,3 +46,9 @@ def task_tenant(owner: str, owner_plan: str) -> tuple[str, str]:
     """(tenant, plan) a task carries: the caller's when known, else the model owner's."""
     caller = CALLER.get()
     return (owner, owner_plan) if caller is None else (caller.tenant.name, caller.plan.name)
+
+
+def caller_priority() -> int:
+    """The plan priority of the caller being handled (0 with auth off)."""
+    caller = CALLER.get()
+    return 0 if caller is None else caller.plan.priority

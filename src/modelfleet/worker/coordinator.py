@@ -47,6 +47,7 @@ from modelfleet.broker import Broker, QueueStats, Subscription
 from modelfleet.errors import BrokerUnavailable
 from modelfleet.repository import Catalog
 from modelfleet.scheduling import Decision, QueueView, Snapshot, WorkerView, decide, work_waiting
+from modelfleet.scheduling.demand import DemandPriority
 from modelfleet.settings import Settings
 from modelfleet.worker.control import ControlAgent
 from modelfleet.worker.idle import IdleMeter
@@ -87,6 +88,7 @@ class Coordinator:
         self._in_flight: set[asyncio.Task[None]] = set()
         self._consumers: dict[str, _Consumer] = {}
         self._demand: dict[str, float] = {}
+        self._demand_priority = DemandPriority(settings.worker.demand_window_s)  # issue 14
         self._cold_subscribes: deque[float] = deque(maxlen=256)
         self._pinning: asyncio.Task[None] | None = None
         self._residency = Residency(clock)
@@ -212,6 +214,7 @@ class Coordinator:
                             or model_id not in self._catalog:
                         continue
                     self._demand[model_id] = self._clock()
+                    self._demand_priority.note(model_id, event.get("priority"), self._clock())
                     if model_id not in self._consumers and model_id not in self._dirty \
                             and not self._at_cap(model_id):
                         # Work this worker does not pull may be waiting: count it afresh,
@@ -335,7 +338,8 @@ class Coordinator:
             queues.append(QueueView(model_id, qs.backlog, qs.consumers,
                                     manifest.fanout.max_workers, manifest.plan,
                                     self.control.pinned(model_id),
-                                    manifest.batching.max_batch_size, runtime.name))
+                                    manifest.batching.max_batch_size, runtime.name,
+                                    self._demand_priority.of(model_id, now)))
         # A model with a task running here but not resident yet is being loaded for it.
         loading = {r.name: set(self._residency.loading(r.name)) for r in self._supervisor.all()}
         for model_id in set(self._tasks.running) - device:
