@@ -76,12 +76,18 @@ def test_every_gateway_reports_the_fleets_backlog_and_desired_workers(
         loop.run_until_complete(asyncio.sleep(0.5))
 
         def backlog_seen() -> bool:
-            return all(gauge(b, "modelfleet_fleet_backlog", model="slowload") == HELD - 1
-                       for b in bases)
+            # All four sent, one taken (its permit in use), three in the queue: as both
+            # gateways see it.
+            for base in bases:
+                totals = httpx.get(f"{base}/v1/fleet/summary", timeout=10).json()["totals"]
+                if (totals["backlog"], totals["permits_in_use"]) != (HELD - 1, 1):
+                    return False
+            return gauge(taker, "modelfleet_gateway_parked_requests") == HELD
 
         loop.run_until_complete(asyncio.to_thread(wait_for, "the backlog at both gateways",
                                                   backlog_seen))
         for base in bases:
+            assert gauge(base, "modelfleet_fleet_backlog", model="slowload") == HELD - 1
             summary = httpx.get(f"{base}/v1/fleet/summary", timeout=10).json()
             totals = summary["totals"]
             assert (totals["workers"], totals["permits_in_use"], totals["permits_cap"]) == \
