@@ -15,7 +15,13 @@ import pytest
 
 from modelfleet.broker.embedded import MemoryBroker
 from modelfleet.control import ControlState, Revision, announcement
-from modelfleet.errors import DeadlineExceeded, ModelLoadFailed, ModelUnavailable, NoCapacity
+from modelfleet.errors import (
+    BrokerUnavailable,
+    DeadlineExceeded,
+    ModelLoadFailed,
+    ModelUnavailable,
+    NoCapacity,
+)
 from modelfleet.gateway.control_plane import ControlPlane
 from modelfleet.repository import Catalog, LocalStore
 from modelfleet.settings import BrokerSettings, Settings
@@ -190,3 +196,12 @@ def test_the_gateway_keeps_its_route_until_a_worker_says_what_it_holds(tmp_path:
     assert p.route("m") == "1"
     p.observe(worker("a", {"m": {"1", "2"}}))
     assert p.route("m") == "2"
+
+
+async def test_an_order_the_broker_did_not_take_is_not_applied_either(tmp_path: Path) -> None:
+    broker = MemoryBroker(BrokerSettings())  # never started: every publish fails
+    p = plane(tmp_path, broker)
+    p.observe(worker("a", {}))
+    with pytest.raises(BrokerUnavailable):
+        await p.unload("m")
+    assert p.available("m")  # nobody heard the unload: this gateway does not refuse alone

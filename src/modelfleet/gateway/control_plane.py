@@ -213,13 +213,15 @@ class ControlPlane:
 
     async def _run(self, model_id: str, action: Action, version: str,
                    workers: frozenset[str], about: str, named: bool = False) -> None:
-        """Publish one command (applied here at once) and wait for ``workers``' results."""
+        """Publish one command (applied here once the broker took it) and wait for
+        ``workers``' results."""
         command = Command(uuid.uuid4().hex, model_id, action, self._revisions.next(),
                           version, tuple(sorted(workers)), named)
-        command.apply(self.state)
         collect = self._pending[command.command_id] = _Collect(workers)
         try:
+            # BrokerUnavailable here: nobody heard it, so it is not applied here either.
             await self._broker.publish_event(command.event())
+            command.apply(self.state)  # this gateway's next request obeys it at once
             timeout_s = self._settings.command_timeout_s
             try:
                 await asyncio.wait_for(collect.done.wait(), timeout_s)
