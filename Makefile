@@ -1,6 +1,7 @@
 # The two commands a newcomer needs:
 #   make serve   creates .venv, installs, serves examples/models on http://127.0.0.1:8000
-#   make test    creates .venv if needed, starts RabbitMQ and Redis if needed, runs the whole suite
+#   make test    creates .venv if needed, starts RabbitMQ, Redis and PostgreSQL if needed, runs
+#                the whole suite
 PYTHON ?= python3
 VENV   := .venv
 STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
@@ -20,6 +21,7 @@ test: $(STAMP)
 	bash .ci/rabbitmq-up || test "$$CI" != "true"
 	bash .ci/tools-up || test "$$CI" != "true"
 	bash .ci/redis-up || test "$$CI" != "true"
+	bash .ci/postgres-up || test "$$CI" != "true"
 	$(VENV)/bin/python -m pytest -q
 
 lint: $(STAMP)
