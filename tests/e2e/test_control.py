@@ -53,7 +53,8 @@ class Versioned(Model):
 
 
 def add_version(root: Path, name: str, version: str, load_s: float = 1.0,
-                fail: bool = False, size: int = MiB, max_workers: int = 2) -> None:
+                fail: bool = False, size: int = MiB, max_workers: int = 2,
+                pinned: bool = False) -> None:
     folder = root / name / version
     staging = root.parent / f".staging-{name}-{version}"
     staging.mkdir(parents=True)
@@ -67,6 +68,7 @@ def add_version(root: Path, name: str, version: str, load_s: float = 1.0,
         timeout_s = 30
         [fanout]
         max_workers = {max_workers}
+        pinned = {"true" if pinned else "false"}
         """))
     (staging / "handler.py").write_text(HANDLER.format(load_s=load_s, fail=fail, size=size,
                                                        name=name, version=version))
@@ -243,6 +245,26 @@ def test_a_new_version_rolls_in_without_a_cold_request(versioned: Path, repo: Pa
     assert metric_sum(served, "modelfleet_worker_version_changes_total", action="warm") == 1
     wait_for(lambda: metric_sum(served, "modelfleet_worker_version_changes_total",
                                 action="release") == 1, what="version 1 released")
+
+
+def test_a_pinned_model_rolls_to_its_new_version_and_the_old_pin_goes(repo: Path,
+                                                                      served: str) -> None:
+    add_version(repo, "p", "1", pinned=True)
+
+    def row() -> dict[str, Any]:
+        return next((r for r in httpx.post(f"{served}/v2/repository/index",
+                                           timeout=10).json() if r["name"] == "p"),
+                    {"pinned_on": {}, "versions_on": {}})
+
+    wait_for(lambda: list(row()["pinned_on"].values()) == [["1"]], what="p@1 pinned, unasked")
+    with Traffic(served, "p") as traffic:
+        wait_for(lambda: len(traffic.answers) >= 5, what="traffic")
+        add_version(repo, "p", "2", load_s=2.0, pinned=True)
+        wait_for(lambda: traffic.versions()[-5:] == ["2"] * 5, what="only version 2")
+    assert [cold for _, cold, _ in traffic.answers] == ["0"] * len(traffic.answers)
+    # One pin, on the version the route serves: not ['1', '2'] for good (the leak).
+    wait_for(lambda: list(row()["pinned_on"].values()) == [["2"]]
+             and list(row()["versions_on"].values()) == [["2"]], what="p@1 released")
 
 
 def test_a_load_naming_a_version_rolls_it_in_without_a_cold_request(repo: Path,

@@ -28,11 +28,13 @@ Versions = Mapping[str, frozenset[str]]  # model id -> versions
 
 @dataclass(frozen=True)
 class Holdings:
-    """What one worker announced: versions resident (device or host) and failed, by model."""
+    """What one worker announced, by model: versions resident (device or host), versions
+    that failed to load there, versions its runtimes hold pinned."""
 
     worker_id: str
     resident: Versions = field(default_factory=dict)
     failed: Versions = field(default_factory=dict)
+    pinned: Versions = field(default_factory=dict)
 
 
 def route(model_id: str, versions: Sequence[str], explicit: str | None,

@@ -14,7 +14,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from modelfleet import metrics
 from modelfleet.broker import Broker
@@ -153,8 +153,21 @@ class ControlPlane:
                          "state": "READY" if loaded else "UNAVAILABLE",
                          "reason": "" if loaded else "unloaded by an operator",
                          "pinned": self.state.pinned(model_id, entry.manifest.fanout.pinned),
-                         "warm_on": self.warm_on(model_id, version)})
+                         "warm_on": self.warm_on(model_id, version),
+                         # worker -> versions: what each holds, and holds pinned
+                         "versions_on": self._by_worker(model_id, "resident"),
+                         "pinned_on": self._by_worker(model_id, "pinned")})
         return rows
+
+    def _by_worker(self, model_id: str, kind: Literal["resident", "pinned"]
+                   ) -> dict[str, list[str]]:
+        found = {}
+        for holdings in self.holdings():
+            held = holdings.resident if kind == "resident" else holdings.pinned
+            versions = held.get(model_id)
+            if versions:
+                found[holdings.worker_id] = sorted(versions)
+        return dict(sorted(found.items()))
 
     # -- commands -------------------------------------------------------------------
     async def load(self, model_id: str, version: str | None, workers: int) -> Outcome:

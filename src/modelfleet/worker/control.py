@@ -267,8 +267,9 @@ class ControlAgent:
                 log.info("control: warming %s v%s (a new version)", *key)
                 task = asyncio.create_task(self._warm(*key), name=f"warm-{key[0]}@{key[1]}")
                 self._warming[key] = task
+        held_pinned = {m: vs & resident.get(m, frozenset()) for m, vs in pinned_here.items()}
         await self._publish(announcement(self.worker_id, now, self._ready(), self.state,
-                                         resident, self._failed_versions()))
+                                         resident, self._failed_versions(), held_pinned))
 
     async def _warm(self, model_id: str, version: str) -> None:
         try:
