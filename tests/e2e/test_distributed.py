@@ -86,11 +86,14 @@ def test_two_gateways_two_workers(tmp_path: Path, env: dict[str, str],
 def test_killed_worker_mid_request_is_redelivered(tmp_path: Path, env: dict[str, str],
                                                   procs: list[Proc]) -> None:
     base = start_gateway(tmp_path, env, procs, "gw")
+    # slowload's load outlasts a second worker's start-up (a few seconds on a busy
+    # machine): the request is still in flight on "doomed" when it is killed.
+    env = {**env, "MODELFLEET_EXAMPLE_SLOWLOAD_S": "10"}
     doomed = start_worker(tmp_path, env, procs, "doomed")
 
     async def scenario() -> httpx.Response:
         async with httpx.AsyncClient(timeout=60) as client:
-            # slowload takes 3 s to load: the request is in flight on "doomed" meanwhile.
+            # slowload takes 10 s to load: the request is in flight on "doomed" meanwhile.
             pending = asyncio.ensure_future(client.post(
                 f"{base}/v1/models/slowload/infer", json={"n": 1},
                 headers={"x-request-timeout": "40"}))
