@@ -24,6 +24,7 @@ import pytest
 from modelfleet.broker.embedded import MemoryBroker
 from modelfleet.control import Command, Revision
 from modelfleet.control.commands import Action
+from modelfleet.errors import ModelLoadFailed, NoCapacity
 from modelfleet.ipc.protocol import RuntimeStats
 from modelfleet.launch import open_repository
 from modelfleet.messages import PayloadRef, Reply, Task, now_ms
@@ -275,3 +276,17 @@ async def test_an_operators_pin_lifts_the_fan_out_cap_like_a_manifest_pin(
         for launcher in launchers:
             await launcher.close()
         await broker.close()
+
+
+async def test_only_a_broken_version_is_announced_failed(repo: Path, worker: Worker) -> None:
+    add_version(repo, "m", "1")
+    add_version(repo, "m", "2")
+    worker.refresh()
+    agent = worker.coordinator.control
+    agent.load_failed("m", "2", NoCapacity("no room on the device now"))
+    assert agent.failed_versions() == {}  # transient: tried again in a while
+    agent.load_failed("m", "2", ModelLoadFailed("version 2 is broken"))
+    assert agent.failed_versions() == {"m": frozenset({"2"})}
+    assert agent.route("m") == "1"
+    agent.loaded_ok("m", "2")  # an operator's load got it in after all
+    assert agent.failed_versions() == {} and agent.route("m") == "2"

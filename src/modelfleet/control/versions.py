@@ -107,7 +107,7 @@ class ModelView:
     resident: frozenset[str]  # versions resident on this worker
     pinned_here: frozenset[str]  # versions this worker's runtimes hold pinned
     loading: frozenset[str]  # versions being loaded here (by this plan's earlier steps)
-    failed: frozenset[str]  # versions that failed to load on this worker
+    failed: frozenset[str]  # versions not to warm here: broken, or pausing after an error
     superseded_s: Mapping[str, float]  # version -> seconds since the route left it
 
 

@@ -45,6 +45,12 @@ from modelfleet.settings import Settings
 
 log = logging.getLogger("modelfleet.worker")
 
+# Load errors that say the version itself is broken: it is announced as failed and never
+# takes the route. Others (no room now, a runtime crash) are retried after a pause.
+DETERMINISTIC = frozenset({"model_load_failed", "model_too_large", "config_error",
+                           "invalid_manifest", "model_not_found"})
+RETRY_TRANSIENT_S = 10.0
+
 
 class Placement(Protocol):
     """This worker's runtimes, as far as placing model versions goes."""
@@ -77,6 +83,7 @@ class ControlAgent:
         self.state = ControlState()
         self._others: dict[str, tuple[float, Holdings]] = {}
         self._failed: dict[str, dict[str, str]] = {}  # model -> version -> why it failed here
+        self._retry_at: dict[tuple[str, str], float] = {}  # (model, version) -> after when
         self._warming: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._routes: dict[str, str] = {}  # model -> the route at the last plan
         self._superseded: dict[tuple[str, str], float] = {}  # (model, version) -> route left
@@ -123,11 +130,25 @@ class ControlAgent:
         return route(model_id, versions, self.state.version(model_id), self._fleet())
 
     def load_failed(self, model_id: str, version: str, error: ModelfleetError) -> None:
-        """A load of this version failed here (it then never takes the route)."""
-        self._failed.setdefault(model_id, {})[version] = error.message
+        """A load of this version failed here: a broken version never takes the route (it
+        is announced); after a transient error it is tried again in a while."""
+        if error.code in DETERMINISTIC:
+            self._failed.setdefault(model_id, {})[version] = error.message
+        else:
+            self._retry_at[(model_id, version)] = self._clock() + RETRY_TRANSIENT_S
 
     def loaded_ok(self, model_id: str, version: str) -> None:
         self._failed.get(model_id, {}).pop(version, None)
+        self._retry_at.pop((model_id, version), None)
+
+    def failed_versions(self) -> dict[str, frozenset[str]]:
+        """Versions that failed to load here as broken, by model (what is announced)."""
+        return {m: frozenset(vs) for m, vs in self._failed.items() if vs}
+
+    def _not_now(self, model_id: str, now: float) -> frozenset[str]:
+        """Versions not to warm now: broken, or pausing after a transient error."""
+        return frozenset(self._failed.get(model_id, {})) | {
+            v for (m, v), at in self._retry_at.items() if m == model_id and now < at}
 
     # -- events --------------------------------------------------------------------------
     async def _listen(self) -> None:
@@ -210,11 +231,8 @@ class ControlAgent:
             if now - seen > self._settings.stale_after_s:
                 del self._others[worker_id]
         resident, _, _ = self._placement.versions()
-        own = Holdings(self.worker_id, resident, self._failed_versions())
+        own = Holdings(self.worker_id, resident, self.failed_versions())
         return [own, *(h for _, h in self._others.values())]
-
-    def _failed_versions(self) -> dict[str, frozenset[str]]:
-        return {m: frozenset(vs) for m, vs in self._failed.items() if vs}
 
     async def tick(self) -> None:
         """Plan over the current views, act on the plan, announce."""
@@ -245,7 +263,7 @@ class ControlAgent:
                 pinned_here.get(model_id, frozenset()),
                 loading.get(model_id, frozenset()) | {v for m, v in self._warming
                                                       if m == model_id},
-                frozenset(self._failed.get(model_id, {})),
+                self._not_now(model_id, now),
                 {v: now - t for (m, v), t in self._superseded.items() if m == model_id}))
         decided = plan(views, self._settings.drain_s)
         for model_id in decided.unload:
@@ -269,7 +287,7 @@ class ControlAgent:
                 self._warming[key] = task
         held_pinned = {m: vs & resident.get(m, frozenset()) for m, vs in pinned_here.items()}
         await self._publish(announcement(self.worker_id, now, self._ready(), self.state,
-                                         resident, self._failed_versions(), held_pinned))
+                                         resident, self.failed_versions(), held_pinned))
 
     async def _warm(self, model_id: str, version: str) -> None:
         try:
