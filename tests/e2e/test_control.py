@@ -330,14 +330,6 @@ def fleet_env() -> dict[str, str]:
             "MODELFLEET_REPO_REFRESH_S": "0.5", **FAST}
 
 
-@pytest.fixture
-def procs() -> Iterator[list[Proc]]:
-    started: list[Proc] = []
-    yield started
-    for proc in started:
-        proc.stop()
-
-
 @pytest.mark.rabbitmq
 def test_control_across_two_gateways_and_two_workers(tmp_path: Path, versioned: Path,
                                                      repo: Path, fleet_env: dict[str, str],

@@ -6,7 +6,6 @@ import asyncio
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -25,14 +24,6 @@ def env() -> dict[str, str]:
     # A queue prefix of our own: nothing from another test or deployment interferes.
     return {"MODELFLEET_BROKER__QUEUE_PREFIX": f"e2e{uuid.uuid4().hex[:8]}.",
             "MODELFLEET_WORKER__RESCORE_INTERVAL_S": "0.5"}
-
-
-@pytest.fixture
-def procs() -> Iterator[list[Proc]]:
-    started: list[Proc] = []
-    yield started
-    for proc in started:
-        proc.stop()
 
 
 def start_gateway(tmp_path: Path, env: dict[str, str], procs: list[Proc], name: str) -> str:

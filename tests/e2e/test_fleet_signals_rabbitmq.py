@@ -10,7 +10,7 @@ import asyncio
 import re
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,14 +22,6 @@ from tests.procs import Proc, gateway, worker
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.timeout(240)]
 HELD = 4
-
-
-@pytest.fixture
-def procs() -> Iterator[list[Proc]]:
-    started: list[Proc] = []
-    yield started
-    for proc in started:
-        proc.stop()
 
 
 def gauge(base: str, name: str, **labels: str) -> float | None:

@@ -86,14 +86,6 @@ def assert_no_key_logged(procs: list[Proc], keys: list[str]) -> None:
 
 
 @pytest.fixture
-def procs() -> Iterator[list[Proc]]:
-    started: list[Proc] = []
-    yield started
-    for proc in started:
-        proc.stop()
-
-
-@pytest.fixture
 def postgres_schema() -> Iterator[str]:
     """A PostgreSQL URL whose tables live in a schema of this test's own (dropped after)."""
     import psycopg
