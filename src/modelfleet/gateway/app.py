@@ -14,7 +14,6 @@ Every error is ``{"error": {"code": ..., "message": ...}}`` with its status.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -25,18 +24,18 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from modelfleet import __version__, metrics
-from modelfleet.errors import ClientGone, ModelfleetError
+from modelfleet.errors import ModelfleetError
 from modelfleet.gateway.body import disconnect_waiter as _disconnect_waiter
 from modelfleet.gateway.body import read_body as _read_body
 from modelfleet.gateway.control import control_router
 from modelfleet.gateway.dashboard import dashboard_router
+from modelfleet.gateway.exchange import Routed, answer_headers, exchange
 from modelfleet.gateway.fleet_summary import FleetSummary
-from modelfleet.gateway.http import STATUS_BY_CODE, error_body, error_response
-from modelfleet.gateway.inflight import RequestTimeout
-from modelfleet.gateway.observe import RequestObserver, RequestRecord
+from modelfleet.gateway.http import error_body, error_response
+from modelfleet.gateway.inflight import RequestGuard
+from modelfleet.gateway.observe import RequestObserver
 from modelfleet.gateway.oip import oip_router
-from modelfleet.gateway.parking import PARKED_REPLY, PARKED_REQUEST_ID
-from modelfleet.gateway.service import GatewayService
+from modelfleet.gateway.service import Answer, GatewayService
 from modelfleet.repository.manifest import CONTENT_TYPES
 
 log = logging.getLogger("modelfleet.gateway")
@@ -93,54 +92,26 @@ def create_app(service: GatewayService, readiness: list[ReadinessCheck] | None =
         return await _infer(model, version, request)
 
     async def _infer(model: str, version: str | None, request: Request) -> Response:
-        started = time.perf_counter()
-        status = 500
-        outcome, reply, resolved = "internal_error", None, version or ""
-        PARKED_REQUEST_ID.set("")
-        PARKED_REPLY.set(None)
-        try:
-            async with service.requests.track() as guard:
-                # The version this request will get (a rollout may hold the route back).
-                manifest = service.catalog.get(model).version(service.control.route(model,
-                                                                                    version))
-                resolved = manifest.version
-                deadline_ms = service.deadline_ms(manifest.timeout_s,
-                                                  request.headers.get("x-request-timeout"))
-                with guard.reading(body_timeout_s):
-                    body = await _read_body(request, limit)
-                content_type = request.headers.get("content-type", "").split(";")[0].strip()
-                params = {k: v for k, v in request.query_params.items()}
-                answer = await service.infer(model, version, body, content_type.lower(),
-                                             deadline_ms, params,
-                                             disconnected=_disconnect_waiter(request))
-            status, outcome, reply = 200, "ok", answer.reply
-            return Response(answer.body, media_type=answer.content_type, headers={
-                "X-Worker-Id": answer.reply.worker_id,
-                "X-Model-Cold": "1" if answer.reply.cold else "0",
-                "Server-Timing": ", ".join(f"{k};dur={v:.2f}"
-                                           for k, v in answer.reply.timings_ms.items()),
-            })
-        except ClientGone as exc:  # nobody reads the answer; counted, not an error of ours
-            metrics.CLIENT_DISCONNECTS.inc()
-            status, outcome = STATUS_BY_CODE[exc.code], exc.code
-            log.info("request for %s: %s", model, exc.message)
-            return error_response(exc)
-        except ModelfleetError as exc:
-            status, outcome = STATUS_BY_CODE.get(exc.code, 500), exc.code
-            reply = PARKED_REPLY.get()  # a worker's failure reply, when one came
-            if isinstance(exc, RequestTimeout):
-                metrics.READ_TIMEOUTS.labels("body").inc()
-            return error_response(exc)
-        except Exception as exc:  # a bug of ours: still a JSON error, and logged
-            log.exception("request for %s failed", model)
-            return error_body(500, "internal_error", f"internal error: {type(exc).__name__}")
-        finally:
-            known = model if model in service.catalog else "(unknown)"
-            label = observer.label(known)  # the first N models, then "other"
-            metrics.REQUESTS.labels(label, str(status)).inc()
-            metrics.REQUEST_SECONDS.labels(label).observe(time.perf_counter() - started)
-            observer.record(RequestRecord(PARKED_REQUEST_ID.get(), known, resolved, status,
-                                          outcome, time.perf_counter() - started, reply))
+        async def run(guard: RequestGuard, routed: Routed) -> Answer:
+            # The version this request will get (a rollout may hold the route back).
+            manifest = service.catalog.get(model).version(service.control.route(model, version))
+            routed.version = manifest.version
+            deadline_ms = service.deadline_ms(manifest.timeout_s,
+                                              request.headers.get("x-request-timeout"))
+            with guard.reading(body_timeout_s):
+                body = await _read_body(request, limit)
+            content_type = request.headers.get("content-type", "").split(";")[0].strip()
+            params = {k: v for k, v in request.query_params.items()}
+            return await service.infer(model, version, body, content_type.lower(), deadline_ms,
+                                       params, disconnected=_disconnect_waiter(request))
+
+        def respond(answer: Answer) -> Response:
+            return Response(answer.body, media_type=answer.content_type,
+                            headers=answer_headers(answer))
+
+        return await exchange(service, observer, model, version, "request", run, respond,
+                              error_response,
+                              lambda message: error_body(500, "internal_error", message))
 
     @app.get("/v1/payloads/{request_id}", include_in_schema=False)
     async def payload(request_id: str, expires: str = "", sig: str = "") -> Response:

@@ -26,22 +26,21 @@ of every other failure (413, 503 with Retry-After, 504, 500...).
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from modelfleet import __version__, metrics
-from modelfleet.errors import ClientGone, ModelfleetError, RequestRejected
+from modelfleet import __version__
+from modelfleet.errors import ModelfleetError, RequestRejected
 from modelfleet.gateway.body import disconnect_waiter, read_body
 from modelfleet.gateway.encoding import inflate
+from modelfleet.gateway.exchange import Routed, answer_headers, exchange
 from modelfleet.gateway.http import CLOSE_AFTER, STATUS_BY_CODE
-from modelfleet.gateway.inflight import RequestTimeout
-from modelfleet.gateway.observe import RequestObserver, RequestRecord
-from modelfleet.gateway.parking import PARKED_REPLY, PARKED_REQUEST_ID
-from modelfleet.gateway.service import GatewayService
+from modelfleet.gateway.inflight import RequestGuard
+from modelfleet.gateway.observe import RequestObserver
+from modelfleet.gateway.service import Answer, GatewayService
 from modelfleet.oip import HEADER_LENGTH_PARAM, OIP_CONTENT_TYPE
 from modelfleet.oip.codec import InferenceRequest, parse_header_length, parse_request
 from modelfleet.oip.signature import TensorSpec, check_request
@@ -180,71 +179,39 @@ def oip_router(service: GatewayService, readiness: list[ReadinessCheck],
         return await _infer(model, version, request)
 
     async def _infer(model: str, version: str | None, request: Request) -> Response:
-        started = time.perf_counter()
-        status = 500
-        outcome, reply, resolved = "internal_error", None, version or ""
-        PARKED_REQUEST_ID.set("")
-        PARKED_REPLY.set(None)
-        try:
-            async with service.requests.track() as guard:
-                # The version this request will get (a rollout may move the route).
-                routed = service.control.route(model, version)
-                manifest = service.catalog.get(model).version(routed)
-                resolved = manifest.version
-                if not manifest.has_signature:
-                    raise RequestRejected(
-                        f"model '{model}' declares no tensor signature ([[inputs]] and "
-                        f"[[outputs]] in its model.toml), so /v2 cannot decode tensors for "
-                        f"it: call POST /v1/models/{model}/infer")
-                header_length = parse_header_length(request.headers.get(HEADER_LENGTH))
-                with guard.reading(body_timeout_s):
-                    body = await read_body(request, limit)
-                body = inflate(body, request.headers.get("content-encoding", ""), limit)
-                parsed = parse_request(body, header_length)
-                check_request(parsed, manifest.inputs, manifest.outputs, model)
-                deadline_ms = service.deadline_ms(
-                    manifest.timeout_s,
-                    deadline_request(parsed, request.headers.get("x-request-timeout")))
-                params = ({} if header_length is None
-                          else {HEADER_LENGTH_PARAM: str(header_length)})
-                answer = await service.infer(model, version, body, OIP_CONTENT_TYPE,
-                                             deadline_ms, params,
-                                             disconnected=disconnect_waiter(request))
-            status, outcome, reply = 200, "ok", answer.reply
-            headers = {
-                "X-Worker-Id": answer.reply.worker_id,
-                "X-Model-Cold": "1" if answer.reply.cold else "0",
-                "Server-Timing": ", ".join(f"{k};dur={v:.2f}"
-                                           for k, v in answer.reply.timings_ms.items()),
-            }
+        async def run(guard: RequestGuard, routed: Routed) -> Answer:
+            # The version this request will get (a rollout may move the route).
+            manifest = service.catalog.get(model).version(service.control.route(model, version))
+            routed.version = manifest.version
+            if not manifest.has_signature:
+                raise RequestRejected(
+                    f"model '{model}' declares no tensor signature ([[inputs]] and "
+                    f"[[outputs]] in its model.toml), so /v2 cannot decode tensors for "
+                    f"it: call POST /v1/models/{model}/infer")
+            header_length = parse_header_length(request.headers.get(HEADER_LENGTH))
+            with guard.reading(body_timeout_s):
+                body = await read_body(request, limit)
+            body = inflate(body, request.headers.get("content-encoding", ""), limit)
+            parsed = parse_request(body, header_length)
+            check_request(parsed, manifest.inputs, manifest.outputs, model)
+            deadline_ms = service.deadline_ms(
+                manifest.timeout_s,
+                deadline_request(parsed, request.headers.get("x-request-timeout")))
+            params = {} if header_length is None else {HEADER_LENGTH_PARAM: str(header_length)}
+            return await service.infer(model, version, body, OIP_CONTENT_TYPE, deadline_ms,
+                                       params, disconnected=disconnect_waiter(request))
+
+        def respond(answer: Answer) -> Response:
+            headers = answer_headers(answer)
             binary_header = header_length_of(answer.content_type)
             if binary_header is None:
                 return Response(answer.body, media_type="application/json", headers=headers)
             headers[HEADER_LENGTH] = str(binary_header)
             return Response(answer.body, media_type="application/octet-stream",
                             headers=headers)
-        except ClientGone as exc:  # nobody reads the answer; counted, not an error of ours
-            metrics.CLIENT_DISCONNECTS.inc()
-            status, outcome = STATUS_BY_CODE[exc.code], exc.code
-            log.info("v2 request for %s: %s", model, exc.message)
-            return v2_error(exc)
-        except ModelfleetError as exc:
-            response = v2_error(exc)
-            status, outcome = response.status_code, exc.code
-            reply = PARKED_REPLY.get()  # a worker's failure reply, when one came
-            if isinstance(exc, RequestTimeout):
-                metrics.READ_TIMEOUTS.labels("body").inc()
-            return response
-        except Exception as exc:  # a bug of ours: still a JSON error, and logged
-            log.exception("v2 request for %s failed", model)
-            return JSONResponse({"error": f"internal error: {type(exc).__name__}"},
-                                status_code=500)
-        finally:
-            known = model if model in service.catalog else "(unknown)"
-            label = observer.label(known)  # the first N models, then "other"
-            metrics.REQUESTS.labels(label, str(status)).inc()
-            metrics.REQUEST_SECONDS.labels(label).observe(time.perf_counter() - started)
-            observer.record(RequestRecord(PARKED_REQUEST_ID.get(), known, resolved, status,
-                                          outcome, time.perf_counter() - started, reply))
+
+        return await exchange(service, observer, model, version, "v2 request", run, respond,
+                              v2_error,
+                              lambda message: JSONResponse({"error": message}, status_code=500))
 
     return router
