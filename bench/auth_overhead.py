@@ -24,15 +24,11 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.latency import concurrent, pct  # noqa: E402  (the same load as the warm-path bench)
 from tests.procs import gateway, worker  # noqa: E402  (the tests' process helpers, reused)
 
 BODIES = {"banner": (b"hello fleet", "text/plain"),
           "iris": (b'{"features": [5.1, 3.5, 1.4, 0.2]}', "application/json")}
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 async def alternate(bases: dict[str, str], model: str, n: int) -> dict[str, list[float]]:
@@ -47,21 +43,6 @@ async def alternate(bases: dict[str, str], model: str, n: int) -> dict[str, list
                 out[name].append(time.perf_counter() - started)
                 response.raise_for_status()
     return out
-
-
-async def throughput(base: str, model: str, n: int, concurrency: int) -> float:
-    body, ctype = BODIES[model]
-    sem = asyncio.Semaphore(concurrency)
-    async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(
-            max_connections=concurrency)) as client:
-        async def one() -> None:
-            async with sem:
-                r = await client.post(f"{base}/v1/models/{model}/infer", content=body,
-                                      headers={"content-type": ctype})
-                r.raise_for_status()
-        started = time.perf_counter()
-        await asyncio.gather(*(one() for _ in range(n)))
-        return n / (time.perf_counter() - started)
 
 
 def main() -> int:
@@ -89,7 +70,7 @@ def main() -> int:
         bases = {"open": open_base.replace(f"{open_gw.api_key}:@", ""), "auth": auth_base}
         asyncio.run(alternate(bases, args.model, 20))  # warm: load, subscribe, key cache
         latency = asyncio.run(alternate(bases, args.model, args.requests))
-        rps = {name: asyncio.run(throughput(base, args.model, args.requests, args.concurrency))
+        rps = {name: asyncio.run(concurrent(base, args.model, args.requests, args.concurrency))
                for name, base in bases.items()}
     finally:
         for proc in procs:
