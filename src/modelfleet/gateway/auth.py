@@ -230,7 +230,7 @@ class AuthMiddleware:
                       send: Send) -> None:
         status, headers = _refusal(exc)
         AUTH_REFUSALS.labels(str(status)).inc()
-        response = error_body(status, exc.code, exc.message)
+        response = error_body(status, exc.code, exc.message, scope.get("path", ""))
         response.headers.update(headers)
         await response(scope, receive, send)
 

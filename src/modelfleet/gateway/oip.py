@@ -5,6 +5,9 @@
     GET  /v2/models/{m}[/versions/{v}]          model metadata: versions, platform, tensors
     GET  /v2/models/{m}[/versions/{v}]/ready    200 when it can take v2 requests, else 400
     POST /v2/models/{m}[/versions/{v}]/infer    JSON tensors, or the binary tensor extension
+    GET  /v2/models[/{m}[/versions/{v}]]/stats  the statistics extension (gateway/statistics.py)
+    GET  /v2/models/{m}[/versions/{v}]/config   the model configuration extension
+                                                (oip/model_config.py)
 
 An infer request goes through ``GatewayService.infer`` like a /v1 request (held payload
 for a large body, parking, deadline, cancel on hang-up, every error case): its body is
@@ -18,9 +21,15 @@ the body limit. The deadline is the ``timeout`` request
 parameter (microseconds, as tritonclient sends it), else ``X-Request-Timeout``
 (seconds), else the model's.
 
+Outputs may ask for ``classification: k`` (the classification extension: the top k as
+``"value:index[:label]"`` BYTES, labels from the output's ``labels`` file in model.toml).
+A tensor parameter the server does not honour (shared memory, system or CUDA, or any
+other) is a 400 naming it, never ignored.
+
 Errors are ``{"error": "..."}``: 400 for a request the caller must change (the spec's
 status for a failed request), 404 for an unknown model or version, and the /v1 status
-of every other failure (413, 503 with Retry-After, 504, 500...).
+of every other failure (413, 503 with Retry-After, 504, 500...). Paths under /v2 with no
+route, and the auth layer's refusals there, answer in the same shape (gateway/http.py).
 """
 
 from __future__ import annotations
@@ -41,17 +50,21 @@ from modelfleet.gateway.http import CLOSE_AFTER, STATUS_BY_CODE
 from modelfleet.gateway.inflight import RequestGuard
 from modelfleet.gateway.observe import RequestObserver
 from modelfleet.gateway.service import Answer, GatewayService
+from modelfleet.gateway.statistics import empty_stats, model_stats
 from modelfleet.oip import HEADER_LENGTH_PARAM, OIP_CONTENT_TYPE
 from modelfleet.oip.codec import InferenceRequest, parse_header_length, parse_request
+from modelfleet.oip.model_config import batched, model_config
 from modelfleet.oip.signature import TensorSpec, check_request
 from modelfleet.oip.transport import header_length_of
 from modelfleet.repository.manifest import Manifest
 
 log = logging.getLogger("modelfleet.gateway")
 
-# The extensions /v2 names, each one really served on this gateway: binary tensors here,
-# the model repository extension by gateway/control.py.
-EXTENSIONS: list[str] = ["binary_tensor_data", "model_repository"]
+# The extensions /v2 names, each one really served on this gateway: binary tensors,
+# classification, statistics and model configuration here, the model repository
+# extension by gateway/control.py. Not shared memory (its parameters are refused).
+EXTENSIONS: list[str] = ["binary_tensor_data", "classification", "model_configuration",
+                         "model_repository", "statistics"]
 PLATFORM = "modelfleet_python"
 HEADER_LENGTH = "Inference-Header-Content-Length"
 
@@ -139,6 +152,44 @@ def oip_router(service: GatewayService, readiness: list[ReadinessCheck],
         versions = [m.version for m in entry.versions] if version is None else [version]
         return JSONResponse(model_metadata(manifest, versions))
 
+    # Before /v2/models/{model}: "stats" is this route's, not a model's name.
+    @router.get("/v2/models/stats")
+    async def all_stats() -> JSONResponse:
+        return JSONResponse(model_stats(service.statistics.fleet()))
+
+    def stats(model: str, version: str | None) -> JSONResponse:
+        try:
+            entry = service.catalog.get(model)
+            versions = [m.version for m in entry.versions] if version is None \
+                else [entry.version(version).version]
+        except ModelfleetError as exc:
+            return v2_error(exc)
+        counted = service.statistics.fleet(model, version)
+        return JSONResponse(model_stats({**empty_stats(model, versions), **counted}))
+
+    @router.get("/v2/models/{model}/stats")
+    async def get_model_stats(model: str) -> JSONResponse:
+        return stats(model, None)
+
+    @router.get("/v2/models/{model}/versions/{version}/stats")
+    async def get_version_stats(model: str, version: str) -> JSONResponse:
+        return stats(model, version)
+
+    def config(model: str, version: str | None) -> JSONResponse:
+        try:
+            manifest = service.catalog.get(model).version(service.control.route(model, version))
+        except ModelfleetError as exc:
+            return v2_error(exc)
+        return JSONResponse(model_config(manifest))
+
+    @router.get("/v2/models/{model}/config")
+    async def get_config(model: str) -> JSONResponse:
+        return config(model, None)
+
+    @router.get("/v2/models/{model}/versions/{version}/config")
+    async def get_version_config(model: str, version: str) -> JSONResponse:
+        return config(model, version)
+
     @router.get("/v2/models/{model}")
     async def get_model(model: str) -> JSONResponse:
         return metadata(model, None)
@@ -194,6 +245,8 @@ def oip_router(service: GatewayService, readiness: list[ReadinessCheck],
             body = inflate(body, request.headers.get("content-encoding", ""), limit)
             parsed = parse_request(body, header_length)
             check_request(parsed, manifest.inputs, manifest.outputs, model)
+            first = parsed.inputs[0].shape
+            routed.batch_size = first[0] if first and batched(manifest) else 1
             deadline_ms = service.deadline_ms(
                 manifest.timeout_s,
                 deadline_request(parsed, request.headers.get("x-request-timeout")))
