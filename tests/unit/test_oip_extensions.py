@@ -219,3 +219,56 @@ def test_an_unsent_event_goes_out_with_the_next() -> None:
     a.unsent(first)
     again = a.event()
     assert again is not None and [m for m, _, _ in again["models"]] == ["m"]
+
+
+# --- the gRPC messages ----------------------------------------------------------------
+
+def test_the_generated_grpc_messages_are_current(tmp_path: Path) -> None:
+    """inference_pb2.py is what `make grpc-proto` makes of inference.proto today."""
+    from grpc_tools import protoc
+
+    src = Path(__file__).resolve().parents[2] / "src"
+    proto = "modelfleet/gateway/grpc_api/inference.proto"
+    assert protoc.main(["protoc", f"-I{src}", f"--python_out={tmp_path}", str(src / proto)]) == 0
+    made = (tmp_path / proto).with_name("inference_pb2.py").read_text()
+    assert made == (src / proto).with_name("inference_pb2.py").read_text(), \
+        "run `make grpc-proto` and commit inference_pb2.py"
+
+
+def test_grpc_tensors_round_trip_through_the_v2_body() -> None:
+    from modelfleet.gateway.grpc_api import inference_pb2 as pb
+    from modelfleet.gateway.grpc_api.tensors import request_body, response_message
+    from modelfleet.oip.codec import OutputTensor, encode_response
+
+    request = pb.ModelInferRequest(model_name="simple", id="r1")
+    request.inputs.add(name="INPUT0", datatype="INT32", shape=[1, 16],
+                       contents=pb.InferTensorContents(int_contents=list(range(16))))
+    request.parameters["sequence_id"].int64_param = 7
+    request.outputs.add(name="OUTPUT0").parameters["classification"].int64_param = 2
+    body, header_length = request_body(request)
+    parsed = parse_request(body, header_length)
+    assert parsed.id == "r1" and parsed.parameters["sequence_id"] == 7
+    assert parsed.binary_output and parsed.outputs is not None
+    assert parsed.outputs[0].classification == 2
+    assert parsed.decode_inputs()["INPUT0"].tolist() == [list(range(16))]
+    out = encode_response("simple", "1", [OutputTensor(
+        "OUTPUT0", np.array([[b"a", b"bc"]], dtype=object), "BYTES", binary=True)], "r1")
+    response = response_message(*out)
+    assert (response.model_name, response.model_version, response.id) == ("simple", "1", "r1")
+    assert list(response.outputs[0].shape) == [1, 2]
+    assert response.raw_output_contents[0] == b"\x01\x00\x00\x00a\x02\x00\x00\x00bc"
+
+
+def test_grpc_contents_out_of_range_are_refused() -> None:
+    from modelfleet.gateway.grpc_api import inference_pb2 as pb
+    from modelfleet.gateway.grpc_api.tensors import request_body
+
+    request = pb.ModelInferRequest(model_name="m")
+    request.inputs.add(name="x", datatype="UINT8", shape=[1],
+                       contents=pb.InferTensorContents(uint_contents=[300]))
+    with pytest.raises(RequestRejected, match="x"):
+        request_body(request)
+    half = pb.ModelInferRequest(model_name="m")
+    half.inputs.add(name="h", datatype="FP16", shape=[1])
+    with pytest.raises(RequestRejected, match="raw_input_contents"):
+        request_body(half)

@@ -58,12 +58,12 @@ def control_router(service: GatewayService) -> APIRouter:
                     f"{', '.join(unknown)} (a model's package is published to the "
                     "repository)")
             if "config" in params:
-                _check_config(service.catalog, model, params["config"], params.get("version"))
-            workers = _positive_int(params.get("workers", 1), "workers")
+                check_config(service.catalog, model, params["config"], params.get("version"))
+            workers = positive_int(params.get("workers", 1), "workers")
             version = params.get("version")
             if version is not None and not isinstance(version, str | int):
                 raise RequestRejected(f"'version' must be a string, got {version!r}")
-            pinned = _flag(params.get("pinned", False), "pinned")
+            pinned = flag(params.get("pinned", False), "pinned")
             outcome = await plane.load(model, None if version is None else str(version),
                                        workers)
             if pinned:
@@ -102,7 +102,7 @@ def control_router(service: GatewayService) -> APIRouter:
     return router
 
 
-def _check_config(catalog: Catalog, model: str, config: object, version: object) -> None:
+def check_config(catalog: Catalog, model: str, config: object, version: object) -> None:
     """``RequestRejected`` unless a load's ``config`` says what the model's manifest says."""
     given = parse_config(config)
     if "name" in given and given["name"] != model:
@@ -153,7 +153,7 @@ async def _parameters(request: Request) -> dict[str, Any]:
     return params
 
 
-def _positive_int(value: object, name: str) -> int:
+def positive_int(value: object, name: str) -> int:
     if isinstance(value, str) and value.isdigit():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -161,7 +161,7 @@ def _positive_int(value: object, name: str) -> int:
     return value
 
 
-def _flag(value: object, name: str) -> bool:
+def flag(value: object, name: str) -> bool:
     if isinstance(value, str) and value.lower() in ("true", "false", "1", "0"):
         return value.lower() in ("true", "1")
     if not isinstance(value, bool):

@@ -70,7 +70,7 @@ async def exchange(service: GatewayService, observer: RequestObserver, model: st
         log.exception("%s for %s failed", what, model)
         return internal(f"internal error: {type(exc).__name__}")
     finally:
-        _record(service, observer, model, routed.version, status, outcome, reply, started,
+        record_exchange(service, observer, model, routed.version, status, outcome, reply, started,
                 routed.batch_size)
 
 
@@ -81,7 +81,7 @@ def answer_headers(answer: Answer) -> dict[str, str]:
             "Server-Timing": ", ".join(f"{k};dur={v:.2f}" for k, v in reply.timings_ms.items())}
 
 
-def _record(service: GatewayService, observer: RequestObserver, model: str, version: str,
+def record_exchange(service: GatewayService, observer: RequestObserver, model: str, version: str,
             status: int, outcome: str, reply: Reply | None, started: float,
             batch_size: int = 1) -> None:
     known = model if model in service.catalog else "(unknown)"

@@ -35,7 +35,7 @@ route, and the auth layer's refusals there, answer in the same shape (gateway/ht
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -109,6 +109,61 @@ def deadline_request(parsed: InferenceRequest, header: str | None) -> str | None
     return f"{timeout_us / 1e6:.6f}"
 
 
+def unready_reasons(service: GatewayService, readiness: list[ReadinessCheck]) -> list[str]:
+    """Why the gateway cannot take work now (the reasons /readyz gives)."""
+    reasons = ["shutting down"] if service.requests.draining else []
+    if not service.broker.connected:
+        reasons.append("broker not connected")
+    for check in readiness:
+        ok, why = check()
+        if not ok:
+            reasons.append(why)
+    return reasons
+
+
+def model_unready_reasons(service: GatewayService, readiness: list[ReadinessCheck],
+                          model: str, version: str | None) -> list[str]:
+    """Why ``model`` cannot take v2 requests now; ``ModelNotFound`` for no such model."""
+    manifest = service.catalog.get(model).version(service.control.route(model, version))
+    reasons = unready_reasons(service, readiness)
+    if not service.control.available(model):
+        reasons.append(f"model '{model}' was unloaded by an operator")
+    if not manifest.has_signature:
+        reasons.append(f"model '{model}' declares no tensor signature: only /v1 serves it")
+    return reasons
+
+
+def v2_manifest(service: GatewayService, model: str, version: str | None,
+                routed: Routed) -> Manifest:
+    """The manifest of the version this request will get (a rollout may move the route),
+    refused unless it declares tensors."""
+    manifest = service.catalog.get(model).version(service.control.route(model, version))
+    routed.version = manifest.version
+    if not manifest.has_signature:
+        raise RequestRejected(
+            f"model '{model}' declares no tensor signature ([[inputs]] and "
+            f"[[outputs]] in its model.toml), so /v2 cannot decode tensors for "
+            f"it: call POST /v1/models/{model}/infer")
+    return manifest
+
+
+async def infer_v2(service: GatewayService, manifest: Manifest, version: str | None,
+                   body: bytes, header_length: int | None, timeout_header: str | None,
+                   routed: Routed, disconnected: Callable[[], Awaitable[None]] | None
+                   ) -> Answer:
+    """A v2 request body checked against the model's signature, then through the fleet
+    (HTTP and gRPC alike)."""
+    parsed = parse_request(body, header_length)
+    check_request(parsed, manifest.inputs, manifest.outputs, manifest.name)
+    first = parsed.inputs[0].shape
+    routed.batch_size = first[0] if first and batched(manifest) else 1
+    deadline_ms = service.deadline_ms(manifest.timeout_s,
+                                      deadline_request(parsed, timeout_header))
+    params = {} if header_length is None else {HEADER_LENGTH_PARAM: str(header_length)}
+    return await service.infer(manifest.name, version, body, OIP_CONTENT_TYPE, deadline_ms,
+                               params, disconnected=disconnected)
+
+
 def oip_router(service: GatewayService, readiness: list[ReadinessCheck],
                liveness: list[Callable[[], bool]], observer: RequestObserver) -> APIRouter:
     router = APIRouter(tags=["Open Inference Protocol v2"])
@@ -116,15 +171,7 @@ def oip_router(service: GatewayService, readiness: list[ReadinessCheck],
     body_timeout_s = service.settings.gateway.body_read_timeout_s
 
     def not_ready() -> list[str]:
-        """Why the gateway cannot take work now (the reasons /readyz gives)."""
-        reasons = ["shutting down"] if service.requests.draining else []
-        if not service.broker.connected:
-            reasons.append("broker not connected")
-        for check in readiness:
-            ok, why = check()
-            if not ok:
-                reasons.append(why)
-        return reasons
+        return unready_reasons(service, readiness)
 
     @router.get("/v2")
     async def server_metadata() -> dict[str, Any]:
@@ -200,14 +247,9 @@ def oip_router(service: GatewayService, readiness: list[ReadinessCheck],
 
     def model_ready(model: str, version: str | None) -> JSONResponse:
         try:
-            manifest = service.catalog.get(model).version(service.control.route(model, version))
+            reasons = model_unready_reasons(service, readiness, model, version)
         except ModelfleetError as exc:
             return v2_error(exc)
-        reasons = not_ready()
-        if not service.control.available(model):
-            reasons.append(f"model '{model}' was unloaded by an operator")
-        if not manifest.has_signature:
-            reasons.append(f"model '{model}' declares no tensor signature: only /v1 serves it")
         if reasons:
             return JSONResponse({"name": model, "ready": False, "reasons": reasons},
                                 status_code=400)
@@ -231,28 +273,14 @@ def oip_router(service: GatewayService, readiness: list[ReadinessCheck],
 
     async def _infer(model: str, version: str | None, request: Request) -> Response:
         async def run(guard: RequestGuard, routed: Routed) -> Answer:
-            # The version this request will get (a rollout may move the route).
-            manifest = service.catalog.get(model).version(service.control.route(model, version))
-            routed.version = manifest.version
-            if not manifest.has_signature:
-                raise RequestRejected(
-                    f"model '{model}' declares no tensor signature ([[inputs]] and "
-                    f"[[outputs]] in its model.toml), so /v2 cannot decode tensors for "
-                    f"it: call POST /v1/models/{model}/infer")
             header_length = parse_header_length(request.headers.get(HEADER_LENGTH))
+            manifest = v2_manifest(service, model, version, routed)
             with guard.reading(body_timeout_s):
                 body = await read_body(request, limit)
             body = inflate(body, request.headers.get("content-encoding", ""), limit)
-            parsed = parse_request(body, header_length)
-            check_request(parsed, manifest.inputs, manifest.outputs, model)
-            first = parsed.inputs[0].shape
-            routed.batch_size = first[0] if first and batched(manifest) else 1
-            deadline_ms = service.deadline_ms(
-                manifest.timeout_s,
-                deadline_request(parsed, request.headers.get("x-request-timeout")))
-            params = {} if header_length is None else {HEADER_LENGTH_PARAM: str(header_length)}
-            return await service.infer(model, version, body, OIP_CONTENT_TYPE, deadline_ms,
-                                       params, disconnected=disconnect_waiter(request))
+            return await infer_v2(service, manifest, version, body, header_length,
+                                  request.headers.get("x-request-timeout"), routed,
+                                  disconnect_waiter(request))
 
         def respond(answer: Answer) -> Response:
             headers = answer_headers(answer)
