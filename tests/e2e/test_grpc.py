@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -136,6 +137,18 @@ def check_triton_examples(seen: dict[str, Any]) -> None:
 
 def test_tritonclient_grpc_against_serve(served: tuple[str, str]) -> None:
     check_triton_examples(triton_grpc(served[1]))
+
+
+def test_the_readme_grpc_example_runs_as_printed(served: tuple[str, str]) -> None:
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("### gRPC"):]
+    match = re.search(r"```python\n(.*?)```", section, re.S)
+    assert match is not None
+    script = match.group(1).replace("localhost:8001", served[1])
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines() == ["[b'setosa']"]
 
 
 async def kserve_infer(address: str) -> tuple[bool, bool, np.ndarray, list[Any]]:
