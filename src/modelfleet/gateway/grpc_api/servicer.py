@@ -15,7 +15,8 @@ Each RPC goes through what its HTTP route uses, so both dialects answer alike:
 With auth on, the API key travels in the ``authorization`` metadata (``Bearer <key>``),
 as on HTTP: health is open, a model's RPCs need a key that may use the model (another
 tenant's model is NOT_FOUND, like a missing one), the repository RPCs the operator role;
-inference is admitted by the tenant's plan limits and metered. A modelfleet error
+inference is admitted by the tenant's plan limits and metered; an operator acts on its
+own tenant's models only (the index lists them alone), an administrator on all. A modelfleet error
 becomes the gRPC status its HTTP status maps to (``grpc_status``), with its message.
 """
 
@@ -106,6 +107,15 @@ class InferenceServicer:
                             f"'{principal.role}'")
         return principal
 
+    async def _control(self, context: grpc.aio.ServicerContext, model: str
+                       ) -> Principal | None:
+        """The operator role, on its own tenant's models (admin: any)."""
+        principal = await self._operator(context)
+        if principal is not None and self._gate is not None and \
+                not principal.may_control(self._gate.owner_of(model)):
+            raise ModelNotFound(f"no model named '{model}' (GET /v1/models lists them)")
+        return principal
+
     async def _model(self, context: grpc.aio.ServicerContext, model: str) -> Principal | None:
         principal = await self._principal(context)
         if principal is not None and self._gate is not None and \
@@ -185,8 +195,11 @@ class InferenceServicer:
     # -- the model repository --------------------------------------------------------
     async def repository_index(self, request: pb.RepositoryIndexRequest, context: Any
                                ) -> pb.RepositoryIndexResponse:
-        await self._operator(context)
+        principal = await self._operator(context)
         rows = self._service.control.index(ready_only=request.ready)
+        if principal is not None and self._gate is not None:
+            owner_of = self._gate.owner_of
+            rows = [row for row in rows if principal.may_control(owner_of(row["name"]))]
         return pb.RepositoryIndexResponse(models=[
             pb.RepositoryIndexResponse.ModelIndex(
                 name=row["name"], version=str(row.get("version", "")),
@@ -195,7 +208,7 @@ class InferenceServicer:
 
     async def repository_model_load(self, request: pb.RepositoryModelLoadRequest,
                                     context: Any) -> pb.RepositoryModelLoadResponse:
-        await self._operator(context)
+        await self._control(context, request.model_name)
         params = {name: parameter_value(value) for name, value in request.parameters.items()}
         unknown = sorted(set(params) - {"workers", "version", "pinned", "config"})
         if unknown:
@@ -215,7 +228,7 @@ class InferenceServicer:
 
     async def repository_model_unload(self, request: pb.RepositoryModelUnloadRequest,
                                       context: Any) -> pb.RepositoryModelUnloadResponse:
-        await self._operator(context)
+        await self._control(context, request.model_name)
         await self._service.control.unload(request.model_name)
         return pb.RepositoryModelUnloadResponse()
 
