@@ -56,6 +56,10 @@ class GatewaySettings(_Section):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
     public_url: str = ""  # how runtimes reach this gateway; default http://host:port
+    # The Open Inference Protocol over gRPC (inference.GRPCInferenceService) on this port
+    # of ``host``, beside HTTP; None: off. 0: any free port (logged).
+    grpc_port: int | None = Field(default=None, ge=0, le=65535)
+    grpc_max_message_bytes: int = Field(default=64 * MiB, gt=0)
     max_body_bytes: int = Field(default=20 * MiB, gt=0)
     default_timeout_s: float = Field(default=30, gt=0)
     max_timeout_s: float = Field(default=120, gt=0)
