@@ -135,9 +135,13 @@ RUNTIME_RSS = Gauge("modelfleet_runtime_rss_bytes", "Resident set size of each r
 RUNTIME_BUDGET = Gauge("modelfleet_runtime_budget_bytes",
                        "The memory budget each runtime's RSS is held to: its device plus host "
                        "budgets", ["runtime"])
+RUNTIME_RSS_STARTUP = Gauge("modelfleet_runtime_rss_startup_bytes",
+                            "RSS of each runtime at start-up, after imports and before any "
+                            "model", ["runtime"])
 RUNTIME_RSS_OVERHEAD = Gauge("modelfleet_runtime_rss_overhead_bytes",
-                             "RSS of each runtime at start-up, after imports and before any "
-                             "model: the fixed overhead beside its budget", ["runtime"])
+                             "The fixed overhead beside each runtime's budget: its start-up "
+                             "RSS plus what the first import of its models' frameworks added",
+                             ["runtime"])
 RUNTIME_RSS_LIMIT = Gauge("modelfleet_runtime_rss_limit_bytes",
                           "The RSS above which a runtime refuses loads: overhead + budget x "
                           "(1 + runtime.rss_margin)", ["runtime"])

@@ -105,7 +105,7 @@ class RuntimeSettings(_Section):
     # Memory (README "Memory: the budget is the RSS"): glibc's mmap threshold fixed at this
     # many bytes in each runtime process (0: glibc's dynamic default), malloc_trim after
     # evictions, and loads refused while RSS > start-up RSS + budgets x (1 + rss_margin).
-    malloc_mmap_threshold_bytes: int = Field(default=2 * MiB, ge=0)
+    malloc_mmap_threshold_bytes: int = Field(default=1 * MiB, ge=0)
     trim_after_eviction: bool = True
     rss_margin: float = Field(default=0.25, ge=0)
 

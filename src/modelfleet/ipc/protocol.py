@@ -77,11 +77,13 @@ class RuntimeStats:
     resident_versions: tuple[str, ...] = ()  # on the device or in host memory
     pinned_versions: tuple[str, ...] = ()
     loading_versions: tuple[str, ...] = ()
-    # Memory (a runtime in a process of its own; 0 otherwise): RSS now, RSS at start-up
-    # (before any model), the budget RSS is held to (device + host budgets), the line
-    # (start-up + budget x (1 + rss_margin)), whether it is over and refusing loads, loads
-    # refused since the last ask, and the CUDA allocator's reserved / allocated bytes.
+    # Memory (a runtime in a process of its own; 0 otherwise): RSS now and at start-up
+    # (before any model); the overhead (start-up + the models' framework imports); the
+    # budget RSS is held to (device + host budgets); the line (overhead + budget x
+    # (1 + rss_margin)); whether it is over and refusing loads; loads refused since the
+    # last ask; the CUDA allocator's reserved / allocated bytes.
     rss_bytes: int = 0
+    rss_startup_bytes: int = 0
     rss_overhead_bytes: int = 0
     memory_budget_bytes: int = 0
     rss_limit_bytes: int = 0
@@ -204,7 +206,8 @@ def stats_from_wire(data: Mapping[str, Any]) -> RuntimeStats:
         **{name: data[name] for name in _MEMORY_FIELDS if name in data})
 
 
-_MEMORY_FIELDS = ("rss_bytes", "rss_overhead_bytes", "memory_budget_bytes", "rss_limit_bytes",
+_MEMORY_FIELDS = ("rss_bytes", "rss_startup_bytes", "rss_overhead_bytes", "memory_budget_bytes",
+                  "rss_limit_bytes",
                   "over_memory_budget", "loads_refused", "device_reserved_bytes",
                   "device_allocated_bytes")
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from modelfleet.cache import POLICIES, Eviction, ModelCache
-from modelfleet.errors import ModelfleetError, ModelLoadFailed, NoCapacity
+from modelfleet.errors import ConfigError, ModelfleetError, ModelLoadFailed, NoCapacity
 from modelfleet.ipc.protocol import Load, RuntimeStats
 from modelfleet.model.api import Context, Model
 from modelfleet.model.importer import import_handler
@@ -230,6 +230,7 @@ class ModelHost:
                 return handlers[0]
 
             before = set(sys.modules)
+            rss_before = self.memory.rss() if self.memory is not None else 0
             try:
                 measured = await asyncio.to_thread(measure_load, device, package_dir, prepare,
                                                    lambda: handlers[0].load(ctx))
@@ -239,8 +240,10 @@ class ModelHost:
                 raise ModelLoadFailed(f"model '{model_id}' failed to load: {exc!r}") from exc
             handler = handlers.pop()
             own = handler.__class__.__module__.split(".")[0]
-            self.frameworks |= {name for name in set(sys.modules) - before
-                                if not name.startswith(("modelfleet", "_", own))}
+            imported = {name for name in set(sys.modules) - before
+                        if not name.startswith(("modelfleet", "_", own))}
+            new_frameworks = bool(imported - self.frameworks)
+            self.frameworks |= imported
         except BaseException:
             self.cache.release(key)
             raise
@@ -263,6 +266,8 @@ class ModelHost:
             raise NoCapacity(f"model '{model_id}' measured {measured.size_bytes} bytes at load, "
                              "more than this runtime can hold next to its pinned models and "
                              "loads in flight; it was unloaded again")
+        if new_frameworks and self.memory is not None:  # an import is overhead, not a model
+            self.memory.count_imports(rss_before, measured.size_bytes)
         log.info("loaded %s v%s from %s in %.2fs (%d bytes)", model_id, version, source,
                  measured.seconds, measured.size_bytes)
         return loaded
@@ -307,7 +312,11 @@ class ModelHost:
     async def set_budgets(self, device_budget_bytes: int,
                           host_budget_bytes: int | None = None) -> None:
         """Change the budgets now; what no longer fits is evicted before this returns."""
-        await self._carry_out(self.cache.set_budgets(device_budget_bytes, host_budget_bytes))
+        try:
+            evictions = self.cache.set_budgets(device_budget_bytes, host_budget_bytes)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
+        await self._carry_out(evictions)
         log.info("budgets set: device %d bytes, host %d bytes", self.cache.device_budget_bytes,
                  self.cache.host_budget_bytes)
 
@@ -456,7 +465,8 @@ class ModelHost:
         if self.memory is None:
             return {}
         state = self.memory.state()
-        return {"rss_bytes": state.rss_bytes, "rss_overhead_bytes": state.overhead_bytes,
+        return {"rss_bytes": state.rss_bytes, "rss_startup_bytes": state.startup_bytes,
+                "rss_overhead_bytes": state.overhead_bytes,
                 "memory_budget_bytes": state.budget_bytes, "rss_limit_bytes": state.limit_bytes,
                 "over_memory_budget": state.over, "loads_refused": refused,
                 "device_reserved_bytes": state.device.reserved_bytes,

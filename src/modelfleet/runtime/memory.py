@@ -27,7 +27,8 @@ elsewhere, and in the coordinator's process, which ``InProcessRuntime`` shares).
 
 ``MemoryGuard`` holds the rule the runtime keeps: RSS <= overhead + budget x (1 + margin),
 where the overhead is the RSS measured at start-up, after imports and before any model,
-and the budget is the cache's device plus host budgets (both are bytes in this process
+plus what the first import of each framework a model needs added (``count_imports``), and the
+budget is the cache's device plus host budgets (both are bytes in this process
 for CPU models; a GPU model's device bytes are held to the device budget through the CUDA
 allocator's reserved bytes instead, see ``device_memory``). Over that line, the runtime
 stops admitting loads (``NoCapacity``: retryable, "not accepting cold work"), trims and
@@ -55,7 +56,6 @@ log = logging.getLogger("modelfleet.runtime")
 # mallopt parameters (glibc's malloc.h).
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
-DEFAULT_MMAP_THRESHOLD = 2 * 1024 * 1024
 
 
 def _glibc() -> ctypes.CDLL | None:
@@ -104,7 +104,8 @@ def rss_bytes() -> int:
 @dataclass(frozen=True)
 class MemoryState:
     rss_bytes: int
-    overhead_bytes: int  # RSS at start-up, before any model
+    startup_bytes: int  # RSS at start-up, after imports and before any model
+    overhead_bytes: int  # start-up + what importing the models' frameworks added
     budget_bytes: int  # the cache's device + host budgets
     limit_bytes: int  # overhead + budget x (1 + margin)
     over: bool  # in an over-budget episode: loads are refused
@@ -126,11 +127,24 @@ class MemoryGuard:
         self._margin = margin
         self._rss = rss
         self._device = device
-        self.overhead_bytes = rss()
+        self.startup_bytes = rss()
+        self.overhead_bytes = self.startup_bytes  # + what the models' frameworks added
         self._device_overhead = device().reserved_bytes
         self.over = False
         self.episodes = 0  # over-budget episodes since start
         self.refused = 0  # loads refused since start
+
+    def rss(self) -> int:
+        return self._rss()
+
+    def count_imports(self, rss_before: int, model_bytes: int) -> None:
+        """A load imported modules not seen before (a framework, or a library a load uses
+        lazily): what RSS grew by during that load beyond the model's own bytes is
+        overhead from now on. An import is paid once per process, not per model; measured
+        on the peers' MLPs, the first load's imports (zipfile, the rest of numpy's I/O)
+        add 10-16 MB that no eviction gives back. (A load that finished beside it in the
+        same window would be counted too: only loads that import something new count.)"""
+        self.overhead_bytes += max(0, self._rss() - rss_before - model_bytes)
 
     def limit_bytes(self) -> int:
         return self.overhead_bytes + int(self._budget() * (1 + self._margin))
@@ -139,14 +153,15 @@ class MemoryGuard:
         return self._device_overhead + int(self._device_budget() * (1 + self._margin))
 
     def state(self) -> MemoryState:
-        return MemoryState(self._rss(), self.overhead_bytes, self._budget(), self.limit_bytes(),
+        return MemoryState(self._rss(), self.startup_bytes, self.overhead_bytes, self._budget(),
+                           self.limit_bytes(),
                            self.over, self._device())
 
     def exceeded(self) -> str | None:
         """What is over its line now (RSS, or CUDA reserved bytes), or None."""
         rss = self._rss()
         if rss > self.limit_bytes():
-            return (f"RSS {rss} bytes > {self.limit_bytes()} (start-up {self.overhead_bytes} "
+            return (f"RSS {rss} bytes > {self.limit_bytes()} (overhead {self.overhead_bytes} "
                     f"+ budget {self._budget()} x {1 + self._margin:g})")
         reserved = self._device().reserved_bytes
         if reserved and reserved > self._device_limit_bytes():

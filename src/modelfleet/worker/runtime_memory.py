@@ -12,7 +12,8 @@ import contextlib
 from modelfleet import metrics
 from modelfleet.ipc.protocol import RuntimeStats
 
-_GAUGES = (metrics.RUNTIME_RSS, metrics.RUNTIME_BUDGET, metrics.RUNTIME_RSS_OVERHEAD,
+_GAUGES = (metrics.RUNTIME_RSS, metrics.RUNTIME_BUDGET, metrics.RUNTIME_RSS_STARTUP,
+           metrics.RUNTIME_RSS_OVERHEAD,
            metrics.RUNTIME_RSS_LIMIT, metrics.RUNTIME_OVER_BUDGET,
            metrics.RUNTIME_DEVICE_RESERVED)
 
@@ -22,6 +23,7 @@ def publish(runtime: str, stats: RuntimeStats) -> None:
         return  # an in-process runtime: its RSS is the coordinator's, not its own
     metrics.RUNTIME_RSS.labels(runtime).set(stats.rss_bytes)
     metrics.RUNTIME_BUDGET.labels(runtime).set(stats.memory_budget_bytes)
+    metrics.RUNTIME_RSS_STARTUP.labels(runtime).set(stats.rss_startup_bytes)
     metrics.RUNTIME_RSS_OVERHEAD.labels(runtime).set(stats.rss_overhead_bytes)
     metrics.RUNTIME_RSS_LIMIT.labels(runtime).set(stats.rss_limit_bytes)
     metrics.RUNTIME_OVER_BUDGET.labels(runtime).set(1 if stats.over_memory_budget else 0)
