@@ -133,6 +133,7 @@ class ModelHost:
         self.events = HostEvents()
         self.memory = memory(self.cache) if memory is not None else None
         self._shedding: asyncio.Task[None] | None = None
+        self._stuck_episode = 0  # the episode whose "nothing left to shed" was logged
 
     @property
     def loading(self) -> list[str]:
@@ -294,20 +295,25 @@ class ModelHost:
 
     async def _shed(self) -> None:
         """Drop models, lowest-ranked first, until RSS is back under its line."""
-        assert self.memory is not None
+        memory = self.memory
+        if memory is None:
+            return
         shed = 0
-        while self.memory.reclaim() is not None:
+        while memory.reclaim() is not None:
             eviction = self.cache.shed()
             if eviction is None:
-                log.warning("runtime still over its memory budget with nothing left to shed "
-                            "(%s): memory is held outside the models' books (a handler's "
-                            "allocations, or a leak); loads stay refused until it falls",
-                            self.memory.exceeded())
+                if self._stuck_episode != memory.episodes:  # once per episode
+                    self._stuck_episode = memory.episodes
+                    log.warning("runtime still over its memory budget with nothing left to "
+                                "shed (%s): memory is held outside the models' books (a "
+                                "handler's allocations, or a leak); loads stay refused until "
+                                "it falls", memory.exceeded())
                 return
             await self._carry_out([eviction])
             shed += 1
-        log.info("shed %d model(s) to come back under the memory budget", shed)
-        self.memory.back_under()
+        if shed:
+            log.info("shed %d model(s) to come back under the memory budget", shed)
+        memory.back_under()
 
     async def set_budgets(self, device_budget_bytes: int,
                           host_budget_bytes: int | None = None) -> None:

@@ -2,33 +2,34 @@
 measured against the budget, and loads refused while it is over.
 
 Why the allocator needs setting up (measured with ``bench/rss_budget.py``: an LRU of real
-numpy MLPs of 1-36 MB in a real runtime process, 88 MB budget; numbers in the README,
-"Memory: the budget is the RSS"). glibc serves a request above its mmap threshold
+numpy MLPs of 1-36 MB in a real runtime process, 88 MB budget; the table is in the
+README, "Memory: the budget is the RSS"). glibc serves a request above its mmap threshold
 (128 KiB at start) with its own mapping, which ``free`` returns to the system at once;
 but the first time such a mapping is freed, glibc *raises* the threshold to its size (up
 to 32 MiB). After a few evictions every model-sized array comes from the heap arenas
 instead, where a freed array leaves a hole the next, differently sized array does not
-fit: RSS grows to about twice the budget and stays there. The options, measured:
+fit: RSS ends at about three times start-up + budget, and stays there with every model
+unloaded. The options, measured:
 
 - ``MALLOC_MMAP_THRESHOLD_=131072`` (fixed at 128 KiB): RSS follows the budget, but
-  ``np.load`` reads in 256 KiB chunks, so every chunk of every load is an ``mmap`` and a
-  ``munmap`` and fresh page faults: loads cost about twice the CPU.
-- ``malloc_trim(0)`` after each eviction alone: the end RSS comes back, but the peak
-  between evictions does not (the arenas still fragment while loads run).
-- ``M_ARENA_MAX=1``: fewer arenas, the same fragmentation.
-- **A fixed mmap threshold of 2 MiB** (``mallopt(M_MMAP_THRESHOLD)``, which also stops
+  ``np.load`` reads in 256 KiB chunks, so every chunk of every load is an ``mmap``, a
+  ``munmap`` and fresh page faults: 35-70 % more CPU per GB loaded.
+- ``malloc_trim(0)`` after each eviction alone, or ``MALLOC_ARENA_MAX=1``: the arenas
+  still fragment; RSS stays 55-90 MB above start-up + budget.
+- **A fixed mmap threshold of 1 MiB** (``mallopt(M_MMAP_THRESHOLD)``, which also stops
   the threshold rising) **plus ``malloc_trim(0)`` after evictions** (the default): arrays
   of model size are their own mappings and go back to the system when the model is
-  evicted; read buffers and small objects keep reusing the heap, so a load costs no more
-  than with glibc's defaults; the trim gives back what the small allocations left.
+  evicted; read buffers and small objects keep reusing the heap, so a load costs the CPU
+  it costs with glibc's defaults (within this machine's noise); the trim gives back what
+  the small allocations left. 2 and 4 MiB measure alike for speed, with a higher peak.
 
 ``configure_allocator`` runs once at the runtime process's start-up (glibc only; a no-op
 elsewhere, and in the coordinator's process, which ``InProcessRuntime`` shares).
 
 ``MemoryGuard`` holds the rule the runtime keeps: RSS <= overhead + budget x (1 + margin),
 where the overhead is the RSS measured at start-up, after imports and before any model,
-plus what the first import of each framework a model needs added (``count_imports``), and the
-budget is the cache's device plus host budgets (both are bytes in this process
+plus what the first import of each framework a model needs added (``count_imports``),
+and the budget is the cache's device plus host budgets (both are bytes in this process
 for CPU models; a GPU model's device bytes are held to the device budget through the CUDA
 allocator's reserved bytes instead, see ``device_memory``). Over that line, the runtime
 stops admitting loads (``NoCapacity``: retryable, "not accepting cold work"), trims and
