@@ -6,14 +6,21 @@ tests/e2e/test_runtime_memory.py); the cache is the real ``ModelCache``.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from pathlib import Path
 
+import numpy as np
 import pytest
 
 from modelfleet.cache import LruPolicy, ModelCache
 from modelfleet.errors import NoCapacity
+from modelfleet.repository import LocalStore
 from modelfleet.runtime.device import DeviceMemory
+from modelfleet.runtime.host import ModelHost
 from modelfleet.runtime.memory import MemoryGuard, configure_allocator, rss_bytes, trim
+from modelfleet.settings import RuntimeSettings
+from tests.procs import write_package
 
 MB = 1_000_000
 
@@ -120,3 +127,80 @@ def test_shedding_drops_host_residents_first_then_the_device_never_a_pin() -> No
     assert [(e.model_id, e.from_tier) for e in shed if e is not None] == [
         ("a", "host"), ("b", "device"), ("c", "device")]
     assert shed[3] is None and cache.tier_of("pin") == "device"
+
+
+BLOB = '''
+    import numpy as np
+    from modelfleet import Model
+
+    class Blob(Model):
+        def load(self, ctx):
+            self.w = np.fromfile(ctx.artifact("weights.bin"), dtype=np.uint8)
+
+        async def preprocess(self, request):
+            return 0
+
+        def predict(self, batch):
+            return [int(self.w[0]) for _ in batch]
+'''
+
+
+def blob_host(root: Path, extra: list[int]) -> ModelHost:
+    """A host over 10 MB models whose "RSS" is 100 MB + its books + ``extra``."""
+    for name in ("a", "b", "c", "d"):
+        folder = write_package(root, name, f'name = "{name}"\nentrypoint = "handler:Blob"\n'
+                               'memory_estimate_mb = 10\n', BLOB)
+        np.full(10 * MB, 1, dtype=np.uint8).tofile(folder / "weights.bin")
+
+    def guard_of(cache: ModelCache) -> MemoryGuard:
+        return MemoryGuard(lambda: cache.device_budget_bytes, 0.25,
+                           lambda: cache.device_budget_bytes,
+                           rss=lambda: 100 * MB + cache.snapshot().device_used_bytes + extra[0])
+
+    settings = RuntimeSettings(device_budget_bytes=40 * MB, host_budget_bytes=0)
+    return ModelHost(settings, LocalStore(root), memory=guard_of)
+
+
+async def until_shed(host: ModelHost) -> None:
+    for _ in range(200):
+        if host.memory is not None and not host.memory.over:
+            return
+        await asyncio.sleep(0.01)
+
+
+async def test_a_host_over_its_line_refuses_loads_and_sheds_back_under(tmp_path: Path) -> None:
+    extra = [0]
+    host = blob_host(tmp_path, extra)
+    for name in ("a", "b", "c"):
+        await host.ensure(name, "1")
+    extra[0] = 35 * MB  # a handler grew outside the books: 100 + 30 + 35 > 100 + 50
+    with pytest.raises(NoCapacity, match=r"over its memory budget.*'d'"):
+        await host.ensure("d", "1")
+    await until_shed(host)
+    stats = host.stats()
+    assert len(stats.device) == 1 and stats.loads_refused == 1  # two shed, lowest first
+    assert not stats.over_memory_budget and stats.rss_bytes <= stats.rss_limit_bytes
+    await host.ensure("d", "1")  # admitted again
+    await host.close()
+
+
+async def test_memory_outside_the_models_keeps_loads_refused_with_one_warning(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    extra = [0]
+    host = blob_host(tmp_path, extra)
+    await host.ensure("a", "1")
+    extra[0] = 80 * MB  # more than the whole budget and its margin: shedding cannot help
+    with caplog.at_level(logging.WARNING, logger="modelfleet.runtime"):
+        for _ in range(3):
+            with pytest.raises(NoCapacity):
+                await host.ensure("b", "1")
+            await asyncio.sleep(0.05)  # the shedding task runs and gives up
+            host.stats()  # the re-score's ask: watches memory too
+    assert host.stats().device == ()  # everything evictable was shed
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum("nothing left to shed" in m for m in messages) == 1
+    assert sum("refusing loads" in m for m in messages) == 1  # one episode, one warning
+    extra[0] = 0
+    await host.ensure("b", "1")  # it fell: admitted, the episode over
+    assert host.memory is not None and not host.memory.over
+    await host.close()
