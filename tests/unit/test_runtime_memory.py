@@ -18,8 +18,10 @@ from modelfleet.errors import NoCapacity
 from modelfleet.repository import LocalStore
 from modelfleet.runtime.device import DeviceMemory
 from modelfleet.runtime.host import ModelHost
+from modelfleet.runtime.inprocess import InProcessRuntime
 from modelfleet.runtime.memory import MemoryGuard, configure_allocator, rss_bytes, trim
-from modelfleet.settings import RuntimeSettings
+from modelfleet.runtime.server import RuntimeService
+from modelfleet.settings import RuntimeSettings, Settings
 from tests.procs import write_package
 
 MB = 1_000_000
@@ -204,3 +206,20 @@ async def test_memory_outside_the_models_keeps_loads_refused_with_one_warning(
     await host.ensure("b", "1")  # it fell: admitted, the episode over
     assert host.memory is not None and not host.memory.over
     await host.close()
+
+
+async def test_an_in_process_runtime_takes_new_budgets_and_reports_no_rss_of_its_own(
+        tmp_path: Path) -> None:
+    blob_host(tmp_path / "repo", [0])  # writes the packages
+    service = RuntimeService(Settings(repo=str(tmp_path / "repo"),
+                                      state_dir=str(tmp_path / "state"),
+                                      runtime={"device_budget_bytes": 40 * MB,
+                                               "host_budget_bytes": 0}))
+    runtime = InProcessRuntime(service, "in-process")
+    for name in ("a", "b", "c"):
+        await runtime.load(name, "1")
+    await runtime.set_budgets(15 * MB)
+    stats = await runtime.stats()
+    assert stats.device_budget_bytes == 15 * MB and len(stats.device) == 1
+    assert stats.rss_bytes == 0  # the coordinator's RSS is not this runtime's to report
+    await service.close()
