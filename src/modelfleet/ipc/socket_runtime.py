@@ -70,6 +70,11 @@ class SocketRuntime:
     async def stats(self, timeout_s: float | None = None) -> RuntimeStats:
         return stats_from_wire((await self._call("stats", timeout_s)).header["result"])
 
+    async def set_budgets(self, device_budget_bytes: int, host_budget_bytes: int | None = None,
+                          timeout_s: float | None = None) -> None:
+        await self._call("set_budgets", timeout_s, args={
+            "device_budget_bytes": device_budget_bytes, "host_budget_bytes": host_budget_bytes})
+
     async def health(self, timeout_s: float | None = None) -> RuntimeHealth:
         return health_from_wire((await self._call("health", timeout_s)).header["result"])
 

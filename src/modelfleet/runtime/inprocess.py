@@ -59,6 +59,11 @@ class InProcessRuntime:
         self._check()
         return self._service.stats()
 
+    async def set_budgets(self, device_budget_bytes: int, host_budget_bytes: int | None = None,
+                          timeout_s: float | None = None) -> None:
+        await self._call(self._service.set_budgets(device_budget_bytes, host_budget_bytes),
+                         timeout_s)
+
     async def health(self, timeout_s: float | None = None) -> RuntimeHealth:
         self._check()
         return self._service.health()
