@@ -76,7 +76,7 @@ def _http_server(app: Any, settings: Settings, edge: bool = False) -> _Server:
     gw = settings.gateway
     options: dict[str, Any] = {}
     if edge:
-        app = EdgeApp(app)
+        app = EdgeApp(app, gw.max_header_bytes, gw.max_headers)
         options["http"] = edge_protocol(EdgeLimits(gw.header_read_timeout_s,
                                                    gw.body_read_timeout_s, gw.max_connections))
     # log_config=None: uvicorn's records go through our root handlers (and their redaction).

@@ -83,7 +83,8 @@ class GatewaySettings(_Section):
     body_read_timeout_s: float = Field(default=60, gt=0)
     keep_alive_timeout_s: float = Field(default=5, gt=0)  # idle kept-alive connections close
     max_connections: int = Field(default=1000, gt=0)  # open at once; more get 503 at once
-    max_header_bytes: int = Field(default=16 * 1024, ge=1024)  # a request's head; 400 above
+    max_header_bytes: int = Field(default=16 * 1024, ge=1024)  # a request's head; 431 above
+    max_headers: int = Field(default=100, ge=8)  # header fields in one request; 431 above
 
 
 class RuntimeSettings(_Section):

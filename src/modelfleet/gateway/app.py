@@ -30,6 +30,7 @@ from modelfleet.gateway.body import disconnect_waiter as _disconnect_waiter
 from modelfleet.gateway.body import read_body as _read_body
 from modelfleet.gateway.control import control_router
 from modelfleet.gateway.dashboard import dashboard_router
+from modelfleet.gateway.encoding import inflate
 from modelfleet.gateway.exchange import Routed, answer_headers, exchange
 from modelfleet.gateway.fleet_summary import FleetSummary
 from modelfleet.gateway.http import error_body, error_response, is_v2
@@ -110,6 +111,8 @@ def create_app(service: GatewayService, readiness: list[ReadinessCheck] | None =
                                               request.headers.get("x-request-timeout"))
             with guard.reading(body_timeout_s):
                 body = await _read_body(request, limit)
+            # gzip or deflate, inflated under the same limit as on /v2 (a bomb is a 413).
+            body = inflate(body, request.headers.get("content-encoding", ""), limit)
             content_type = request.headers.get("content-type", "").split(";")[0].strip()
             params = {k: v for k, v in request.query_params.items()}
             return await service.infer(model, version, body, content_type.lower(), deadline_ms,

@@ -270,7 +270,8 @@ class AuthMiddleware:
             release = await self.gate.limits.admit(tenant, principal.plan, self.gate.lease_s)
         except RateLimited as exc:
             TENANT_REQUESTS.labels(label, "rate_limited").inc()
-            self.gate.meter.record(tenant, model, "rate_limited")
+            if self.gate.owner_of(model) is not None:
+                self.gate.meter.record(tenant, model, "rate_limited")
             await self._refuse(exc, scope, receive, send)
             return
         seen = _Seen()
@@ -282,8 +283,10 @@ class AuthMiddleware:
             await release()
             outcome = outcome_of(seen.status)
             TENANT_REQUESTS.labels(label, outcome).inc()
-            self.gate.meter.record(tenant, model, outcome, seen.timing_s("predict"),
-                                   seen.timing_s("model_load"), seen.bytes_in, seen.bytes_out)
+            if self.gate.owner_of(model) is not None:  # usage rows for real models only
+                self.gate.meter.record(tenant, model, outcome, seen.timing_s("predict"),
+                                       seen.timing_s("model_load"), seen.bytes_in,
+                                       seen.bytes_out)
 
     async def _filtered(self, scope: Scope, receive: Receive, send: Send,
                         keep: Callable[[str], bool]) -> None:
