@@ -301,18 +301,21 @@ def print_table(results: list[Result], overhead_ms: float, args: argparse.Namesp
         f"miss = real read from disk (page cache dropped with POSIX_FADV_DONTNEED after "
         f"each write and read) + fixed {overhead_ms:.1f} ms JSON-header parse per load"
     )
-    print("offline: belady = Belady's MIN with sizes (achievable, optimum <= it); "
-          "bound = PFOO-L lower bound (optimum >= it)")
+    print("offline: static = best fixed set for these counts; belady = Belady's MIN with "
+          "sizes (achievable, optimum <= it); bound = PFOO-L lower bound (optimum >= it)")
     print()
     header = (
         f"{'policy':<8} {'budget':>6} {'hit ratio':>9} {'MB/request':>10} {'MB loaded':>10}"
-        f" {'load time s':>11} {'bytes/belady':>12} {'time/LRU':>8}"
+        f" {'load time s':>11} {'bytes/static':>12} {'bytes/belady':>12} {'time/LRU':>8}"
     )
     print(header)
     print("-" * len(header))
     by_key = {(r.policy, r.budget_fraction): r for r in results}
     for r in results:
         best = by_key.get(("belady", r.budget_fraction))
+        static = by_key.get(("static", r.budget_fraction))
+        vs_static = (f"{r.bytes_loaded / max(1, static.bytes_loaded):>12.2f}" if static
+                     else f"{'':>12}")
         lru = by_key.get(("lru", r.budget_fraction))
         vs_best = f"{r.bytes_loaded / max(1, best.bytes_loaded):>12.2f}" if best else f"{'':>12}"
         timed = r.load_time_s is not None
@@ -323,7 +326,7 @@ def print_table(results: list[Result], overhead_ms: float, args: argparse.Namesp
         print(
             f"{r.policy:<8} {r.budget_fraction:>6.0%} {r.hit_ratio:>9.3f} "
             f"{r.bytes_per_request / _MB:>10.3f} {r.bytes_loaded / _MB:>10.1f} {time_s} "
-            f"{vs_best} {vs_lru}"
+            f"{vs_static} {vs_best} {vs_lru}"
         )
 
 
