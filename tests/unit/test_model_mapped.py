@@ -133,8 +133,17 @@ class Weights(Model):
 '''
 
 CHILD = '''
-import json, sys, psutil
-from modelfleet import LocalModel
+import asyncio, gc, json, sys
+from pathlib import Path
+
+import psutil
+
+from modelfleet.model import Request
+from modelfleet.model.pipeline import handle_request
+from modelfleet.repository import LocalStore
+from modelfleet.runtime.host import ModelHost
+from modelfleet.settings import MiB, RuntimeSettings
+
 
 def rollup():
     fields = {}
@@ -145,11 +154,26 @@ def rollup():
     fields["uss"] = psutil.Process().memory_full_info().uss
     return fields
 
-before = rollup()
-model = LocalModel.from_package(sys.argv[1])
-answer = model.infer(b"x", "application/octet-stream")
-after = rollup()
-print(json.dumps({"answer": answer, "grew": {k: after[k] - before[k] for k in after}}))
+
+async def main(root, model_id):
+    # The runtime's own loading code: the store, ModelHost (measure_load, the cache), a
+    # request through the batcher; then the model's eviction.
+    settings = RuntimeSettings(device_budget_bytes=256 * MiB, host_budget_bytes=0)
+    host = ModelHost(settings, LocalStore(Path(root)))
+    before = rollup()
+    loaded, _ = await host.ensure(model_id, "1")
+    request = Request(b"x", "application/octet-stream")
+    answer, _ = await handle_request(loaded.handler, loaded.batcher, request)
+    after = rollup()
+    del loaded
+    assert await host.evict(model_id)
+    gc.collect()
+    evicted = rollup()
+    return {"answer": answer, "grew": {k: after[k] - before[k] for k in after},
+            "released": {k: after[k] - evicted[k] for k in after}}
+
+
+print(json.dumps(asyncio.run(main(sys.argv[1], sys.argv[2]))))
 '''
 
 MB = 1 << 20
@@ -170,12 +194,14 @@ def package(root: Path, name: str) -> Path:
     return folder
 
 
-def grown(folder: Path) -> tuple[float, dict[str, int]]:
-    """Load ``folder`` in a fresh process, answer one request; what its memory grew by."""
-    done = subprocess.run([sys.executable, "-c", CHILD, str(folder)], capture_output=True,
-                          text=True, timeout=120, check=True)
+def grown(folder: Path) -> tuple[float, dict[str, int], dict[str, int]]:
+    """Load ``folder``'s model in a fresh process the way a runtime does, answer one
+    request, evict it: (the answer, what memory grew by, what the eviction gave back)."""
+    root, model_id = folder.parent.parent, folder.parent.name
+    done = subprocess.run([sys.executable, "-c", CHILD, str(root), model_id],
+                          capture_output=True, text=True, timeout=120, check=True)
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    return result["answer"], result["grew"]
+    return result["answer"], result["grew"], result["released"]
 
 
 @pytest.mark.skipif(not Path("/proc/self/smaps_rollup").exists(), reason="needs Linux /proc")
@@ -190,13 +216,14 @@ def test_a_mapped_load_shares_pages_where_a_copying_load_grows_private_memory(
     held = np.load(mapped / "artifacts" / "w.npy", mmap_mode="r")
     assert float(held.sum()) == 8 * MB
 
-    answer, mapped_grew = grown(mapped)
+    answer, mapped_grew, mapped_released = grown(mapped)
     assert answer == 8 * MB  # every page was read
-    assert mapped_grew["Rss"] >= 60 * MB  # the pages are there, in the child's RSS...
+    assert mapped_grew["Rss"] >= 60 * MB  # the pages are there, in the runtime's RSS...
     assert mapped_grew["uss"] < 16 * MB  # ...but not its own: shared with this process
     assert mapped_grew["Anonymous"] < 16 * MB and mapped_grew["Private_Dirty"] < 16 * MB
+    assert mapped_released["Rss"] >= 60 * MB  # evicted: the mapping left with the arrays
 
-    answer, copied_grew = grown(copied)
+    answer, copied_grew, _ = grown(copied)
     assert answer == 8 * MB
     assert copied_grew["uss"] >= 60 * MB and copied_grew["Anonymous"] >= 60 * MB
     del held
