@@ -43,7 +43,10 @@ class TorchModel(Model):
 
     def load_tensors(self, ctx: Context, name: str) -> dict[str, Any]:
         """The safetensors artifact ``name`` as torch tensors on ``self.device``
-        (``safetensors.torch.load_file``): mapped on the CPU, straight to a GPU."""
+        (``safetensors.torch.load_file``): mapped on the CPU, straight to a GPU.
+
+        An isolated model (``[isolation]`` requirements) lists ``safetensors`` among its
+        requirements, as it lists torch."""
         from safetensors import SafetensorError
         from safetensors.torch import load_file
 
