@@ -93,7 +93,7 @@ class RuntimeSettings(_Section):
     max_concurrent_loads: int = Field(default=2, ge=1)
     # Threads of each runtime's numerical libraries; 0: cores / worker.shared_runtimes.
     compute_threads: int = Field(default=0, ge=0)
-    eviction_policy: str = "gdsf"  # gdsf | lru
+    eviction_policy: str = "tinylfu"  # tinylfu | gdsf | lru
     url_fetch_max_bytes: int = Field(default=20 * MiB, gt=0)
     url_fetch_timeout_s: float = Field(default=10, gt=0)
     # "host:port", "a.b.c.d/nn:port" or "[v6 or v6/nn]:port" exempt from the private-address

@@ -26,7 +26,7 @@ from collections import Counter
 from collections.abc import Callable
 
 from modelfleet.cache.cost import LoadCostModel
-from modelfleet.cache.policy import EvictionPolicy, GdsfPolicy
+from modelfleet.cache.policy import AdmissionPolicy, EvictionPolicy, GdsfPolicy
 from modelfleet.cache.tiers import HostTier
 from modelfleet.cache.types import CacheSnapshot, Eviction, LoadSource, Reservation, Tier
 from modelfleet.errors import ModelTooLarge, NoCapacity
@@ -193,7 +193,7 @@ class ModelCache:
             self._pinned.discard(model_id)
             raise self._too_large(model_id, measured_bytes)
         try:
-            victims = self._plan_device_room(model_id, measured_bytes)
+            victims = self._plan_device_room(model_id, measured_bytes, committing=True)
         except NoCapacity:
             if reservation.pinned:
                 self._pinned.discard(model_id)
@@ -313,11 +313,18 @@ class ModelCache:
             "the device memory budget"
         )
 
-    def _plan_device_room(self, model_id: str, size: int) -> list[str]:
-        """Device residents to evict, lowest priority first, so ``size`` fits. Changes nothing."""
+    def _plan_device_room(self, model_id: str, size: int, committing: bool = False) -> list[str]:
+        """Device residents to evict, lowest priority first, so ``size`` fits. Changes
+        nothing (an ``AdmissionPolicy`` may relabel its own entries: see its docs)."""
         free = self.device_budget_bytes - self._device_used - self._reserved_bytes
         excluded = set(self._pinned)
         victims: list[str] = []
+        if isinstance(self.policy, AdmissionPolicy):  # it decides admission, so it plans
+            victims = self.policy.plan_room(model_id, size, self.reload_cost_s(model_id, size),
+                                            free, self.device_budget_bytes, excluded,
+                                            committing=committing)
+            excluded.update(victims)
+            free += sum(self._device[victim] for victim in victims)
         while free < size:
             victim = self.policy.victim(excluded)
             if victim is None:
