@@ -2,10 +2,13 @@
 
     from modelfleet.scheduling import Snapshot, decide, ScoringSettings, QueueView, WorkerView
 
-The worker coordinator and the fleet simulator (``modelfleet.sim``) build the same
-``Snapshot`` and run the same ``decide``; time and randomness come in as arguments.
+The worker coordinator and the fleet simulator (``modelfleet.sim``) share all three
+steps: ``snapshot_of`` (observe), ``decide``, ``actions_for`` (act); time and
+randomness come in as arguments.
 """
 
+from modelfleet.scheduling.act import Action, actions_for
+from modelfleet.scheduling.observe import Observation, QueueFacts, candidates, snapshot_of
 from modelfleet.scheduling.scoring import (
     QueueScorer,
     choose_queues,
@@ -20,13 +23,18 @@ from modelfleet.scheduling.step import Snapshot, decide, prefetch_window, work_w
 from modelfleet.scheduling.views import Decision, QueueView, Reason, WorkerView
 
 __all__ = [
+    "Action",
     "Decision",
+    "Observation",
+    "QueueFacts",
     "QueueScorer",
     "QueueView",
     "Reason",
     "ScoringSettings",
     "Snapshot",
     "WorkerView",
+    "actions_for",
+    "candidates",
     "choose_queues",
     "cold_budget",
     "decide",
@@ -35,5 +43,6 @@ __all__ = [
     "noise",
     "prefetch_window",
     "score_queue",
+    "snapshot_of",
     "work_waiting",
 ]

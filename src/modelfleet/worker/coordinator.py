@@ -38,7 +38,7 @@ import random
 import socket
 import time
 import zlib
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import Any
 
@@ -46,7 +46,18 @@ from modelfleet import metrics
 from modelfleet.broker import Broker, QueueStats, Subscription
 from modelfleet.errors import BrokerUnavailable
 from modelfleet.repository import Catalog
-from modelfleet.scheduling import Decision, QueueView, Snapshot, WorkerView, decide, work_waiting
+from modelfleet.scheduling import (
+    Action,
+    Decision,
+    Observation,
+    QueueFacts,
+    Snapshot,
+    actions_for,
+    candidates,
+    decide,
+    snapshot_of,
+    work_waiting,
+)
 from modelfleet.scheduling.demand import DemandPriority
 from modelfleet.settings import Settings
 from modelfleet.worker.control import ControlAgent
@@ -87,7 +98,9 @@ class Coordinator:
         self._permits = asyncio.Semaphore(self._cap)
         self._in_flight: set[asyncio.Task[None]] = set()
         self._consumers: dict[str, _Consumer] = {}
-        self._demand: dict[str, float] = {}
+        # model id -> when its demand was last heard, oldest first: expiry pops the front
+        # instead of scanning every model in demand at every re-score.
+        self._demand: OrderedDict[str, float] = OrderedDict()
         self._demand_priority = DemandPriority(settings.worker.demand_window_s)  # issue 14
         self._cold_subscribes: deque[float] = deque(maxlen=256)
         self._pinning: asyncio.Task[None] | None = None
@@ -213,7 +226,7 @@ class Coordinator:
                     if event.get("kind") != "demand" or not isinstance(model_id, str) \
                             or model_id not in self._catalog:
                         continue
-                    self._demand[model_id] = self._clock()
+                    self._note_demand(model_id)
                     self._demand_priority.note(model_id, event.get("priority"), self._clock())
                     if model_id not in self._consumers and model_id not in self._dirty \
                             and not self._at_cap(model_id):
@@ -228,6 +241,20 @@ class Coordinator:
             except BrokerUnavailable:
                 pass
             await asyncio.sleep(self._settings.broker.reconnect_max_backoff_s / 5)
+
+    def _note_demand(self, model_id: str) -> None:
+        self._demand[model_id] = self._clock()
+        self._demand.move_to_end(model_id)
+
+    def _expire_demand(self, now: float) -> None:
+        """Forget demand older than the window: O(what expires), oldest first."""
+        horizon = now - self._settings.worker.demand_window_s
+        demand = self._demand
+        while demand:
+            model_id, seen = next(iter(demand.items()))
+            if seen >= horizon:
+                break
+            del demand[model_id]
 
     def _at_cap(self, model_id: str) -> bool:
         """Did the last count see this queue with as many consumers as its fan-out cap?"""
@@ -303,94 +330,97 @@ class Coordinator:
             await self._residency.refresh(self._supervisor.all())
             self._refreshed_at = time.monotonic()
         now = self._clock()
-        window = self._settings.worker.demand_window_s
-        for model_id, seen in list(self._demand.items()):
-            if now - seen > window:
-                del self._demand[model_id]
+        self._expire_demand(now)
         device = self._residency.models("device")
         host = self._residency.models("host")
-        if self._pins.pinned and not (self._pinning and not self._pinning.done()):
+        pinned = self._pins.pinned
+        if pinned and not (self._pinning and not self._pinning.done()):
             # A restarted runtime comes back empty: pinned models go back on it.
             self._pinning = asyncio.create_task(self._pins.keep(self._residency.versions()[1]))
-        serviceable = {m for m in self._catalog_ids() if self._runtime_accepting(m)}
-        candidates = (set(self._demand) | set(self._consumers) | device | host
-                      | set(self._pins.pinned)) & serviceable
-        for model_id in set(self._counts) - candidates:
+        # O(candidates): each is looked up by itself, never the whole catalog.
+        wanted = {m for m in candidates(self._demand, self._consumers, device, host, pinned)
+                  if self._runtime_accepting(m)}
+        for model_id in [m for m in self._counts if m not in wanted]:
             del self._counts[model_id]
             with contextlib.suppress(KeyError):  # a gauge nobody updates would go stale
                 metrics.QUEUE_BACKLOG.remove(model_id)
         # Woken: count afresh what was announced, never counted, or held with a backlog
         # (its window is sized to what waits there).
-        ask = candidates if full else (self._dirty | self._held_backlog
-                                       | (candidates - set(self._counts)))
+        ask = wanted if full else ((self._dirty | self._held_backlog) & wanted) | {
+            m for m in wanted if m not in self._counts}
         self._dirty.clear()
         if ask:
-            self._counts.update(await self._broker.queue_stats(sorted(ask & candidates)))
-        queues = []
-        runtime_of: dict[str, SupervisedRuntime] = {}
-        for model_id in sorted(candidates):
+            self._counts.update(await self._broker.queue_stats(sorted(ask)))
+        snapshot = snapshot_of(self._observation(now, wanted, device, host),
+                               self._settings.scheduling, self._seed)
+        self._idle.observe(free_permits=snapshot.worker.free_permits,
+                           waiting=work_waiting(snapshot, self._settings.scheduling))
+        self._untaken_work = work_waiting(snapshot, self._settings.scheduling, held_too=False)
+        self._held_backlog = {q.model_id for q in snapshot.queues
+                              if q.backlog > 0 and q.model_id in self._consumers}
+        return snapshot
+
+    def _observation(self, now: float, wanted: set[str], device: frozenset[str],
+                     host: frozenset[str]) -> Observation:
+        """What this worker knows now, for ``scheduling.snapshot_of``: O(candidates)."""
+        counts: dict[str, tuple[int, int]] = {}
+        facts: dict[str, QueueFacts] = {}
+        for model_id in wanted:
             qs = self._counts.get(model_id)
             if qs is None or model_id not in self._catalog:  # gone while we asked
                 continue
             manifest = self._catalog.get(model_id).manifest
-            runtime = runtime_of[model_id] = self._supervisor.runtime_for(model_id)
             metrics.QUEUE_BACKLOG.labels(model_id).set(qs.backlog)
-            queues.append(QueueView(model_id, qs.backlog, qs.consumers,
-                                    manifest.fanout.max_workers, manifest.plan,
-                                    self.control.pinned(model_id),
-                                    manifest.batching.max_batch_size, runtime.name,
-                                    self._demand_priority.of(model_id, now)))
-        # A model with a task running here but not resident yet is being loaded for it.
-        loading = {r.name: set(self._residency.loading(r.name)) for r in self._supervisor.all()}
-        for model_id in set(self._tasks.running) - device:
-            if model_id in runtime_of:
-                loading.setdefault(runtime_of[model_id].name, set()).add(model_id)
+            counts[model_id] = (qs.backlog, qs.consumers)
+            facts[model_id] = QueueFacts(
+                manifest.fanout.max_workers, manifest.plan, self.control.pinned(model_id),
+                manifest.batching.max_batch_size,
+                self._supervisor.runtime_for(model_id).name,
+                self._demand_priority.of(model_id, now))
         slots = self._settings.runtime.max_concurrent_loads
-        worker = WorkerView(
-            self.worker_id, frozenset(self._consumers), device, host,
-            dict(self._tasks.last_served), tuple(self._cold_subscribes),
-            self._cap - len(self._in_flight), self._cap,
-            frozenset().union(*loading.values()),
-            loader_room={name: slots - len(models) for name, models in loading.items()},
-            running=dict(self._tasks.running),
+        runtimes = self._supervisor.all()
+        return Observation(
+            now, self.worker_id, counts, facts, frozenset(self._consumers), device, host,
+            load_slots={r.name: slots for r in runtimes},
+            loading={r.name: self._residency.loading(r.name) for r in runtimes},
+            # A model with a task running here but not resident yet is being loaded for it.
+            loading_for_tasks={m: self._supervisor.runtime_for(m).name
+                               for m in self._tasks.running if m not in device},
+            running=dict(self._tasks.running), last_served=dict(self._tasks.last_served),
+            recent_cold_subscribes=tuple(self._cold_subscribes),
+            free_permits=self._cap - len(self._in_flight), permits_cap=self._cap,
             prefetch={m: c.prefetch for m, c in self._consumers.items()})
-        snapshot = Snapshot(now, tuple(queues), worker)
-        self._idle.observe(free_permits=worker.free_permits,
-                           waiting=work_waiting(snapshot, self._settings.scheduling))
-        self._untaken_work = work_waiting(snapshot, self._settings.scheduling, held_too=False)
-        self._held_backlog = {q.model_id for q in queues
-                              if q.backlog > 0 and q.model_id in self._consumers}
-        return snapshot
 
     async def _act(self, decision: Decision, snapshot: Snapshot) -> None:
+        """Carry out ``scheduling.actions_for``: the steps the simulator takes too."""
         now = snapshot.now
-        device = snapshot.worker.resident_device
-        for model_id in decision.unsubscribe:
-            metrics.SUBSCRIBE_EVENTS.labels("unsubscribe", "warm" if model_id in device
-                                            else "cold").inc()
-            await self._unsubscribe(model_id)
-        for model_id in sorted(decision.subscribe):
-            cold = model_id in decision.cold
-            if cold and model_id not in await self._still_open(frozenset({model_id}),
-                                                               list(snapshot.queues)):
-                continue
-            if cold:
-                self._cold_subscribes.append(now)
-            metrics.SUBSCRIBE_EVENTS.labels("subscribe", "cold" if cold else "warm").inc()
-            await self._subscribe(model_id, decision.prefetch.get(model_id, 1))
-        for model_id, window in decision.prefetch.items():
-            consumer = self._consumers.get(model_id)
-            if consumer is not None and consumer.prefetch != window:
-                with contextlib.suppress(BrokerUnavailable):
-                    await consumer.subscription.set_prefetch(window)
-                    consumer.prefetch = window
+        for action in actions_for(decision, snapshot, self._settings.scheduling):
+            model_id = action.model_id
+            if action.kind == "unsubscribe":
+                metrics.SUBSCRIBE_EVENTS.labels("unsubscribe", "cold" if action.cold
+                                                else "warm").inc()
+                await self._unsubscribe(model_id)
+            elif action.kind == "subscribe":
+                if action.cold and not await self._still_open(action):
+                    continue
+                if action.cold:
+                    self._cold_subscribes.append(now)
+                metrics.SUBSCRIBE_EVENTS.labels("subscribe", "cold" if action.cold
+                                                else "warm").inc()
+                await self._subscribe(model_id, action.window)
+            else:
+                consumer = self._consumers.get(model_id)
+                if consumer is not None and consumer.prefetch != action.window:
+                    with contextlib.suppress(BrokerUnavailable):
+                        await consumer.subscription.set_prefetch(action.window)
+                        consumer.prefetch = action.window
         await self._retire_idle_runtimes(now)
         metrics.SUBSCRIPTIONS.set(len(self._consumers))
 
     async def _retire_idle_runtimes(self, now: float) -> None:
         """An isolated model's own runtime holds a process and its memory: stop it when idle."""
         idle_s = self._settings.worker.isolated_idle_stop_s
-        pinned = set(self._pins.pinned)
+        pinned = self._pins.pinned
         for model_id, runtime in self._supervisor.dedicated().items():
             if model_id in pinned or model_id in self._tasks.running or model_id in runtime.loading:
                 continue
@@ -406,35 +436,23 @@ class Coordinator:
             await self._supervisor.retire(model_id)
             self._isolated_since.pop(model_id, None)
 
-    async def _still_open(self, cold: frozenset[str], queues: list[QueueView]) -> set[str]:
-        """Cold queues that still have room under their fan-out cap, by a fresh count.
+    async def _still_open(self, action: Action) -> bool:
+        """Is a cold queue still under its fan-out cap, by a fresh count (~1 ms)?
 
         Another worker may have taken the queue since the snapshot; a cold load is
-        expensive enough to be worth one more exact count (~1 ms) first.
+        expensive enough to be worth one more exact count first.
         """
-        if not cold:
-            return set()
-        fresh = await self._broker.queue_stats(sorted(cold))
-        views = {q.model_id: q for q in queues}
-        open_ = set()
-        for model_id in cold:
-            view, stats = views.get(model_id), fresh.get(model_id)
-            if view is None or stats is None:
-                continue
-            cap = self._settings.scheduling.fanout_cap(view.fanout_max_workers, view.plan)
-            if view.pinned or stats.consumers < cap:
-                open_.add(model_id)
-        return open_
+        stats = (await self._broker.queue_stats([action.model_id])).get(action.model_id)
+        return stats is not None and action.still_open(stats.consumers)
 
     def _runtime_accepting(self, model_id: str) -> bool:
         """Pull this model's queue? Isolated models' runtimes start only once in demand."""
+        if model_id not in self._catalog:
+            return False
         if self._catalog.get(model_id).manifest.isolated and model_id not in self._demand \
                 and model_id not in self._consumers:
             return False
         return self._supervisor.runtime_for(model_id).accepting
-
-    def _catalog_ids(self) -> list[str]:
-        return [entry.model_id for entry in self._catalog]
 
     async def _subscribe(self, model_id: str, prefetch: int) -> None:
         if model_id in self._consumers or self._stopping:
