@@ -12,13 +12,16 @@ counts only for :func:`candidates`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from modelfleet.scheduling.scoring import QueueScorer
 from modelfleet.scheduling.settings import ScoringSettings
 from modelfleet.scheduling.step import Snapshot
 from modelfleet.scheduling.views import QueueView, WorkerView
+
+_Id = TypeVar("_Id", bound=Hashable)  # a model id, or the simulator's model index
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,8 +63,8 @@ class Observation:
     prefetch: Mapping[str, int] = field(default_factory=dict)
 
 
-def candidates(demand: Iterable[str], subscriptions: Iterable[str], device: Iterable[str],
-               host: Iterable[str], pinned: Iterable[str]) -> set[str]:
+def candidates(demand: Iterable[_Id], subscriptions: Iterable[_Id], device: Iterable[_Id],
+               host: Iterable[_Id], pinned: Iterable[_Id]) -> set[_Id]:
     """The queues a worker counts and scores: announced within the demand window, held,
     resident here (either tier), or pinned. Each caller then keeps those whose runtime
     can take work now."""
