@@ -60,6 +60,7 @@ from modelfleet.scheduling import (
 )
 from modelfleet.scheduling.demand import DemandPriority
 from modelfleet.settings import Settings
+from modelfleet.worker.announced import AnnouncedCounts
 from modelfleet.worker.control import ControlAgent
 from modelfleet.worker.idle import IdleMeter
 from modelfleet.worker.pinning import PinKeeper
@@ -115,6 +116,13 @@ class Coordinator:
                                  self.control, TaskLog(self.worker_id, settings.log_format),
                                  self._stop_pulling, clock)
         self._counts: dict[str, QueueStats] = {}  # candidate queues as last counted
+        # Counts from the fleet's announcements (worker/announced.py), and the candidates
+        # whose entry in _counts is such an estimate rather than the broker's count.
+        self._announced = AnnouncedCounts(3 * settings.gateway.demand_announce_interval_s,
+                                          3 * settings.worker.state_interval_s,
+                                          self.worker_id)
+        self._estimated: set[str] = set()
+        self._observed: tuple[float, set[str], frozenset[str], frozenset[str]] | None = None
         self._dirty: set[str] = set()  # queues to count afresh at the next re-score
         self._idle = IdleMeter(self._cap, time.monotonic)
         self._untaken_work = False  # it saw tasks waiting in queues this worker does not pull
@@ -219,6 +227,7 @@ class Coordinator:
         while True:
             try:
                 async for event in self._broker.events():
+                    self._announced.observe(event, self._clock())
                     if event.get("kind") == "cancel":
                         self._cancel(event.get("request_id"))
                         continue
@@ -315,7 +324,23 @@ class Coordinator:
         if snapshot is None:
             return
         decision = decide(snapshot, self._settings.scheduling, self._seed)
+        recount = self._estimated & decision.subscribe
+        if recount:
+            # Taken on announced counts: count them exactly and decide again, so that
+            # what is taken is taken on the broker's word.
+            await self._count_exactly(recount)
+            snapshot = self._snapshot()
+            decision = decide(snapshot, self._settings.scheduling, self._seed)
         await self._act(decision, snapshot)
+
+    async def _count_exactly(self, model_ids: set[str]) -> None:
+        exact = await self._broker.queue_stats(sorted(model_ids))
+        for model_id in model_ids:
+            if model_id in exact:
+                self._counts[model_id] = exact[model_id]
+            else:
+                self._counts.pop(model_id, None)  # no such queue
+        self._estimated -= model_ids
 
     async def _observe(self, full: bool) -> Snapshot | None:
         """The snapshot ``decide`` needs: the candidate queues' counts and this worker.
@@ -344,13 +369,42 @@ class Coordinator:
             del self._counts[model_id]
             with contextlib.suppress(KeyError):  # a gauge nobody updates would go stale
                 metrics.QUEUE_BACKLOG.remove(model_id)
+        self._estimated &= wanted
         # Woken: count afresh what was announced, never counted, or held with a backlog
         # (its window is sized to what waits there).
-        ask = wanted if full else ((self._dirty | self._held_backlog) & wanted) | {
+        ask = set(wanted) if full else ((self._dirty | self._held_backlog) & wanted) | {
             m for m in wanted if m not in self._counts}
         self._dirty.clear()
+        loading = frozenset().union(*(self._residency.loading(r.name)
+                                      for r in self._supervisor.all()))
+        ask -= self._estimate(ask, now, device | host | pinned | loading)
         if ask:
             self._counts.update(await self._broker.queue_stats(sorted(ask)))
+            self._estimated -= ask
+        self._observed = (now, wanted, device, host)
+        return self._snapshot()
+
+    def _estimate(self, ask: set[str], now: float, here: frozenset[str]) -> set[str]:
+        """Of the queues to count, those the fleet's announcements say enough of: not
+        held, resident, pinned or loading here (those are counted exactly), with a fresh
+        announced count. Their estimates go into ``_counts``; returns them."""
+        self._announced.expire_peers(now)
+        estimated = set()
+        for model_id in ask:
+            if model_id in self._consumers or model_id in here \
+                    or model_id in self._tasks.running:
+                continue
+            said = self._announced.estimate(model_id, now)
+            if said is not None:
+                self._counts[model_id] = QueueStats(model_id, *said)
+                estimated.add(model_id)
+        self._estimated |= estimated
+        return estimated
+
+    def _snapshot(self) -> Snapshot:
+        """The snapshot of the last observation, with the counts as they are now."""
+        assert self._observed is not None
+        now, wanted, device, host = self._observed
         snapshot = snapshot_of(self._observation(now, wanted, device, host),
                                self._settings.scheduling, self._seed)
         self._idle.observe(free_permits=snapshot.worker.free_permits,
@@ -442,7 +496,14 @@ class Coordinator:
         Another worker may have taken the queue since the snapshot; a cold load is
         expensive enough to be worth one more exact count first.
         """
-        stats = (await self._broker.queue_stats([action.model_id])).get(action.model_id)
+        model_id = action.model_id
+        stats = (await self._broker.queue_stats([model_id])).get(model_id)
+        if model_id in self._estimated:  # taken on announced counts: nothing may wait now
+            self._estimated.discard(model_id)
+            if stats is not None:
+                self._counts[model_id] = stats
+            if stats is None or stats.backlog == 0:
+                return False
         return stats is not None and action.still_open(stats.consumers)
 
     def _runtime_accepting(self, model_id: str) -> bool:
