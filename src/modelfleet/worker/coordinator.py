@@ -5,10 +5,11 @@ One asyncio process per worker. Its loops:
 - *events*: gateways announce demand per model (``{"kind": "demand"}``); that set,
   plus this worker's subscriptions, resident and pinned models, is the candidate list.
 - *rescore* (every ``rescore_interval_s``, and at once when a runtime changes state):
-  exact backlog and consumer counts for the candidates (``Broker.queue_stats``), the
-  runtimes' residency, then ``scheduling.choose_queues`` (pure) decides what to
-  subscribe to and drop. Queues whose runtime is down are dropped at once: a worker
-  whose backend is down must not keep pulling.
+  backlog and consumer counts for the candidates, the runtimes' residency, then
+  ``scheduling``: ``snapshot_of`` (observe), ``decide`` (what to subscribe to and
+  drop), ``actions_for`` (the steps), the same code the simulator runs. Queues whose
+  runtime is down are dropped at once: a worker whose backend is down must not keep
+  pulling. A re-score costs O(candidates): nothing in it walks the catalog.
 - *state*: publishes this worker's state (``{"kind": "worker_state"}``) for
   gateways' ``/v1/fleet`` and for the other workers.
 - one *consume* task per subscription: take a delivery, take a permit, run it.
@@ -18,11 +19,14 @@ RabbitMQ management API is off by default on Debian's package, lists 2,000 queue
 0.2-0.5 s and reports counts several seconds stale; the event-exchange plugin is off
 by default too and says a queue exists, not what is waiting in it. Gateways already
 know exactly which models have requests waiting, so they announce it on a fanout
-event (once per model per second while requests wait, so a worker that starts late
-learns of a backlog within a second), and workers ask for exact counts for just those
-candidates (a passive declare, ~0.6 ms each, on a channel of its own because a
-missing queue closes the channel). It works identically on the embedded broker, and
-its cost grows with the models in demand, not with the catalog.
+event (once per model per interval while requests wait, so a worker that starts late
+learns of a backlog within a second), with how many wait there. Workers estimate the
+queues they do not hold from that and from each other's announced subscriptions
+(``worker/announced.py``), and ask for exact counts (a passive declare, ~0.6 ms each,
+on a channel of its own because a missing queue closes the channel) only for what they
+hold, is resident or pinned here, has no fresh announced count, or is about to be
+taken. It works identically on the embedded broker, and its cost grows with the
+candidates, not with the catalog.
 
 What happens to one delivered task (settlement, deadlines, the suspect gate, the
 crash hand-back) is ``worker/tasks.py``.
