@@ -9,6 +9,10 @@ woken kind (only what was announced), and prints the median per re-score.
 
     PYTHONPATH=src .venv/bin/python bench/rescore_cost.py [--sizes 1000 10000 100000]
 
+A second table: as many more models in demand with nothing waiting (their gateways
+say so), how many queues one periodic re-score asks the broker to count (on RabbitMQ a
+passive declare each, ~0.6 ms) and what it costs.
+
 Run it with another tree first on PYTHONPATH to compare builds (it uses nothing newer
 than the coordinator's own re-score).
 """
@@ -25,6 +29,7 @@ import time
 import uuid
 from pathlib import Path
 
+from modelfleet.broker import QueueStats
 from modelfleet.broker.embedded import MemoryBroker
 from modelfleet.launch import open_repository
 from modelfleet.messages import PayloadRef, Task, now_ms
@@ -66,7 +71,19 @@ def filler(count: int) -> dict[str, CatalogEntry]:
         update={"name": f"filler-{i:06d}"}),)) for i in range(count)}
 
 
-async def measure(size: int, candidates: int, repeats: int) -> tuple[float, float]:
+class CountingBroker(MemoryBroker):
+    """The embedded broker, counting the queues it is asked to count (on RabbitMQ, one
+    passive declare each)."""
+
+    counted = 0
+
+    async def queue_stats(self, model_ids: list[str]) -> dict[str, QueueStats]:
+        self.counted += len(model_ids)
+        return await super().queue_stats(model_ids)
+
+
+async def measure(size: int, candidates: int, repeats: int,
+                  announced: int = 0) -> tuple[float, float, float, int]:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         names = write_repo(root / "repo", candidates)
@@ -74,7 +91,7 @@ async def measure(size: int, candidates: int, repeats: int) -> tuple[float, floa
                             broker={"url": "memory"}, worker={"worker_id": "w-bench"})
         store, real = open_repository(settings)
         catalog = Catalog({**filler(size - len(real)), **{e.model_id: e for e in real}})
-        broker = MemoryBroker(settings.broker)
+        broker = CountingBroker(settings.broker)
         await broker.connect()
         launcher = InProcessLauncher()
         supervisor = RuntimeSupervisor(settings, catalog, store, launcher=launcher)
@@ -86,20 +103,33 @@ async def measure(size: int, candidates: int, repeats: int) -> tuple[float, floa
                 await broker.publish_task(Task(
                     uuid.uuid4().hex, name, "1", now_ms() + 600_000, "nobody",
                     PayloadRef("inline", data=body, size_bytes=1), "text/plain", now_ms()))
+            quiet = [f"filler-{i:06d}" for i in range(announced)]
             figures = []
             for full in (True, False):
                 times = []
+                broker.counted = 0
                 for _ in range(repeats):
-                    for name in names:  # heard again: still in demand, announced anew
+                    # Heard again: still in demand, announced anew (with how many wait,
+                    # as gateways now say; a build that does not read it ignores it).
+                    for name, waiting in [*((n, 1) for n in names), *((n, 0) for n in quiet)]:
                         coordinator._demand[name] = time.time()
                         coordinator._dirty.add(name)
+                        if hasattr(coordinator, "_announced"):
+                            coordinator._announced.observe(
+                                {"kind": "demand", "model_id": name, "waiting": waiting,
+                                 "gateway": "g"}, coordinator._clock())
                     started = time.perf_counter()
                     snapshot = await coordinator._observe(full)
                     assert snapshot is not None
                     decide(snapshot, settings.scheduling, 0)
                     times.append(time.perf_counter() - started)
+                    if len(times) == 1:
+                        first_counted, broker.counted = broker.counted, 0
                 figures.append(statistics.median(times[1:]))
-            return figures[0], figures[1]
+                if full:
+                    counted = broker.counted / (repeats - 1)
+                    exact = first_counted
+            return figures[0], figures[1], counted, exact
         finally:
             if coordinator._pinning is not None:
                 coordinator._pinning.cancel()
@@ -113,14 +143,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", type=int, nargs="+", default=[1_000, 10_000, 100_000])
     parser.add_argument("--candidates", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--announced", type=int, nargs="+", default=[0, 500, 2_000],
+                        help="models also in demand with nothing waiting (second table)")
     args = parser.parse_args(argv)
-    print(f"# one re-score (observe + decide), {args.candidates} candidates, "
-          f"median of {args.repeats}; python {sys.version.split()[0]}")
-    print("| catalog | periodic (all counted) ms | woken (announced counted) ms |")
+    print(f"# one re-score (observe + decide), {args.candidates} candidates with a task "
+          f"each, median of {args.repeats}; python {sys.version.split()[0]}")
+    print("| catalog | periodic ms | woken ms |")
     print("|---:|---:|---:|")
     for size in args.sizes:
-        full, woken = asyncio.run(measure(size, args.candidates, args.repeats))
+        full, woken, _, _ = asyncio.run(measure(size, args.candidates, args.repeats))
         print(f"| {size:,} | {full * 1e3:.2f} | {woken * 1e3:.2f} |", flush=True)
+    size = max(args.sizes)
+    print(f"\n# {size:,} models; more models announced in demand, nothing waiting in them:"
+          " queues counted on the broker per periodic re-score (the first one, and one"
+          " every EXACT_EVERY_S, counts every candidate)")
+    print("| also announced | queues counted, first | then, per re-score | periodic ms |")
+    print("|---:|---:|---:|---:|")
+    for announced in args.announced:
+        full, _, counted, exact = asyncio.run(measure(size, args.candidates, args.repeats,
+                                                      announced))
+        print(f"| {announced:,} | {exact:,} | {counted:.0f} | {full * 1e3:.2f} |", flush=True)
     return 0
 
 

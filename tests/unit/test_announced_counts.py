@@ -9,6 +9,7 @@ fresh announced count, and what it is about to take.
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -43,7 +44,7 @@ def demand(model: str, waiting: object, gateway: str = "g1") -> dict[str, object
 
 
 def test_an_estimate_sums_the_gateways_fresh_counts_and_the_peers_that_consume() -> None:
-    counts = AnnouncedCounts(fresh_s=1.0, peer_stale_s=3.0, worker_id="me")
+    counts = AnnouncedCounts(fresh_s=1.0, forget_s=10.0, peer_stale_s=3.0, worker_id="me")
     assert counts.estimate("m", 0.0) is None  # never announced with a count
     counts.observe({"kind": "demand", "model_id": "m"}, 0.0)  # an older gateway: no count
     assert counts.estimate("m", 0.0) is None
@@ -54,7 +55,8 @@ def test_an_estimate_sums_the_gateways_fresh_counts_and_the_peers_that_consume()
     counts.observe({"kind": "worker_state", "worker_id": "me", "subscriptions": ["m"]}, 0.5)
     assert counts.estimate("m", 0.9) == (5, 1)  # its own state is not a peer's
     assert counts.estimate("m", 1.2) == (3, 1)  # g1 went quiet: nothing waits there
-    assert counts.estimate("m", 2.0) is None  # no gateway said anything lately
+    assert counts.estimate("m", 2.0) == (0, 1)  # both quiet: nothing waits
+    assert counts.estimate("m", 10.6) is None  # nobody said anything for the window
     counts.observe({"kind": "worker_state", "worker_id": "w2", "subscriptions": ["x"]}, 2.0)
     counts.observe({"kind": "worker_state", "worker_id": "w1", "subscriptions": ["x"]}, 2.0)
     counts.observe(demand("x", 1), 2.0)
@@ -156,6 +158,11 @@ async def test_a_periodic_rescore_counts_only_what_announcements_do_not_say(
     hear(fleet, demand("quiet", 0))  # announced, nothing waits: no need to ask
     hear(fleet, {"kind": "demand", "model_id": "stale"})  # announced without a count
     await fleet.coordinator._rescore(full=True)
+    # The first tick counts every candidate, whatever was announced (and so does one
+    # every EXACT_EVERY_S, in case an announcement was lost); the next ones do not.
+    assert sorted(fleet.broker.counted) == ["quiet", "stale"]
+    fleet.broker.counted.clear()
+    await fleet.coordinator._rescore(full=True)
     assert fleet.broker.counted == ["stale"]
 
 
@@ -168,6 +175,7 @@ async def test_a_queue_is_taken_on_the_brokers_count_not_on_an_announcement(
                                          "text/plain", now_ms()))
     hear(fleet, demand("busy", 1))
     hear(fleet, demand("quiet", 4))  # says 4 wait; the queue is empty (answered since)
+    fleet.coordinator._exact_at = time.monotonic()  # not a tick that counts everything
     await fleet.coordinator._rescore(full=True)
     # Both looked worth taking on the announcements: each was counted exactly before
     # being taken, and only the one with work waiting was.

@@ -8,7 +8,13 @@ randomness come in as arguments.
 """
 
 from modelfleet.scheduling.act import Action, actions_for
-from modelfleet.scheduling.observe import Observation, QueueFacts, candidates, snapshot_of
+from modelfleet.scheduling.observe import (
+    Observation,
+    QueueFacts,
+    candidates,
+    cannot_matter,
+    snapshot_of,
+)
 from modelfleet.scheduling.scoring import (
     QueueScorer,
     choose_queues,
@@ -35,6 +41,7 @@ __all__ = [
     "WorkerView",
     "actions_for",
     "candidates",
+    "cannot_matter",
     "choose_queues",
     "cold_budget",
     "decide",

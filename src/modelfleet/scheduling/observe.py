@@ -76,6 +76,13 @@ def candidates(demand: Iterable[_Id], subscriptions: Iterable[_Id], device: Iter
     return found
 
 
+def cannot_matter(backlog: int, held: bool, warm: bool) -> bool:
+    """A queue not held, not warm here (device, host, loading, pinned), with nothing
+    waiting: no rule of scoring takes it, and no task of it waits. ``snapshot_of``
+    leaves it out; a caller may skip gathering its facts."""
+    return not held and not warm and backlog <= 0
+
+
 def worker_view(obs: Observation) -> WorkerView:
     loading = {name: set(models) for name, models in obs.loading.items()}
     for model_id, runtime in obs.loading_for_tasks.items():
@@ -111,7 +118,7 @@ def snapshot_of(obs: Observation, settings: ScoringSettings, rng_seed: int) -> S
             continue
         held = model_id in worker.subscriptions
         cold = not held and not facts.pinned and model_id not in warm
-        if cold and (backlog <= 0 or room.get(facts.runtime, 0) <= 0):
+        if cannot_matter(backlog, held, not cold) or (cold and room.get(facts.runtime, 0) <= 0):
             continue
         view = QueueView(model_id, backlog, consumers, facts.fanout_max_workers, facts.plan,
                          facts.pinned, facts.batch_size, facts.runtime, facts.priority)

@@ -10,10 +10,15 @@ the gateways say waits: an upper bound, since it counts tasks already running) a
 its consumers (the workers that said they consume it) without asking the broker, on
 RabbitMQ one passive declare (~0.6 ms) per queue.
 
+A gateway re-announces every model with requests waiting at each interval, so one
+that has not announced a model for ``fresh_s`` has nothing waiting for it: its word
+counts as 0 until ``forget_s`` (the demand window) has passed, and then as nothing.
+
 An estimate is only a filter: the coordinator counts exactly what it holds, what is
-resident or pinned here, and every queue it is about to take, before taking it. A
-model with no fresh announcement of its count (a gateway that does not send one, or
-that has gone quiet) has no estimate and is counted exactly too.
+resident or pinned here, every queue it is about to take (before taking it), and
+every candidate now and then (``EXACT_EVERY_S`` in the coordinator), in case an
+announcement was lost. A model no gateway announced a count for (a gateway that does
+not send one) has no estimate and is counted exactly.
 
 Cost: O(1) per event (a worker's state costs what changed in its subscriptions),
 O(gateways announcing it) per estimate.
@@ -27,8 +32,10 @@ from typing import Any
 
 
 class AnnouncedCounts:
-    def __init__(self, fresh_s: float, peer_stale_s: float, worker_id: str) -> None:
-        self._fresh_s = fresh_s  # a gateway's count older than this says nothing
+    def __init__(self, fresh_s: float, forget_s: float, peer_stale_s: float,
+                 worker_id: str) -> None:
+        self._fresh_s = fresh_s  # a gateway silent this long has nothing waiting
+        self._forget_s = forget_s  # ... and after this long says nothing at all
         self._peer_stale_s = peer_stale_s
         self._worker_id = worker_id
         self._waiting: dict[str, dict[str, tuple[int, float]]] = {}  # model -> gateway ->
@@ -58,21 +65,21 @@ class AnnouncedCounts:
 
     def estimate(self, model_id: str, now: float) -> tuple[int, int] | None:
         """(backlog, consumers) as announced, this worker not consuming it; None: no
-        fresh word from any gateway (count it exactly)."""
+        gateway announced a count for it lately (count it exactly)."""
         said = self._waiting.get(model_id)
         if not said:
             return None
         waiting = 0
-        fresh = False
         for gateway, (count, at) in list(said.items()):
-            if now - at > self._fresh_s:
+            age = now - at
+            if age > self._forget_s:
                 del said[gateway]
-                continue
-            waiting += count
-            fresh = True
+            elif age <= self._fresh_s:
+                waiting += count
         if not said:
             del self._waiting[model_id]
-        return (waiting, self._consumers[model_id]) if fresh else None
+            return None
+        return waiting, self._consumers[model_id]
 
     def expire_peers(self, now: float) -> None:
         """Forget workers not heard from lately (O(workers), once per re-score)."""

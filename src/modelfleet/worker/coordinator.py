@@ -58,6 +58,7 @@ from modelfleet.scheduling import (
     Snapshot,
     actions_for,
     candidates,
+    cannot_matter,
     decide,
     snapshot_of,
     work_waiting,
@@ -77,6 +78,9 @@ from modelfleet.worker.tasks import TaskRunner
 log = logging.getLogger("modelfleet.worker")
 
 RESIDENCY_MAX_AGE_S = 0.02
+# Every candidate is counted on the broker at least this often, announced or not (a
+# lost announcement costs at most this long); in between, announcements stand in.
+EXACT_EVERY_S = 10.0
 
 
 def default_worker_id() -> str:
@@ -123,10 +127,16 @@ class Coordinator:
         # Counts from the fleet's announcements (worker/announced.py), and the candidates
         # whose entry in _counts is such an estimate rather than the broker's count.
         self._announced = AnnouncedCounts(3 * settings.gateway.demand_announce_interval_s,
+                                          settings.worker.demand_window_s,
                                           3 * settings.worker.state_interval_s,
                                           self.worker_id)
+        self._exact_at = -1e9  # the last periodic re-score that counted every candidate
         self._estimated: set[str] = set()
-        self._observed: tuple[float, set[str], frozenset[str], frozenset[str]] | None = None
+        self._gauged: set[str] = set()  # models with a modelfleet_queue_backlog gauge
+        # The last observation (now, candidates, device, host, pinned or loading here),
+        # for a second decision on exact counts.
+        self._observed: tuple[float, set[str], frozenset[str], frozenset[str],
+                              frozenset[str]] | None = None
         self._dirty: set[str] = set()  # queues to count afresh at the next re-score
         self._idle = IdleMeter(self._cap, time.monotonic)
         self._untaken_work = False  # it saw tasks waiting in queues this worker does not pull
@@ -339,19 +349,20 @@ class Coordinator:
 
     async def _count_exactly(self, model_ids: set[str]) -> None:
         exact = await self._broker.queue_stats(sorted(model_ids))
-        for model_id in model_ids:
-            if model_id in exact:
-                self._counts[model_id] = exact[model_id]
-            else:
-                self._counts.pop(model_id, None)  # no such queue
+        self._counted(exact)
+        for model_id in model_ids - exact.keys():
+            self._counts.pop(model_id, None)  # no such queue
         self._estimated -= model_ids
 
     async def _observe(self, full: bool) -> Snapshot | None:
         """The snapshot ``decide`` needs: the candidate queues' counts and this worker.
 
-        ``full``: exact counts for every candidate (each tick). Otherwise (woken by an
-        event) only for queues newly in demand and those never counted, the rest as
-        counted at the last tick: a wake must be cheap, since it comes with demand.
+        ``full``: counts for every candidate (each tick). Otherwise (woken by an event)
+        only for queues newly in demand and those never counted, the rest as counted at
+        the last tick: a wake must be cheap, since it comes with demand. Either way a
+        queue the fleet's announcements say enough of is estimated, not asked of the
+        broker (``_estimate``), and one announced with nothing waiting, not held and not
+        warm here, is no candidate at all (it cannot change the decision).
         """
         if full or time.monotonic() - self._refreshed_at >= RESIDENCY_MAX_AGE_S:
             # Residency takes a stats call to every runtime: woken re-scores (many a
@@ -360,39 +371,64 @@ class Coordinator:
             self._refreshed_at = time.monotonic()
         now = self._clock()
         self._expire_demand(now)
+        self._announced.expire_peers(now)
         device = self._residency.models("device")
         host = self._residency.models("host")
         pinned = self._pins.pinned
         if pinned and not (self._pinning and not self._pinning.done()):
             # A restarted runtime comes back empty: pinned models go back on it.
             self._pinning = asyncio.create_task(self._pins.keep(self._residency.versions()[1]))
+        loading = frozenset().union(*(self._residency.loading(r.name)
+                                      for r in self._supervisor.all()))
+        here = device | host | pinned | loading
+        exact = full and time.monotonic() - self._exact_at >= EXACT_EVERY_S
+        if exact:
+            self._exact_at = time.monotonic()
         # O(candidates): each is looked up by itself, never the whole catalog.
         wanted = {m for m in candidates(self._demand, self._consumers, device, host, pinned)
-                  if self._runtime_accepting(m)}
+                  if (exact or not self._announced_idle(m, now, here))
+                  and self._runtime_accepting(m)}
         for model_id in [m for m in self._counts if m not in wanted]:
             del self._counts[model_id]
-            with contextlib.suppress(KeyError):  # a gauge nobody updates would go stale
-                metrics.QUEUE_BACKLOG.remove(model_id)
+            self._ungauge(model_id)  # a gauge nobody updates would go stale
         self._estimated &= wanted
         # Woken: count afresh what was announced, never counted, or held with a backlog
         # (its window is sized to what waits there).
         ask = set(wanted) if full else ((self._dirty | self._held_backlog) & wanted) | {
             m for m in wanted if m not in self._counts}
         self._dirty.clear()
-        loading = frozenset().union(*(self._residency.loading(r.name)
-                                      for r in self._supervisor.all()))
-        ask -= self._estimate(ask, now, device | host | pinned | loading)
+        if not exact:
+            ask -= self._estimate(ask, now, here)
         if ask:
-            self._counts.update(await self._broker.queue_stats(sorted(ask)))
+            self._counted(await self._broker.queue_stats(sorted(ask)))
             self._estimated -= ask
-        self._observed = (now, wanted, device, host)
+        self._observed = (now, wanted, device, host, pinned | loading)
         return self._snapshot()
+
+    def _counted(self, stats: dict[str, QueueStats]) -> None:
+        """Take the broker's exact counts (and show them as the backlog gauge)."""
+        self._counts.update(stats)
+        for model_id, qs in stats.items():
+            metrics.QUEUE_BACKLOG.labels(model_id).set(qs.backlog)
+            self._gauged.add(model_id)
+
+    def _ungauge(self, model_id: str) -> None:
+        if model_id in self._gauged:
+            self._gauged.discard(model_id)
+            with contextlib.suppress(KeyError):
+                metrics.QUEUE_BACKLOG.remove(model_id)
+
+    def _announced_idle(self, model_id: str, now: float, here: frozenset[str]) -> bool:
+        """Announced lately with nothing waiting, and neither held nor warm here."""
+        if model_id in self._consumers or model_id in here or model_id in self._tasks.running:
+            return False
+        said = self._announced.estimate(model_id, now)
+        return said is not None and said[0] == 0
 
     def _estimate(self, ask: set[str], now: float, here: frozenset[str]) -> set[str]:
         """Of the queues to count, those the fleet's announcements say enough of: not
         held, resident, pinned or loading here (those are counted exactly), with a fresh
         announced count. Their estimates go into ``_counts``; returns them."""
-        self._announced.expire_peers(now)
         estimated = set()
         for model_id in ask:
             if model_id in self._consumers or model_id in here \
@@ -401,6 +437,7 @@ class Coordinator:
             said = self._announced.estimate(model_id, now)
             if said is not None:
                 self._counts[model_id] = QueueStats(model_id, *said)
+                self._ungauge(model_id)  # the gauge shows the broker's counts only
                 estimated.add(model_id)
         self._estimated |= estimated
         return estimated
@@ -408,8 +445,7 @@ class Coordinator:
     def _snapshot(self) -> Snapshot:
         """The snapshot of the last observation, with the counts as they are now."""
         assert self._observed is not None
-        now, wanted, device, host = self._observed
-        snapshot = snapshot_of(self._observation(now, wanted, device, host),
+        snapshot = snapshot_of(self._observation(*self._observed),
                                self._settings.scheduling, self._seed)
         self._idle.observe(free_permits=snapshot.worker.free_permits,
                            waiting=work_waiting(snapshot, self._settings.scheduling))
@@ -419,16 +455,20 @@ class Coordinator:
         return snapshot
 
     def _observation(self, now: float, wanted: set[str], device: frozenset[str],
-                     host: frozenset[str]) -> Observation:
+                     host: frozenset[str], also_warm: frozenset[str]) -> Observation:
         """What this worker knows now, for ``scheduling.snapshot_of``: O(candidates)."""
         counts: dict[str, tuple[int, int]] = {}
         facts: dict[str, QueueFacts] = {}
+        running = self._tasks.running
         for model_id in wanted:
             qs = self._counts.get(model_id)
             if qs is None or model_id not in self._catalog:  # gone while we asked
                 continue
+            if cannot_matter(qs.backlog, model_id in self._consumers,
+                             model_id in device or model_id in host or model_id in also_warm
+                             or model_id in running):
+                continue  # snapshot_of would leave it out: its facts are not needed
             manifest = self._catalog.get(model_id).manifest
-            metrics.QUEUE_BACKLOG.labels(model_id).set(qs.backlog)
             counts[model_id] = (qs.backlog, qs.consumers)
             facts[model_id] = QueueFacts(
                 manifest.fanout.max_workers, manifest.plan, self.control.pinned(model_id),
@@ -505,7 +545,7 @@ class Coordinator:
         if model_id in self._estimated:  # taken on announced counts: nothing may wait now
             self._estimated.discard(model_id)
             if stats is not None:
-                self._counts[model_id] = stats
+                self._counted({model_id: stats})
             if stats is None or stats.backlog == 0:
                 return False
         return stats is not None and action.still_open(stats.consumers)
