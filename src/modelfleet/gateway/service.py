@@ -111,6 +111,7 @@ class GatewayService:
         self.broker = broker
         self.catalog = catalog
         self.parked = ParkedRequests()
+        self._announcer = uuid.uuid4().hex[:16]  # names this gateway in its announcements
         self.payloads = PayloadStore(settings.gateway.payload_store_bytes, settings.secret)
         self.fleet = FleetView(settings.gateway.worker_stale_after_s)
         self.control = ControlPlane(settings, broker, catalog)  # unloads, pins, the route
@@ -250,9 +251,13 @@ class GatewayService:
             return
         self._announced[model_id] = now
         with contextlib.suppress(BrokerUnavailable):
+            # ``waiting`` and ``gateway``: workers estimate the queue's backlog from them
+            # instead of counting it on the broker (worker/announced.py).
             await self.broker.publish_event({"kind": "demand", "model_id": model_id,
                                              "at": time.time(),
-                                             "priority": self._priority.of(model_id, now)})
+                                             "priority": self._priority.of(model_id, now),
+                                             "waiting": self.parked.waiting(model_id),
+                                             "gateway": self._announcer})
 
     async def _announce_waiting(self) -> None:
         while True:

@@ -62,6 +62,9 @@ def _version_key(version: str) -> tuple[tuple[int, str], ...]:
 class Catalog:
     def __init__(self, entries: dict[str, CatalogEntry]) -> None:
         self._entries = entries
+        # Moves at every ``replace_with``: what is derived from the whole catalog (the
+        # worker's pinned set) is rebuilt when it moves, not at every look.
+        self.generation = 0
 
     @classmethod
     def from_store(cls, store: ModelStore,
@@ -101,6 +104,7 @@ class Catalog:
         added = sorted(set(entries) - set(self._entries))
         removed = sorted(set(self._entries) - set(entries))
         self._entries = dict(sorted(entries.items()))
+        self.generation += 1
         return added, removed
 
     def get(self, model_id: str) -> CatalogEntry:
