@@ -244,6 +244,35 @@ class ModelCache:
         pinned = sum(self._device.get(key, 0) for key in self._pinned if key != model_id)
         return pinned + reserved + size_bytes <= self.device_budget_bytes
 
+    def set_device_budget(self, budget_bytes: int) -> list[Eviction]:
+        """Move the device budget (a worker's pool shares one budget among its runtimes).
+
+        Growing it evicts nothing. Shrinking it returns what to evict, lowest priority
+        first, until residents and loads in flight fit again. It never goes below what
+        pinned models and loads in flight hold: those cannot be taken back, so the budget
+        in effect is then that floor (see ``device_budget_bytes``).
+        """
+        if budget_bytes < 0:
+            raise ValueError(f"budget_bytes must be >= 0, got {budget_bytes}")
+        self.device_budget_bytes = max(budget_bytes, self.pinned_device_bytes
+                                       + self._reserved_bytes)
+        excess = self._device_used + self._reserved_bytes - self.device_budget_bytes
+        excluded = set(self._pinned)
+        victims: list[str] = []
+        while excess > 0:
+            victim = self.policy.victim(excluded)
+            if victim is None:
+                break
+            victims.append(victim)
+            excluded.add(victim)
+            excess -= self._device[victim]
+        return self._evict_from_device(victims, "the device budget was lowered")
+
+    @property
+    def pinned_device_bytes(self) -> int:
+        """Bytes of pinned models resident on the device."""
+        return sum(self._device.get(key, 0) for key in self._pinned)
+
     def pin(self, model_id: str) -> bool:
         """Pin ``model_id`` if it is on the device (True); False if it is not there."""
         if model_id not in self._device:

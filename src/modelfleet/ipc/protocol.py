@@ -22,7 +22,7 @@ from typing import Any, Literal, Protocol
 
 from modelfleet.messages import EncodedReply
 
-Op = Literal["load", "unload", "unpin", "infer", "health", "stats", "shutdown"]
+Op = Literal["load", "unload", "unpin", "infer", "health", "stats", "shutdown", "budget"]
 
 # The runtime's settings, as JSON (``Settings.model_dump_json()``).
 SETTINGS_ENV = "MODELFLEET_RUNTIME_SETTINGS"
@@ -87,6 +87,21 @@ class RuntimeHealth:
     frameworks: tuple[str, ...] = ()  # top-level modules its models imported
 
 
+@dataclass(frozen=True)
+class DeviceBudget:
+    """A runtime's device budget and what holds it, read without draining ``stats``.
+
+    A worker's shared runtimes split one budget (``worker/pool.py``); the ``budget``
+    op reads this and, given a new budget, moves it first (evicting down to it).
+    """
+
+    budget_bytes: int
+    used_bytes: int
+    reserved_bytes: int  # loads in flight
+    pinned_bytes: int
+    device: tuple[str, ...] = ()  # model ids resident on the device
+
+
 class Runtime(Protocol):
     """A runtime as the coordinator sees it: a place to run tasks and hold models."""
 
@@ -113,6 +128,12 @@ class Runtime(Protocol):
         ...
 
     async def stats(self, timeout_s: float | None = None) -> RuntimeStats: ...
+
+    async def budget(self, set_bytes: int | None = None,
+                     timeout_s: float | None = None) -> DeviceBudget:
+        """The device budget and what holds it; ``set_bytes`` moves the budget first
+        (never below what pinned models and loads in flight hold)."""
+        ...
 
     async def health(self, timeout_s: float | None = None) -> RuntimeHealth:
         """Answered from the runtime's event loop, even while a long load runs."""
@@ -193,3 +214,12 @@ def health_from_wire(data: Mapping[str, Any]) -> RuntimeHealth:
     return RuntimeHealth(pid=data["pid"], loading=tuple(data["loading"]),
                          load_ages_s=dict(data["load_ages_s"]),
                          frameworks=tuple(data["frameworks"]))
+
+
+def budget_to_wire(budget: DeviceBudget) -> dict[str, Any]:
+    return asdict(budget)
+
+
+def budget_from_wire(data: Mapping[str, Any]) -> DeviceBudget:
+    return DeviceBudget(data["budget_bytes"], data["used_bytes"], data["reserved_bytes"],
+                        data["pinned_bytes"], tuple(data["device"]))

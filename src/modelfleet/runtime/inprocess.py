@@ -18,7 +18,13 @@ from collections.abc import Awaitable, Mapping
 from typing import TypeVar
 
 from modelfleet.errors import RuntimeCrashed
-from modelfleet.ipc.protocol import SETTINGS_ENV, InferCall, RuntimeHealth, RuntimeStats
+from modelfleet.ipc.protocol import (
+    SETTINGS_ENV,
+    DeviceBudget,
+    InferCall,
+    RuntimeHealth,
+    RuntimeStats,
+)
 from modelfleet.messages import EncodedReply
 from modelfleet.runtime.server import RuntimeService
 from modelfleet.settings import Settings
@@ -58,6 +64,10 @@ class InProcessRuntime:
     async def stats(self, timeout_s: float | None = None) -> RuntimeStats:
         self._check()
         return self._service.stats()
+
+    async def budget(self, set_bytes: int | None = None,
+                     timeout_s: float | None = None) -> DeviceBudget:
+        return await self._call(self._service.budget(set_bytes), timeout_s)
 
     async def health(self, timeout_s: float | None = None) -> RuntimeHealth:
         self._check()

@@ -29,8 +29,10 @@ from modelfleet.ipc.framing import Frame, error_header, pack_frame, read_frame
 from modelfleet.ipc.protocol import (
     PRELOAD_ENV,
     SETTINGS_ENV,
+    DeviceBudget,
     RuntimeHealth,
     RuntimeStats,
+    budget_to_wire,
     health_to_wire,
     stats_to_wire,
 )
@@ -88,6 +90,11 @@ class RuntimeService:
 
     def stats(self) -> RuntimeStats:
         return self.host.stats()
+
+    async def budget(self, set_bytes: int | None = None) -> DeviceBudget:
+        if set_bytes is not None:
+            await self.host.set_device_budget(set_bytes)
+        return self.host.device_budget()
 
     async def load(self, model_id: str, version: str, pinned: bool) -> None:
         await self.host.ensure(model_id, version, pinned)
@@ -224,6 +231,8 @@ class SocketServer:
             return health_to_wire(service.health()), b""
         if op == "stats":
             return stats_to_wire(service.stats()), b""
+        if op == "budget":
+            return budget_to_wire(await service.budget(args.get("set_bytes"))), b""
         if op == "load":
             await service.load(args["model_id"], args["version"], args.get("pinned", False))
             return True, b""
