@@ -1,0 +1,215 @@
+"""Placement by memory and load, replicas for hot models, one budget split among runtimes.
+
+The decisions of ``worker/spread.py`` (pure), and the device budget a runtime's cache
+can be moved to (``ModelCache.set_device_budget``, what the ``budget`` op calls).
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from modelfleet.cache import GdsfPolicy, ModelCache
+from modelfleet.worker.spread import Change, RuntimeView, Spread, size_table, split_budget
+
+MB = 1024 * 1024
+POOL = 176 * MB
+
+
+def two(a: RuntimeView | None = None, b: RuntimeView | None = None) -> list[RuntimeView]:
+    return [a or RuntimeView("runtime-0"), b or RuntimeView("runtime-1")]
+
+
+def test_a_model_goes_where_it_is_already_resident() -> None:
+    spread = Spread(replica_at=4, keep_s=10)
+    views = two(RuntimeView("runtime-0", used_bytes=10 * MB),
+                RuntimeView("runtime-1", used_bytes=80 * MB, resident=frozenset({"m"})))
+    # runtime-1 holds more and so has less free share, but m is resident there.
+    assert spread.home("m", views, POOL) == "runtime-1"
+
+
+def test_a_new_model_goes_to_the_least_loaded_runtime_then_the_most_free_share() -> None:
+    spread = Spread(replica_at=4, keep_s=10)
+    views = two(RuntimeView("runtime-0", used_bytes=10 * MB),
+                RuntimeView("runtime-1", used_bytes=80 * MB))
+    assert spread.home("a", views, POOL) == "runtime-0"  # idle both: more free share
+    for _ in range(3):
+        spread.started("a", "runtime-0")
+    assert spread.home("b", views, POOL) == "runtime-1"  # runtime-0 is busy now
+
+
+def test_a_model_stays_on_its_runtime_while_it_is_held() -> None:
+    spread = Spread(replica_at=4, keep_s=10)
+    assert spread.home("a", two(), POOL) == "runtime-0"
+    spread.started("b", "runtime-0")
+    assert spread.home("a", two(), POOL) == "runtime-0"  # placed once, not per call
+    assert spread.route("a", two(), POOL) == "runtime-0"
+
+
+def test_tasks_never_go_to_a_runtime_that_is_down_when_another_holds_the_model() -> None:
+    spread = Spread(replica_at=1, keep_s=10)
+    spread.home("m", two(), POOL)
+    spread.started("m", "runtime-0")
+    assert spread.review("m", two(), POOL, size_table({}), 0.0) == \
+        Change("add", "m", "runtime-1")
+    down = two(RuntimeView("runtime-0", up=False))
+    assert spread.route("m", down, POOL) == "runtime-1"
+
+
+def test_a_hot_model_gets_a_second_runtime_and_tasks_go_to_the_least_loaded() -> None:
+    spread = Spread(replica_at=4, keep_s=10)
+    sizes = size_table({"hot": 20 * MB})
+    views = two()
+    for _ in range(3):
+        runtime = spread.route("hot", views, POOL)
+        spread.started("hot", runtime)
+        assert spread.review("hot", views, POOL, sizes, 0.0) is None  # not yet hot
+    assert runtime == "runtime-0"
+    spread.started("hot", spread.route("hot", views, POOL))
+    assert spread.review("hot", views, POOL, sizes, 0.0) == Change("add", "hot", "runtime-1")
+    assert spread.holders("hot") == ("runtime-0", "runtime-1")
+    # The next tasks go to the replica until both carry as much.
+    routed = []
+    for _ in range(4):
+        routed.append(spread.route("hot", views, POOL))
+        spread.started("hot", routed[-1])
+    assert routed == ["runtime-1"] * 4
+    assert spread.route("hot", views, POOL) == "runtime-0"  # level: home first
+
+
+def test_no_replica_when_the_other_runtime_is_busy_or_memory_does_not_allow() -> None:
+    spread = Spread(replica_at=2, keep_s=10)
+    spread.home("hot", two(), POOL)
+    for _ in range(2):
+        spread.started("hot", "runtime-0")
+    for _ in range(2):
+        spread.started("other", "runtime-1")  # runtime-1 has no free slot
+    assert spread.review("hot", two(), POOL, size_table({"hot": MB}), 0.0) is None
+    spread.finished("other", "runtime-1")
+    pinned = two(b=RuntimeView("runtime-1", pinned_bytes=150 * MB))
+    # 20 MB more beside 150 MB pinned and 2 busy copies of 20 MB: more than 176 MB.
+    sizes = size_table({"hot": 20 * MB, "other": 20 * MB})
+    assert spread.review("hot", pinned, POOL, sizes, 0.0) is None
+    assert spread.review("hot", two(), POOL, sizes, 0.0) == Change("add", "hot", "runtime-1")
+
+
+def test_the_replica_is_dropped_once_demand_stayed_low_for_keep_s() -> None:
+    spread = Spread(replica_at=4, keep_s=10)
+    sizes = size_table({"hot": MB})
+    spread.home("hot", two(), POOL)
+    for _ in range(4):
+        spread.started("hot", "runtime-0")
+    assert spread.review("hot", two(), POOL, sizes, 0.0) == Change("add", "hot", "runtime-1")
+    for _ in range(2):  # 2 left: half of one runtime's 4, the line to drop below
+        spread.finished("hot", "runtime-0")
+    assert spread.review("hot", two(), POOL, sizes, 100.0) is None  # quiet since 100
+    assert spread.review("hot", two(), POOL, sizes, 109.0) is None
+    spread.started("hot", "runtime-0")  # 3: between the lines, the clock starts again
+    assert spread.review("hot", two(), POOL, sizes, 111.0) is None
+    spread.finished("hot", "runtime-0")
+    assert spread.review("hot", two(), POOL, sizes, 112.0) is None
+    assert spread.review("hot", two(), POOL, sizes, 122.0) == Change("drop", "hot", "runtime-1")
+    assert spread.holders("hot") == ("runtime-0",)
+
+
+def test_sweep_drops_cooled_replicas_and_forgets_models_held_nowhere() -> None:
+    spread = Spread(replica_at=1, keep_s=0)
+    spread.home("hot", two(), POOL)
+    spread.home("gone", two(), POOL)
+    spread.started("hot", "runtime-0")
+    spread.review("hot", two(), POOL, size_table({}), 0.0)
+    spread.finished("hot", "runtime-0")
+    views = two(RuntimeView("runtime-0", resident=frozenset({"hot"})),
+                RuntimeView("runtime-1", resident=frozenset({"hot"})))
+    assert spread.sweep(views, POOL, size_table({}), 1.0) == [Change("drop", "hot", "runtime-1")]
+    assert spread.holders("hot") == ("runtime-0",)
+    assert spread.holders("gone") == ()  # not resident, nothing running: placed afresh
+
+
+def test_a_replica_threshold_below_one_is_refused() -> None:
+    with pytest.raises(ValueError, match="replica_at"):
+        Spread(replica_at=0, keep_s=1)
+
+
+# -- one budget for the pool ---------------------------------------------------------------
+
+def test_the_free_bytes_go_as_one_block_to_the_runtime_about_to_load() -> None:
+    views = two(RuntimeView("runtime-0", budget_bytes=88 * MB, used_bytes=60 * MB),
+                RuntimeView("runtime-1", budget_bytes=88 * MB, used_bytes=40 * MB))
+    budgets = split_budget(POOL, views, grow="runtime-1", need_bytes=36 * MB)
+    assert budgets == {"runtime-0": 60 * MB, "runtime-1": 116 * MB}
+    assert sum(budgets.values()) == POOL
+
+
+def test_a_miss_bigger_than_the_free_block_takes_bytes_from_the_fuller_runtime() -> None:
+    views = two(RuntimeView("runtime-0", used_bytes=100 * MB, pinned_bytes=30 * MB),
+                RuntimeView("runtime-1", used_bytes=66 * MB))
+    budgets = split_budget(POOL, views, grow="runtime-1", need_bytes=36 * MB)
+    assert budgets == {"runtime-0": 74 * MB, "runtime-1": 102 * MB}  # 10 free + 26 given
+    # Never below what is pinned: the rest the loading runtime evicts of its own.
+    budgets = split_budget(POOL, views, grow="runtime-1", need_bytes=150 * MB)
+    assert budgets == {"runtime-0": 30 * MB, "runtime-1": 146 * MB}
+
+
+def test_without_a_miss_the_free_block_stays_where_it_is() -> None:
+    views = two(RuntimeView("runtime-0", budget_bytes=50 * MB, used_bytes=50 * MB),
+                RuntimeView("runtime-1", budget_bytes=126 * MB, used_bytes=40 * MB))
+    assert split_budget(POOL, views) == {"runtime-0": 50 * MB, "runtime-1": 126 * MB}
+
+
+def test_runtimes_holding_more_than_the_pool_are_brought_back_within_it() -> None:
+    """A runtime restarted with its starting share beside one that holds the rest."""
+    views = two(RuntimeView("runtime-0", budget_bytes=150 * MB, used_bytes=150 * MB),
+                RuntimeView("runtime-1", budget_bytes=88 * MB, used_bytes=40 * MB))
+    # 14 MB over: the runtime holding most gives them back (it evicts down to 136 MB).
+    assert split_budget(POOL, views) == {"runtime-0": 136 * MB, "runtime-1": 40 * MB}
+
+
+held = st.builds(lambda used, reserved, pinned: (used, reserved, min(pinned, used)),
+                 st.integers(0, 200), st.integers(0, 50), st.integers(0, 200))
+
+
+@given(st.lists(held, min_size=1, max_size=4), st.integers(0, 3), st.integers(0, 300),
+       st.integers(1, 400))
+def test_the_split_sums_to_the_pool_and_never_exceeds_it(
+        runtimes: list[tuple[int, int, int]], grow: int, need: int, pool: int) -> None:
+    views = [RuntimeView(f"r{i}", used_bytes=u, reserved_bytes=r, pinned_bytes=p)
+             for i, (u, r, p) in enumerate(runtimes)]
+    budgets = split_budget(pool, views, grow=f"r{grow}", need_bytes=need)
+    floors = sum(v.floor_bytes for v in views)
+    assert all(budgets[v.name] >= v.floor_bytes for v in views)
+    if floors <= pool:
+        assert sum(budgets.values()) == pool
+    else:  # only what cannot be taken back exceeds it, and nothing more
+        assert sum(budgets.values()) == floors
+
+
+# -- a runtime's cache follows its budget -----------------------------------------------------
+
+def cache(budget: int) -> ModelCache:
+    return ModelCache(budget, 0, GdsfPolicy(), clock=lambda: 0.0)
+
+
+def resident(c: ModelCache, model_id: str, size: int, pinned: bool = False) -> None:
+    c.reserve(model_id, size, pinned=pinned)
+    c.commit(model_id, size, 1.0, "disk")
+
+
+def test_lowering_a_budget_evicts_down_to_it_and_keeps_pinned_models() -> None:
+    c = cache(100)
+    resident(c, "pinned", 30, pinned=True)
+    resident(c, "a", 30)
+    resident(c, "b", 30)
+    evicted = c.set_device_budget(65)
+    assert len(evicted) == 1 and evicted[0].action == "drop"
+    assert c.snapshot().device_used_bytes == 60 and c.tier_of("pinned") == "device"
+    assert c.set_device_budget(10) and c.device_budget_bytes == 30  # the pinned floor
+    assert c.set_device_budget(200) == [] and c.device_budget_bytes == 200
+    c.reserve("big", 150)  # room the pool moved here: no eviction needed
+    assert c.tier_of("pinned") == "device"
+
+
+def test_a_negative_budget_is_refused() -> None:
+    with pytest.raises(ValueError, match="budget_bytes"):
+        cache(10).set_device_budget(-1)
