@@ -1,0 +1,139 @@
+"""One device budget per worker, shared by its runtimes: ``spread``'s decisions carried out.
+
+``worker.device_budget_bytes`` (default: ``runtime.device_budget_bytes`` x
+``worker.shared_runtimes``, what the runtimes had between them before) is split
+among the shared runtimes by what each holds (``spread.split_budget``): each
+runtime starts with an equal part, and before a task that misses (its model is not
+resident on the runtime it was routed to) the pool moves the free bytes to that
+runtime, taking bytes back from the others when the free bytes are short. A
+runtime's budget is moved with the ``budget`` op, which evicts down to the new
+budget before it answers; budgets are lowered before others are raised, so their
+sum never exceeds the pool between two moves.
+
+It also keeps ``spread``'s book current: every ``worker.rescore_interval_s`` it
+reads each runtime's budget and residency (the ``budget`` op, which drains no
+event counts, unlike ``stats``), re-syncs a restarted runtime's budget, and drops
+replicas whose demand fell (unloading that copy, which returns its bytes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from modelfleet import metrics
+from modelfleet.errors import ModelfleetError
+from modelfleet.ipc.protocol import DeviceBudget, Runtime
+from modelfleet.settings import Settings
+from modelfleet.worker.spread import Change, RuntimeView, Spread, split_budget
+
+log = logging.getLogger("modelfleet.worker")
+BUDGET_CALL_TIMEOUT_S = 10.0
+
+
+def pool_bytes(settings: Settings) -> int:
+    """The worker's device budget: the setting, or the old per-runtime one x runtimes."""
+    return settings.worker.device_budget_bytes or (
+        settings.runtime.device_budget_bytes * settings.worker.shared_runtimes)
+
+
+def replica_at(settings: Settings) -> int:
+    """Tasks in flight per holder at which a model gets another runtime."""
+    return settings.worker.replica_at_tasks or max(
+        1, settings.worker.permits // settings.worker.shared_runtimes)
+
+
+class Shared(Protocol):
+    """What the pool needs of a shared runtime (``SupervisedRuntime`` is one)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def ready(self) -> bool: ...
+
+    @property
+    def runtime(self) -> Runtime | None: ...
+
+
+class BudgetPool:
+    def __init__(self, settings: Settings, spread: Spread,
+                 size_of: Callable[[str], int], clock: Callable[[], float]) -> None:
+        self.pool_bytes = pool_bytes(settings)
+        self.spread = spread
+        self._size_of = size_of
+        self._clock = clock
+        self._lock = asyncio.Lock()
+        self._read: dict[str, DeviceBudget] = {}  # runtime -> as last read or set
+
+    def views(self, names: Sequence[str], up: Callable[[str], bool]) -> list[RuntimeView]:
+        """The runtimes as last read, with the tasks in flight on each now."""
+        views = []
+        for name in names:
+            read = self._read.get(name) if up(name) else None
+            views.append(RuntimeView(
+                name, up=read is not None or up(name), running=self.spread.running_on(name),
+                budget_bytes=read.budget_bytes if read else 0,
+                used_bytes=read.used_bytes if read else 0,
+                reserved_bytes=read.reserved_bytes if read else 0,
+                pinned_bytes=read.pinned_bytes if read else 0,
+                resident=frozenset(read.device) if read else frozenset()))
+        return views
+
+    def resident_on(self, name: str, model_id: str) -> bool:
+        read = self._read.get(name)
+        return read is not None and model_id in read.device
+
+    async def make_room(self, runtimes: Sequence[Shared], grow: str, need_bytes: int) -> None:
+        """Before ``grow`` loads a model of ``need_bytes``: the pool's free bytes go there."""
+        async with self._lock:
+            await self._read_all(runtimes)
+            await self._apply(runtimes, grow, need_bytes)
+
+    async def resync(self, runtimes: Sequence[Shared]) -> list[Change]:
+        """Read every runtime, fix budgets that drifted (a restart), review replicas."""
+        async with self._lock:
+            await self._read_all(runtimes)
+            await self._apply(runtimes, None, 0)
+        views = self.views([r.name for r in runtimes], lambda n: n in self._read)
+        changes = self.spread.sweep(views, self.pool_bytes, self._size_of, self._clock())
+        metrics.MODEL_REPLICAS.set(sum(len(rs) - 1 for rs in self.spread.replicated().values()))
+        return changes
+
+    async def _read_all(self, runtimes: Sequence[Shared]) -> None:
+        for shared in runtimes:
+            target = shared.runtime
+            if not shared.ready or target is None:
+                self._read.pop(shared.name, None)
+                continue
+            try:
+                self._read[shared.name] = await target.budget(timeout_s=BUDGET_CALL_TIMEOUT_S)
+            except (ModelfleetError, TimeoutError) as exc:  # down or slow: not ours to hold
+                log.info("runtime %s: its budget could not be read: %s", shared.name, exc)
+                self._read.pop(shared.name, None)
+
+    async def _apply(self, runtimes: Sequence[Shared], grow: str | None,
+                     need_bytes: int) -> None:
+        views = self.views([r.name for r in runtimes if r.name in self._read],
+                           lambda n: n in self._read)
+        budgets = split_budget(self.pool_bytes, views, grow, need_bytes)
+        by_name = {r.name: r for r in runtimes}
+        # Lower first, then raise: the sum stays within the pool between the two.
+        moves = sorted((budget - self._read[name].budget_bytes, name)
+                       for name, budget in budgets.items()
+                       if budget != self._read[name].budget_bytes)
+        for _, name in moves:
+            target = by_name[name].runtime
+            if target is None:
+                continue
+            try:
+                self._read[name] = await target.budget(budgets[name],
+                                                       timeout_s=BUDGET_CALL_TIMEOUT_S)
+            except (ModelfleetError, TimeoutError) as exc:
+                log.info("runtime %s: its budget could not be moved: %s", name, exc)
+                self._read.pop(name, None)
+                continue
+            metrics.RUNTIME_DEVICE_BUDGET.labels(name).set(self._read[name].budget_bytes)
+
