@@ -22,7 +22,7 @@ def two(a: RuntimeView | None = None, b: RuntimeView | None = None) -> list[Runt
 
 
 def test_a_model_goes_where_it_is_already_resident() -> None:
-    spread = Spread(replica_at=4, keep_s=10)
+    spread = Spread(replica_at=4, keep_s=10, size_of=size_table({}))
     views = two(RuntimeView("runtime-0", used_bytes=10 * MB),
                 RuntimeView("runtime-1", used_bytes=80 * MB, resident=frozenset({"m"})))
     # runtime-1 holds more and so has less free share, but m is resident there.
@@ -30,7 +30,7 @@ def test_a_model_goes_where_it_is_already_resident() -> None:
 
 
 def test_a_new_model_goes_to_the_least_loaded_runtime_then_the_most_free_share() -> None:
-    spread = Spread(replica_at=4, keep_s=10)
+    spread = Spread(replica_at=4, keep_s=10, size_of=size_table({}))
     views = two(RuntimeView("runtime-0", used_bytes=10 * MB),
                 RuntimeView("runtime-1", used_bytes=80 * MB))
     assert spread.home("a", views, POOL) == "runtime-0"  # idle both: more free share
@@ -40,34 +40,47 @@ def test_a_new_model_goes_to_the_least_loaded_runtime_then_the_most_free_share()
 
 
 def test_a_model_stays_on_its_runtime_while_it_is_held() -> None:
-    spread = Spread(replica_at=4, keep_s=10)
+    spread = Spread(replica_at=4, keep_s=10, size_of=size_table({}))
     assert spread.home("a", two(), POOL) == "runtime-0"
     spread.started("b", "runtime-0")
     assert spread.home("a", two(), POOL) == "runtime-0"  # placed once, not per call
     assert spread.route("a", two(), POOL) == "runtime-0"
 
 
+def on(*names: str, model: str = "hot", **extra: int) -> list[RuntimeView]:
+    """Both runtimes, with ``model`` resident on ``names``."""
+    return [RuntimeView(f"runtime-{i}", resident=frozenset({model})
+                        if f"runtime-{i}" in names else frozenset(),
+                        **extra if i == 1 else {}) for i in (0, 1)]
+
+
 def test_tasks_never_go_to_a_runtime_that_is_down_when_another_holds_the_model() -> None:
-    spread = Spread(replica_at=1, keep_s=10)
+    spread = Spread(replica_at=1, keep_s=10, size_of=size_table({}))
     spread.home("m", two(), POOL)
     spread.started("m", "runtime-0")
-    assert spread.review("m", two(), POOL, size_table({}), 0.0) == \
+    assert spread.review("m", on("runtime-0", model="m"), POOL, 0.0) == \
         Change("add", "m", "runtime-1")
     down = two(RuntimeView("runtime-0", up=False))
     assert spread.route("m", down, POOL) == "runtime-1"
 
 
+def test_new_models_are_spread_by_what_is_placed_before_it_is_resident() -> None:
+    """Placed in one go (a worker's first re-score): the second goes beside, not on top."""
+    spread = Spread(replica_at=4, keep_s=10, size_of=size_table({"a": 30 * MB, "b": 30 * MB}))
+    assert spread.home("a", two(), POOL) == "runtime-0"
+    assert spread.home("b", two(), POOL) == "runtime-1"
+
+
 def test_a_hot_model_gets_a_second_runtime_and_tasks_go_to_the_least_loaded() -> None:
-    spread = Spread(replica_at=4, keep_s=10)
-    sizes = size_table({"hot": 20 * MB})
-    views = two()
+    spread = Spread(replica_at=4, keep_s=10, size_of=size_table({"hot": 20 * MB}))
+    views = on("runtime-0")
     for _ in range(3):
         runtime = spread.route("hot", views, POOL)
         spread.started("hot", runtime)
-        assert spread.review("hot", views, POOL, sizes, 0.0) is None  # not yet hot
+        assert spread.review("hot", views, POOL, 0.0) is None  # not yet hot
     assert runtime == "runtime-0"
     spread.started("hot", spread.route("hot", views, POOL))
-    assert spread.review("hot", views, POOL, sizes, 0.0) == Change("add", "hot", "runtime-1")
+    assert spread.review("hot", views, POOL, 0.0) == Change("add", "hot", "runtime-1")
     assert spread.holders("hot") == ("runtime-0", "runtime-1")
     # The next tasks go to the replica until both carry as much.
     routed = []
@@ -78,58 +91,65 @@ def test_a_hot_model_gets_a_second_runtime_and_tasks_go_to_the_least_loaded() ->
     assert spread.route("hot", views, POOL) == "runtime-0"  # level: home first
 
 
+def test_tasks_waiting_for_the_first_load_do_not_make_a_model_hot() -> None:
+    spread = Spread(replica_at=2, keep_s=10, size_of=size_table({}))
+    spread.home("hot", two(), POOL)
+    for _ in range(8):
+        spread.started("hot", "runtime-0")
+    assert spread.review("hot", two(), POOL, 0.0) is None  # still loading on runtime-0
+    assert spread.review("hot", on("runtime-0"), POOL, 0.0) == Change("add", "hot", "runtime-1")
+
+
 def test_no_replica_when_the_other_runtime_is_busy_or_memory_does_not_allow() -> None:
-    spread = Spread(replica_at=2, keep_s=10)
+    spread = Spread(replica_at=2, keep_s=10,
+                    size_of=size_table({"hot": 20 * MB, "other": 20 * MB}))
     spread.home("hot", two(), POOL)
     for _ in range(2):
         spread.started("hot", "runtime-0")
     for _ in range(2):
         spread.started("other", "runtime-1")  # runtime-1 has no free slot
-    assert spread.review("hot", two(), POOL, size_table({"hot": MB}), 0.0) is None
+    assert spread.review("hot", on("runtime-0"), POOL, 0.0) is None
     spread.finished("other", "runtime-1")
-    pinned = two(b=RuntimeView("runtime-1", pinned_bytes=150 * MB))
     # 20 MB more beside 150 MB pinned and 2 busy copies of 20 MB: more than 176 MB.
-    sizes = size_table({"hot": 20 * MB, "other": 20 * MB})
-    assert spread.review("hot", pinned, POOL, sizes, 0.0) is None
-    assert spread.review("hot", two(), POOL, sizes, 0.0) == Change("add", "hot", "runtime-1")
+    assert spread.review("hot", on("runtime-0", pinned_bytes=150 * MB), POOL, 0.0) is None
+    assert spread.review("hot", on("runtime-0"), POOL, 0.0) == Change("add", "hot", "runtime-1")
 
 
 def test_the_replica_is_dropped_once_demand_stayed_low_for_keep_s() -> None:
-    spread = Spread(replica_at=4, keep_s=10)
-    sizes = size_table({"hot": MB})
+    spread = Spread(replica_at=4, keep_s=10, size_of=size_table({"hot": MB}))
+    both = on("runtime-0", "runtime-1")
     spread.home("hot", two(), POOL)
     for _ in range(4):
         spread.started("hot", "runtime-0")
-    assert spread.review("hot", two(), POOL, sizes, 0.0) == Change("add", "hot", "runtime-1")
+    assert spread.review("hot", both, POOL, 0.0) == Change("add", "hot", "runtime-1")
     for _ in range(2):  # 2 left: half of one runtime's 4, the line to drop below
         spread.finished("hot", "runtime-0")
-    assert spread.review("hot", two(), POOL, sizes, 100.0) is None  # quiet since 100
-    assert spread.review("hot", two(), POOL, sizes, 109.0) is None
+    assert spread.review("hot", both, POOL, 100.0) is None  # quiet since 100
+    assert spread.review("hot", both, POOL, 109.0) is None
     spread.started("hot", "runtime-0")  # 3: between the lines, the clock starts again
-    assert spread.review("hot", two(), POOL, sizes, 111.0) is None
+    assert spread.review("hot", both, POOL, 111.0) is None
     spread.finished("hot", "runtime-0")
-    assert spread.review("hot", two(), POOL, sizes, 112.0) is None
-    assert spread.review("hot", two(), POOL, sizes, 122.0) == Change("drop", "hot", "runtime-1")
+    assert spread.review("hot", both, POOL, 112.0) is None
+    assert spread.review("hot", both, POOL, 122.0) == Change("drop", "hot", "runtime-1")
     assert spread.holders("hot") == ("runtime-0",)
 
 
 def test_sweep_drops_cooled_replicas_and_forgets_models_held_nowhere() -> None:
-    spread = Spread(replica_at=1, keep_s=0)
+    spread = Spread(replica_at=1, keep_s=0, size_of=size_table({}))
     spread.home("hot", two(), POOL)
     spread.home("gone", two(), POOL)
     spread.started("hot", "runtime-0")
-    spread.review("hot", two(), POOL, size_table({}), 0.0)
+    both = on("runtime-0", "runtime-1")
+    assert spread.review("hot", both, POOL, 0.0) == Change("add", "hot", "runtime-1")
     spread.finished("hot", "runtime-0")
-    views = two(RuntimeView("runtime-0", resident=frozenset({"hot"})),
-                RuntimeView("runtime-1", resident=frozenset({"hot"})))
-    assert spread.sweep(views, POOL, size_table({}), 1.0) == [Change("drop", "hot", "runtime-1")]
+    assert spread.sweep(both, POOL, 1.0) == [Change("drop", "hot", "runtime-1")]
     assert spread.holders("hot") == ("runtime-0",)
     assert spread.holders("gone") == ()  # not resident, nothing running: placed afresh
 
 
 def test_a_replica_threshold_below_one_is_refused() -> None:
     with pytest.raises(ValueError, match="replica_at"):
-        Spread(replica_at=0, keep_s=1)
+        Spread(replica_at=0, keep_s=1, size_of=size_table({}))
 
 
 # -- one budget for the pool ---------------------------------------------------------------

@@ -37,6 +37,7 @@ class RuntimePlacement:
         await target.load(model_id, version, pinned=pinned, timeout_s=self._load_timeout_s)
 
     async def unload(self, model_id: str, version: str | None) -> None:
+        self._supervisor.pool.unloaded(model_id)
         for runtime in self._existing(model_id):
             if runtime.ready and runtime.runtime is not None:
                 await runtime.runtime.unload(model_id, version=version)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Protocol
 
 from modelfleet import metrics
@@ -59,25 +60,29 @@ class Shared(Protocol):
 
 
 class BudgetPool:
-    def __init__(self, settings: Settings, spread: Spread,
-                 size_of: Callable[[str], int], clock: Callable[[], float]) -> None:
+    def __init__(self, settings: Settings, spread: Spread, clock: Callable[[], float]) -> None:
         self.pool_bytes = pool_bytes(settings)
         self.spread = spread
-        self._size_of = size_of
         self._clock = clock
         self._lock = asyncio.Lock()
         self._read: dict[str, DeviceBudget] = {}  # runtime -> as last read or set
+        # (runtime, model) -> bytes of room made for a load there, until the model shows as
+        # resident there or no task for it runs there: counted as held by that runtime,
+        # so that another miss does not take the room back before the load reserves it,
+        # and a burst of tasks for a model being loaded moves budgets once, not per task.
+        self._grants: dict[tuple[str, str], int] = {}
 
     def views(self, names: Sequence[str], up: Callable[[str], bool]) -> list[RuntimeView]:
         """The runtimes as last read, with the tasks in flight on each now."""
         views = []
         for name in names:
             read = self._read.get(name) if up(name) else None
+            granted = sum(n for (runtime, _), n in self._grants.items() if runtime == name)
             views.append(RuntimeView(
                 name, up=read is not None or up(name), running=self.spread.running_on(name),
                 budget_bytes=read.budget_bytes if read else 0,
                 used_bytes=read.used_bytes if read else 0,
-                reserved_bytes=read.reserved_bytes if read else 0,
+                reserved_bytes=(read.reserved_bytes if read else 0) + granted,
                 pinned_bytes=read.pinned_bytes if read else 0,
                 resident=frozenset(read.device) if read else frozenset()))
         return views
@@ -86,9 +91,19 @@ class BudgetPool:
         read = self._read.get(name)
         return read is not None and model_id in read.device
 
-    async def make_room(self, runtimes: Sequence[Shared], grow: str, need_bytes: int) -> None:
-        """Before ``grow`` loads a model of ``need_bytes``: the pool's free bytes go there."""
-        async with self._lock:
+    async def make_room(self, runtimes: Sequence[Shared], grow: str, model_id: str,
+                        need_bytes: int) -> None:
+        """Before ``grow`` loads a model of ``need_bytes``: the pool's free bytes go there.
+
+        The room is held for that load until ``release`` or until the model shows as
+        resident there.
+        """
+        if self.resident_on(grow, model_id):
+            return
+        async with self._lock:  # a task behind one moving room for it waits for the move
+            if (grow, model_id) in self._grants:
+                return
+            self._grants[grow, model_id] = need_bytes
             await self._read_all(runtimes)
             await self._apply(runtimes, grow, need_bytes)
 
@@ -98,9 +113,21 @@ class BudgetPool:
             await self._read_all(runtimes)
             await self._apply(runtimes, None, 0)
         views = self.views([r.name for r in runtimes], lambda n: n in self._read)
-        changes = self.spread.sweep(views, self.pool_bytes, self._size_of, self._clock())
+        changes = self.spread.sweep(views, self.pool_bytes, self._clock())
         metrics.MODEL_REPLICAS.set(sum(len(rs) - 1 for rs in self.spread.replicated().values()))
         return changes
+
+    def unloaded(self, model_id: str, runtime: str | None = None) -> None:
+        """The model was unloaded from ``runtime`` (None: from every runtime): the next task
+        there is a miss, and makes room first, without waiting for the next read."""
+        for name, read in list(self._read.items()):
+            if (runtime is None or name == runtime) and model_id in read.device:
+                self._read[name] = replace(
+                    read, device=tuple(m for m in read.device if m != model_id))
+
+    def release(self, runtime: str, model_id: str) -> None:
+        """No task for the model runs on the runtime any more: its room is not held."""
+        self._grants.pop((runtime, model_id), None)
 
     async def _read_all(self, runtimes: Sequence[Shared]) -> None:
         for shared in runtimes:
@@ -113,6 +140,9 @@ class BudgetPool:
             except (ModelfleetError, TimeoutError) as exc:  # down or slow: not ours to hold
                 log.info("runtime %s: its budget could not be read: %s", shared.name, exc)
                 self._read.pop(shared.name, None)
+        for runtime, model_id in list(self._grants):
+            if self.resident_on(runtime, model_id):  # loaded: its bytes are counted as used
+                del self._grants[runtime, model_id]
 
     async def _apply(self, runtimes: Sequence[Shared], grow: str | None,
                      need_bytes: int) -> None:

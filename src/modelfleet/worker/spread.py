@@ -70,11 +70,12 @@ class Change:
 class Spread:
     """The book of which runtimes hold which model, and the counts that move it."""
 
-    def __init__(self, replica_at: int, keep_s: float) -> None:
+    def __init__(self, replica_at: int, keep_s: float, size_of: Callable[[str], int]) -> None:
         if replica_at < 1:
             raise ValueError(f"replica_at must be >= 1, got {replica_at}")
         self.replica_at = replica_at
         self.keep_s = keep_s
+        self._size_of = size_of  # a model's bytes (its estimate until measured)
         self._holders: dict[str, list[str]] = {}  # model id -> runtimes, home first
         self._running: Counter[tuple[str, str]] = Counter()  # (model, runtime) -> tasks
         self._on_runtime: Counter[str] = Counter()  # runtime -> tasks, every model
@@ -90,6 +91,9 @@ class Spread:
 
     def running(self, model_id: str) -> int:
         return sum(n for (m, _), n in self._running.items() if m == model_id)
+
+    def running_at(self, model_id: str, runtime: str) -> int:
+        return self._running[model_id, runtime]
 
     def running_on(self, runtime: str) -> int:
         return self._on_runtime[runtime]
@@ -127,8 +131,13 @@ class Spread:
         resident = [v for v in live if model_id in v.resident]
         share = pool_bytes // max(1, len([v for v in views if v.up]))
         pick = min(resident or live, key=lambda v: (
-            self._on_runtime[v.name], -(share - v.held_bytes), v.name))
+            self._on_runtime[v.name], -(share - v.held_bytes - self._pending_bytes(v)), v.name))
         return pick.name
+
+    def _pending_bytes(self, view: RuntimeView) -> int:
+        """Bytes of models placed on a runtime and not resident there (yet)."""
+        return sum(self._size_of(m) for m, holders in self._holders.items()
+                   if view.name in holders and m not in view.resident)
 
     def route(self, model_id: str, views: Sequence[RuntimeView], pool_bytes: int) -> str:
         """The runtime a task for the model runs on: the least-loaded holder that is up."""
@@ -143,17 +152,26 @@ class Spread:
                                          holders.index(name)))
 
     def review(self, model_id: str, views: Sequence[RuntimeView], pool_bytes: int,
-               size_of: Callable[[str], int], now: float) -> Change | None:
-        """A replica to add (hot) or to drop (quiet for ``keep_s``), or nothing."""
+               now: float) -> Change | None:
+        """A replica to add (hot) or to drop (quiet for ``keep_s``), or nothing.
+
+        Tasks waiting for a model's first load are not demand one runtime fails to
+        serve: a replica is added only once the model is resident on every runtime
+        holding it (a second copy mid-load would only double the load's cost).
+        """
         holders = self._holders.get(model_id)
         if not holders:
             return None
         demand = self.running(model_id)
         if demand >= self.replica_at * len(holders):
             self._quiet_since.pop(model_id, None)
+            by_name = {v.name: v for v in views}
+            if not all(name in by_name and model_id in by_name[name].resident
+                       for name in holders):
+                return None
             spare = [v for v in views if v.up and v.name not in holders
                      and self._on_runtime[v.name] < self.replica_at]
-            if not spare or not self.room_for(size_of(model_id), views, pool_bytes, size_of):
+            if not spare or not self.room_for(self._size_of(model_id), views, pool_bytes):
                 return None
             chosen = self.place(model_id, spare, pool_bytes)
             holders.append(chosen)
@@ -167,19 +185,18 @@ class Spread:
         self._quiet_since.pop(model_id, None)
         return None
 
-    def room_for(self, size_bytes: int, views: Sequence[RuntimeView], pool_bytes: int,
-                 size_of: Callable[[str], int]) -> bool:
+    def room_for(self, size_bytes: int, views: Sequence[RuntimeView], pool_bytes: int) -> bool:
         """Would one more copy fit the pool beside what is pinned, loading and serving?"""
         fixed = sum(v.floor_bytes for v in views if v.up)
-        busy = sum(size_of(model) for (model, _), n in self._running.items() if n > 0)
+        busy = sum(self._size_of(model) for (model, _), n in self._running.items() if n > 0)
         return size_bytes + fixed + busy <= pool_bytes
 
     def sweep(self, views: Sequence[RuntimeView], pool_bytes: int,
-              size_of: Callable[[str], int], now: float) -> list[Change]:
+              now: float) -> list[Change]:
         """Review every replicated model, and forget the placement of models that are
         neither resident on any runtime nor running (they are placed afresh next time)."""
         changes = [change for model_id in list(self._holders)
-                   if (change := self.review(model_id, views, pool_bytes, size_of, now))]
+                   if (change := self.review(model_id, views, pool_bytes, now))]
         resident = frozenset().union(*(v.resident for v in views))
         busy = {model for model, _ in self._running}
         for model_id in list(self._holders):

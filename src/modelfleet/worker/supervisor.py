@@ -437,8 +437,8 @@ class RuntimeSupervisor:
             for i in range(settings.worker.shared_runtimes)
         ]
         # Which shared runtimes hold each model, and one device budget split among them.
-        self.spread = Spread(replica_at(settings), settings.worker.replica_keep_s)
-        self.pool = BudgetPool(settings, self.spread, self._size_of, time.monotonic)
+        self.spread = Spread(replica_at(settings), settings.worker.replica_keep_s, self._size_of)
+        self.pool = BudgetPool(settings, self.spread, time.monotonic)
         self._placing: asyncio.Task[None] | None = None
         self._dedicated: dict[str, SupervisedRuntime] = {}
         self._builder: EnvironmentBuilder | None = None
@@ -498,8 +498,7 @@ class RuntimeSupervisor:
         views = self._views()
         chosen = self._shared_named(self.spread.route(model_id, views, self.pool.pool_bytes))
         self.spread.started(model_id, chosen.name)
-        change = self.spread.review(model_id, views, self.pool.pool_bytes, self._size_of,
-                                    time.monotonic())
+        change = self.spread.review(model_id, views, self.pool.pool_bytes, time.monotonic())
         if change is not None:  # an add: the next task routed there loads the copy
             log.info("model %s is hot (%d tasks in flight): also on %s", model_id,
                      self.spread.running(model_id), change.runtime)
@@ -508,12 +507,15 @@ class RuntimeSupervisor:
     def done(self, model_id: str, runtime: SupervisedRuntime) -> None:
         if runtime in self.shared:
             self.spread.finished(model_id, runtime.name)
+            if not self.spread.running_at(model_id, runtime.name):
+                self.pool.release(runtime.name, model_id)
 
     async def prepare(self, runtime: SupervisedRuntime, model_id: str) -> None:
         """Before a task runs: if its model is not resident there, the pool's free bytes
         go to that runtime first (the room for a miss is kept once, for the pool)."""
-        if runtime in self.shared and not self.pool.resident_on(runtime.name, model_id):
-            await self.pool.make_room(self.shared, runtime.name, self._size_of(model_id))
+        if runtime in self.shared:
+            await self.pool.make_room(self.shared, runtime.name, model_id,
+                                      self._size_of(model_id))
 
     async def _keep_placement(self) -> None:
         """Keep the pool's budgets and the placement book current; drop cooled replicas."""
@@ -521,13 +523,20 @@ class RuntimeSupervisor:
             await asyncio.sleep(self._settings.worker.rescore_interval_s)
             try:
                 for change in await self.pool.resync(self.shared):
-                    await self._carry_out(change.model_id, self._shared_named(change.runtime))
+                    if change.action == "add":
+                        log.info("model %s is hot (%d tasks in flight): also on %s",
+                                 change.model_id, self.spread.running(change.model_id),
+                                 change.runtime)
+                    else:
+                        await self._carry_out(change.model_id,
+                                              self._shared_named(change.runtime))
             except Exception:
                 log.exception("placement review failed")
 
     async def _carry_out(self, model_id: str, runtime: SupervisedRuntime) -> None:
         """A replica dropped: unload that copy, so that its bytes go back to the pool."""
         log.info("model %s cooled down: off %s again", model_id, runtime.name)
+        self.pool.unloaded(model_id, runtime.name)
         target = runtime.runtime
         if runtime.ready and target is not None:
             try:
