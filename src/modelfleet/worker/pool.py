@@ -46,6 +46,17 @@ def replica_at(settings: Settings) -> int:
         1, settings.worker.permits // settings.worker.shared_runtimes)
 
 
+def _still_cancelled(exc: BaseException) -> None:
+    """Re-raise a cancellation that a runtime call turned into an error.
+
+    An in-process runtime being closed answers a call cancelled under it with
+    ``RuntimeCrashed``: a task being stopped must still stop.
+    """
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError from exc
+
+
 class Shared(Protocol):
     """What the pool needs of a shared runtime (``SupervisedRuntime`` is one)."""
 
@@ -138,6 +149,7 @@ class BudgetPool:
             try:
                 self._read[shared.name] = await target.budget(timeout_s=BUDGET_CALL_TIMEOUT_S)
             except (ModelfleetError, TimeoutError) as exc:  # down or slow: not ours to hold
+                _still_cancelled(exc)
                 log.info("runtime %s: its budget could not be read: %s", shared.name, exc)
                 self._read.pop(shared.name, None)
         for runtime, model_id in list(self._grants):
@@ -162,6 +174,7 @@ class BudgetPool:
                 self._read[name] = await target.budget(budgets[name],
                                                        timeout_s=BUDGET_CALL_TIMEOUT_S)
             except (ModelfleetError, TimeoutError) as exc:
+                _still_cancelled(exc)
                 log.info("runtime %s: its budget could not be moved: %s", name, exc)
                 self._read.pop(name, None)
                 continue

@@ -14,6 +14,11 @@ When a runtime goes down its socket closes, so every call in flight on it raises
 ``changed`` is set on every state change so the coordinator can stop pulling the
 affected queues without polling.
 
+Which shared runtime holds a model, and how the worker's one device budget is split
+among the shared runtimes, is decided by ``worker/spread.py`` and carried out by
+``worker/pool.py``: ``take`` gives a task the least-loaded runtime holding its model,
+``prepare`` makes room in the pool before a miss.
+
 Models with their own requirements or a memory limit (``Manifest.isolated``) get a
 runtime process of their own, started the first time the model is needed: on the
 interpreter of a virtual environment built for their requirements (uv, once per
@@ -440,6 +445,7 @@ class RuntimeSupervisor:
         self.spread = Spread(replica_at(settings), settings.worker.replica_keep_s, self._size_of)
         self.pool = BudgetPool(settings, self.spread, time.monotonic)
         self._placing: asyncio.Task[None] | None = None
+        self._stopping = False
         self._dedicated: dict[str, SupervisedRuntime] = {}
         self._builder: EnvironmentBuilder | None = None
         self._limiter: MemoryLimiter | None = None
@@ -519,7 +525,7 @@ class RuntimeSupervisor:
 
     async def _keep_placement(self) -> None:
         """Keep the pool's budgets and the placement book current; drop cooled replicas."""
-        while True:
+        while not self._stopping:
             await asyncio.sleep(self._settings.worker.rescore_interval_s)
             try:
                 for change in await self.pool.resync(self.shared):
@@ -542,6 +548,8 @@ class RuntimeSupervisor:
             try:
                 await target.unload(model_id, timeout_s=self._settings.runtime.ping_timeout_s)
             except (ModelfleetError, TimeoutError) as exc:
+                if self._stopping:
+                    return
                 log.info("unloading the replica of %s from %s: %s", model_id, runtime.name, exc)
 
     def _own(self, model_id: str) -> SupervisedRuntime:
@@ -582,6 +590,7 @@ class RuntimeSupervisor:
         return Isolation(requirements, limit, self._builder, self._limiter)
 
     async def stop(self) -> None:
+        self._stopping = True
         if self._placing is not None:
             self._placing.cancel()
             await asyncio.wait({self._placing})
