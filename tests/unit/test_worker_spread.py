@@ -187,7 +187,7 @@ async def test_a_hot_model_is_served_from_both_runtimes_and_from_one_once_load_s
 @pytest.fixture
 async def pooled_worker(tmp_path: Path) -> AsyncIterator[Worker]:
     # 6 MB for the worker: 3 MB per runtime to start with, less than either model.
-    async for worker in start_worker(tmp_path, {"big": 4, "other": 4},
+    async for worker in start_worker(tmp_path, {"big": 4, "other": 4, "huge": 8},
                                      device_budget_bytes=6 * MB):
         yield worker
 
@@ -212,3 +212,19 @@ async def test_one_budget_for_the_worker_serves_a_model_larger_than_a_runtimes_s
     assert sum(b.budget_bytes for b in budgets) == 6 * MB
     assert sum(b.used_bytes for b in budgets) <= 6 * MB
     assert [m for b in budgets for m in b.device] == ["other"]
+
+
+async def test_a_model_larger_than_the_whole_pool_is_refused_saying_so(
+        pooled_worker: Worker) -> None:
+    worker = pooled_worker
+    await worker.send("big", "first")
+    await worker.replies_for(1)
+    task = await worker.send("huge", "too-big")
+    reply = await asyncio.wait_for(worker.replies.get(), 30)
+    assert (reply.request_id, reply.status) == (task.request_id, "error")
+    assert reply.error_code == "model_too_large", (reply.error_code, reply.error_message)
+    assert "device budget is 6291456 bytes" in (reply.error_message or "")
+    budgets = await worker.budgets()  # the pool is whole, and still serves
+    assert sum(b.budget_bytes for b in budgets) == 6 * MB
+    await worker.send("big", "still-served")
+    await worker.replies_for(1)

@@ -93,7 +93,8 @@ class BudgetPool:
                 name, up=read is not None or up(name), running=self.spread.running_on(name),
                 budget_bytes=read.budget_bytes if read else 0,
                 used_bytes=read.used_bytes if read else 0,
-                reserved_bytes=(read.reserved_bytes if read else 0) + granted,
+                # A granted load's reservation, once made, is the grant: counted once.
+                reserved_bytes=max(read.reserved_bytes if read else 0, granted),
                 pinned_bytes=read.pinned_bytes if read else 0,
                 resident=frozenset(read.device) if read else frozenset()))
         return views
@@ -114,8 +115,12 @@ class BudgetPool:
         async with self._lock:  # a task behind one moving room for it waits for the move
             if (grow, model_id) in self._grants:
                 return
-            self._grants[grow, model_id] = need_bytes
             await self._read_all(runtimes)
+            # Held for the load, within what the others cannot give back: two misses
+            # that do not fit the pool together never hold more than the pool.
+            others = sum(v.floor_bytes for v in self.views(list(self._read), lambda _: True)
+                         if v.name != grow)
+            self._grants[grow, model_id] = max(0, min(need_bytes, self.pool_bytes - others))
             await self._apply(runtimes, grow, need_bytes)
 
     async def resync(self, runtimes: Sequence[Shared]) -> list[Change]:
