@@ -484,8 +484,9 @@ class RuntimeSupervisor:
         """The runtime that holds ``model_id`` first (its home, placed by memory and load,
         ``worker/spread.py``); an isolated model's own is started on first use."""
         if not self._isolated(model_id):
-            return self._shared_named(
-                self.spread.home(model_id, self._views(), self.pool.pool_bytes))
+            held = self.spread.holders(model_id)  # asked per candidate per re-score: cheap
+            return self._shared_named(held[0] if held else self.spread.home(
+                model_id, self._views(), self.pool.pool_bytes))
         return self._own(model_id)
 
     def holding(self, model_id: str) -> list[SupervisedRuntime]:
