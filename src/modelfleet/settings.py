@@ -56,6 +56,10 @@ class GatewaySettings(_Section):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
     public_url: str = ""  # how runtimes reach this gateway; default http://host:port
+    # The Open Inference Protocol over gRPC (inference.GRPCInferenceService) on this port
+    # of ``host``, beside HTTP; None: off. 0: any free port (logged).
+    grpc_port: int | None = Field(default=None, ge=0, le=65535)
+    grpc_max_message_bytes: int = Field(default=64 * MiB, gt=0)
     max_body_bytes: int = Field(default=20 * MiB, gt=0)
     default_timeout_s: float = Field(default=30, gt=0)
     max_timeout_s: float = Field(default=120, gt=0)
@@ -102,6 +106,12 @@ class RuntimeSettings(_Section):
     ping_timeout_s: float = Field(default=10, gt=0)
     start_timeout_s: float = Field(default=60, gt=0)
     load_timeout_s: float = Field(default=600, gt=0)  # a load running longer is hung
+    # Memory (README "Memory: the budget is the RSS"): glibc's mmap threshold fixed at this
+    # many bytes in each runtime process (0: glibc's dynamic default), malloc_trim after
+    # evictions, and loads refused while RSS > start-up RSS + budgets x (1 + rss_margin).
+    malloc_mmap_threshold_bytes: int = Field(default=1 * MiB, ge=0)
+    trim_after_eviction: bool = True
+    rss_margin: float = Field(default=0.25, ge=0)
 
     @field_validator("url_fetch_allow")
     @classmethod

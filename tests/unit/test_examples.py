@@ -322,7 +322,7 @@ def test_digits_rejects_decompression_bomb_from_the_header(
 def test_digits_builds_the_same_artifact_at_first_load(digits: LocalModel, tmp_path: Path) -> None:
     package = tmp_path / "digits" / "1"
     package.mkdir(parents=True)
-    for name in ("model.toml", "handler.py"):
+    for name in ("model.toml", "handler.py", "labels.txt"):
         shutil.copy(MODELS / "digits" / "1" / name, package / name)
     fresh = LocalModel.from_package(package)  # no artifact here: load builds it
     assert [p.name for p in (package / "artifacts").iterdir()] == ["model.joblib"]

@@ -1,7 +1,7 @@
 """Placement by memory and load, replicas for hot models, one budget split among runtimes.
 
-The decisions of ``worker/spread.py`` (pure), and the device budget a runtime's cache
-can be moved to (``ModelCache.set_device_budget``, what the ``budget`` op calls).
+The decisions of ``worker/spread.py`` (pure); ``worker/pool.py`` carries them out with
+the runtimes' ``set_budgets`` and ``budget`` ops (tests/unit/test_worker_spread.py).
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from modelfleet.cache import GdsfPolicy, ModelCache
 from modelfleet.worker.spread import Change, RuntimeView, Spread, size_table, split_budget
 
 MB = 1024 * 1024
@@ -203,33 +202,3 @@ def test_the_split_sums_to_the_pool_and_never_exceeds_it(
         assert sum(budgets.values()) == pool
     else:  # only what cannot be taken back exceeds it, and nothing more
         assert sum(budgets.values()) == floors
-
-
-# -- a runtime's cache follows its budget -----------------------------------------------------
-
-def cache(budget: int) -> ModelCache:
-    return ModelCache(budget, 0, GdsfPolicy(), clock=lambda: 0.0)
-
-
-def resident(c: ModelCache, model_id: str, size: int, pinned: bool = False) -> None:
-    c.reserve(model_id, size, pinned=pinned)
-    c.commit(model_id, size, 1.0, "disk")
-
-
-def test_lowering_a_budget_evicts_down_to_it_and_keeps_pinned_models() -> None:
-    c = cache(100)
-    resident(c, "pinned", 30, pinned=True)
-    resident(c, "a", 30)
-    resident(c, "b", 30)
-    evicted = c.set_device_budget(65)
-    assert len(evicted) == 1 and evicted[0].action == "drop"
-    assert c.snapshot().device_used_bytes == 60 and c.tier_of("pinned") == "device"
-    assert c.set_device_budget(10) and c.device_budget_bytes == 30  # the pinned floor
-    assert c.set_device_budget(200) == [] and c.device_budget_bytes == 200
-    c.reserve("big", 150)  # room the pool moved here: no eviction needed
-    assert c.tier_of("pinned") == "device"
-
-
-def test_a_negative_budget_is_refused() -> None:
-    with pytest.raises(ValueError, match="budget_bytes"):
-        cache(10).set_device_budget(-1)

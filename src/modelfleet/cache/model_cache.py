@@ -233,6 +233,50 @@ class ModelCache:
             return [self.host.remove(model_id, "removed explicitly")]
         return []
 
+    def set_budgets(self, device_budget_bytes: int,
+                    host_budget_bytes: int | None = None) -> list[Eviction]:
+        """Change the budgets now (a worker's pooled budget moved); returns what to evict.
+
+        A smaller device budget evicts the lowest-ranked unpinned residents (to host
+        memory, or dropped) until resident plus reserved bytes fit; pinned models and
+        loads in flight stay, so the device tier may remain over a budget cut below them
+        until those loads finish (new loads find no room meanwhile). A smaller host budget
+        drops host residents the same way.
+        """
+        host_budget = self.host.budget_bytes if host_budget_bytes is None else host_budget_bytes
+        if min(device_budget_bytes, host_budget) < 0:
+            raise ValueError(f"budgets must be >= 0: {device_budget_bytes}, {host_budget}")
+        self.device_budget_bytes = device_budget_bytes
+        actions = self.host.set_budget(host_budget)
+        excluded = set(self._pinned)
+        victims: list[str] = []
+        free = device_budget_bytes - self._device_used - self._reserved_bytes
+        while free < 0:
+            victim = self.policy.victim(excluded)
+            if victim is None:
+                break
+            victims.append(victim)
+            excluded.add(victim)
+            free += self._device[victim]
+        return actions + self._evict_from_device(victims, "the device budget was lowered")
+
+    def shed(self) -> Eviction | None:
+        """Drop the lowest-ranked unpinned model, host tier first (memory pressure: a CPU
+        model demoted to host memory still holds its bytes, so nothing is demoted);
+        None when nothing can be given up."""
+        dropped = self.host.shed("shedding memory: the runtime is over its budget")
+        if dropped is not None:
+            return dropped
+        victim = self.policy.victim(set(self._pinned))
+        if victim is None:
+            return None
+        self.policy.evict(victim)
+        size = self._device.pop(victim)
+        self._device_used -= size
+        self._drops += 1
+        return Eviction(victim, size, "drop", "device",
+                        "shedding memory: the runtime is over its budget")
+
     def room_for(self, model_id: str, size_bytes: int) -> bool:
         """Would ``size_bytes`` for ``model_id`` fit now, evicting every unpinned model?
 
@@ -243,30 +287,6 @@ class ModelCache:
         reserved = self._reserved_bytes - (own.size_bytes if own is not None else 0)
         pinned = sum(self._device.get(key, 0) for key in self._pinned if key != model_id)
         return pinned + reserved + size_bytes <= self.device_budget_bytes
-
-    def set_device_budget(self, budget_bytes: int) -> list[Eviction]:
-        """Move the device budget (a worker's pool shares one budget among its runtimes).
-
-        Growing it evicts nothing. Shrinking it returns what to evict, lowest priority
-        first, until residents and loads in flight fit again. It never goes below what
-        pinned models and loads in flight hold: those cannot be taken back, so the budget
-        in effect is then that floor (see ``device_budget_bytes``).
-        """
-        if budget_bytes < 0:
-            raise ValueError(f"budget_bytes must be >= 0, got {budget_bytes}")
-        self.device_budget_bytes = max(budget_bytes, self.pinned_device_bytes
-                                       + self._reserved_bytes)
-        excess = self._device_used + self._reserved_bytes - self.device_budget_bytes
-        excluded = set(self._pinned)
-        victims: list[str] = []
-        while excess > 0:
-            victim = self.policy.victim(excluded)
-            if victim is None:
-                break
-            victims.append(victim)
-            excluded.add(victim)
-            excess -= self._device[victim]
-        return self._evict_from_device(victims, "the device budget was lowered")
 
     @property
     def pinned_device_bytes(self) -> int:

@@ -72,10 +72,13 @@ class SocketRuntime:
     async def stats(self, timeout_s: float | None = None) -> RuntimeStats:
         return stats_from_wire((await self._call("stats", timeout_s)).header["result"])
 
-    async def budget(self, set_bytes: int | None = None,
-                     timeout_s: float | None = None) -> DeviceBudget:
-        frame = await self._call("budget", timeout_s, args={"set_bytes": set_bytes})
-        return budget_from_wire(frame.header["result"])
+    async def set_budgets(self, device_budget_bytes: int, host_budget_bytes: int | None = None,
+                          timeout_s: float | None = None) -> None:
+        await self._call("set_budgets", timeout_s, args={
+            "device_budget_bytes": device_budget_bytes, "host_budget_bytes": host_budget_bytes})
+
+    async def budget(self, timeout_s: float | None = None) -> DeviceBudget:
+        return budget_from_wire((await self._call("budget", timeout_s)).header["result"])
 
     async def health(self, timeout_s: float | None = None) -> RuntimeHealth:
         return health_from_wire((await self._call("health", timeout_s)).header["result"])

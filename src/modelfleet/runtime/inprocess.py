@@ -65,9 +65,14 @@ class InProcessRuntime:
         self._check()
         return self._service.stats()
 
-    async def budget(self, set_bytes: int | None = None,
-                     timeout_s: float | None = None) -> DeviceBudget:
-        return await self._call(self._service.budget(set_bytes), timeout_s)
+    async def set_budgets(self, device_budget_bytes: int, host_budget_bytes: int | None = None,
+                          timeout_s: float | None = None) -> None:
+        await self._call(self._service.set_budgets(device_budget_bytes, host_budget_bytes),
+                         timeout_s)
+
+    async def budget(self, timeout_s: float | None = None) -> DeviceBudget:
+        self._check()
+        return self._service.budget()
 
     async def health(self, timeout_s: float | None = None) -> RuntimeHealth:
         self._check()

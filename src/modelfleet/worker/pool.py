@@ -176,8 +176,8 @@ class BudgetPool:
             if target is None:
                 continue
             try:
-                self._read[name] = await target.budget(budgets[name],
-                                                       timeout_s=BUDGET_CALL_TIMEOUT_S)
+                await target.set_budgets(budgets[name], timeout_s=BUDGET_CALL_TIMEOUT_S)
+                self._read[name] = await target.budget(timeout_s=BUDGET_CALL_TIMEOUT_S)
             except (ModelfleetError, TimeoutError) as exc:
                 _still_cancelled(exc)
                 log.info("runtime %s: its budget could not be moved: %s", name, exc)
