@@ -489,14 +489,6 @@ class RuntimeSupervisor:
                 model_id, self._views(), self.pool.pool_bytes))
         return self._own(model_id)
 
-    def holding(self, model_id: str) -> list[SupervisedRuntime]:
-        """Every runtime that holds the model: its home and its replicas, or its own."""
-        if self._isolated(model_id):
-            own = self._dedicated.get(model_id)
-            return [] if own is None else [own]
-        self.runtime_for(model_id)
-        return [self._shared_named(name) for name in self.spread.holders(model_id)]
-
     def take(self, model_id: str) -> SupervisedRuntime:
         """The runtime a task for the model runs on, counted there until ``done``: the
         least-loaded one holding it. A model this makes hot gets one more runtime."""
