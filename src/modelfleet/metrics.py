@@ -77,6 +77,11 @@ VERSION_CHANGES = Counter("modelfleet_worker_version_changes_total",
 RUNTIME_RESTARTS = Counter("modelfleet_runtime_restarts_total",
                            "Runtime processes restarted after a crash or hang", ["reason"])
 RUNTIMES_READY = Gauge("modelfleet_runtimes_ready", "Runtime processes ready to take work")
+RUNTIME_DEVICE_BUDGET = Gauge("modelfleet_runtime_device_budget_bytes",
+                              "Each shared runtime's part of the worker's pooled device "
+                              "budget, as last moved", ["runtime"])
+MODEL_REPLICAS = Gauge("modelfleet_worker_model_replicas",
+                       "Extra runtimes holding a hot model (copies beyond the first)")
 REDELIVERED = Counter("modelfleet_worker_tasks_handed_back_total",
                       "Tasks handed back to the broker (runtime crashed or hung)", ["model"])
 DEAD_LETTERED = Counter("modelfleet_worker_dead_lettered_total",

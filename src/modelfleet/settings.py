@@ -154,6 +154,14 @@ class WorkerSettings(_Section):
     standby_keep_s: float = Field(default=300, ge=0)
     demand_window_s: float = Field(default=60, gt=0)  # how long a demand announcement counts
     isolated_idle_stop_s: float = Field(default=600, gt=0)  # an unused own runtime is stopped
+    # One device budget for all shared runtimes, split among them by what each holds
+    # (worker/pool.py). 0: runtime.device_budget_bytes x shared_runtimes, as before.
+    device_budget_bytes: int = Field(default=0, ge=0)
+    # Tasks in flight for one model per runtime holding it at which it gets one more
+    # runtime (a replica); 0: permits / shared_runtimes. Dropped again once its tasks fell
+    # to half of what its other runtimes take, for replica_keep_s.
+    replica_at_tasks: int = Field(default=0, ge=0)
+    replica_keep_s: float = Field(default=10, ge=0)
 
 
 class _EnvSource(EnvSettingsSource):

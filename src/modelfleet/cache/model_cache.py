@@ -288,6 +288,11 @@ class ModelCache:
         pinned = sum(self._device.get(key, 0) for key in self._pinned if key != model_id)
         return pinned + reserved + size_bytes <= self.device_budget_bytes
 
+    @property
+    def pinned_device_bytes(self) -> int:
+        """Bytes of pinned models resident on the device."""
+        return sum(self._device.get(key, 0) for key in self._pinned)
+
     def pin(self, model_id: str) -> bool:
         """Pin ``model_id`` if it is on the device (True); False if it is not there."""
         if model_id not in self._device:

@@ -22,7 +22,8 @@ from typing import Any, Literal, Protocol
 
 from modelfleet.messages import EncodedReply
 
-Op = Literal["load", "unload", "unpin", "infer", "health", "stats", "shutdown", "set_budgets"]
+Op = Literal["load", "unload", "unpin", "infer", "health", "stats", "shutdown", "set_budgets",
+            "budget"]
 
 # The runtime's settings, as JSON (``Settings.model_dump_json()``).
 SETTINGS_ENV = "MODELFLEET_RUNTIME_SETTINGS"
@@ -101,6 +102,21 @@ class RuntimeHealth:
     frameworks: tuple[str, ...] = ()  # top-level modules its models imported
 
 
+@dataclass(frozen=True)
+class DeviceBudget:
+    """A runtime's device budget and what holds it, read without draining ``stats``.
+
+    A worker's shared runtimes split one budget (``worker/pool.py``): it moves their
+    budgets with ``set_budgets`` and reads them back with the ``budget`` op.
+    """
+
+    budget_bytes: int
+    used_bytes: int
+    reserved_bytes: int  # loads in flight
+    pinned_bytes: int
+    device: tuple[str, ...] = ()  # model ids resident on the device
+
+
 class Runtime(Protocol):
     """A runtime as the coordinator sees it: a place to run tasks and hold models."""
 
@@ -132,6 +148,10 @@ class Runtime(Protocol):
                           timeout_s: float | None = None) -> None:
         """Change the runtime's budgets now (``host_budget_bytes`` None: unchanged); what
         no longer fits is evicted before this returns, and its memory line moves too."""
+        ...
+
+    async def budget(self, timeout_s: float | None = None) -> DeviceBudget:
+        """The device budget and what holds it (read without draining ``stats``)."""
         ...
 
     async def health(self, timeout_s: float | None = None) -> RuntimeHealth:
@@ -220,3 +240,12 @@ def health_from_wire(data: Mapping[str, Any]) -> RuntimeHealth:
     return RuntimeHealth(pid=data["pid"], loading=tuple(data["loading"]),
                          load_ages_s=dict(data["load_ages_s"]),
                          frameworks=tuple(data["frameworks"]))
+
+
+def budget_to_wire(budget: DeviceBudget) -> dict[str, Any]:
+    return asdict(budget)
+
+
+def budget_from_wire(data: Mapping[str, Any]) -> DeviceBudget:
+    return DeviceBudget(data["budget_bytes"], data["used_bytes"], data["reserved_bytes"],
+                        data["pinned_bytes"], tuple(data["device"]))

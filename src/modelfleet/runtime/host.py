@@ -36,7 +36,7 @@ from typing import Any
 
 from modelfleet.cache import POLICIES, Eviction, ModelCache
 from modelfleet.errors import ConfigError, ModelfleetError, ModelLoadFailed, NoCapacity
-from modelfleet.ipc.protocol import Load, RuntimeStats
+from modelfleet.ipc.protocol import DeviceBudget, Load, RuntimeStats
 from modelfleet.model.api import Context, Model
 from modelfleet.model.importer import import_handler
 from modelfleet.model.pipeline import Batcher
@@ -442,6 +442,12 @@ class ModelHost:
     def unpin(self, model_id: str, version: str) -> None:
         """The version may be evicted again (its route moved on, or an operator unpinned)."""
         self.cache.unpin(residency_key(model_id, version))
+
+    def device_budget(self) -> DeviceBudget:
+        snap = self.cache.snapshot()
+        return DeviceBudget(snap.device_budget_bytes, snap.device_used_bytes,
+                            snap.device_reserved_bytes, self.cache.pinned_device_bytes,
+                            tuple(sorted({model_of(key) for key in snap.device})))
 
     def stats(self) -> RuntimeStats:
         """Residency by model id (versions folded), and what happened since the last ask."""

@@ -29,8 +29,10 @@ from modelfleet.ipc.framing import Frame, error_header, pack_frame, read_frame
 from modelfleet.ipc.protocol import (
     PRELOAD_ENV,
     SETTINGS_ENV,
+    DeviceBudget,
     RuntimeHealth,
     RuntimeStats,
+    budget_to_wire,
     health_to_wire,
     stats_to_wire,
 )
@@ -98,6 +100,9 @@ class RuntimeService:
 
     async def set_budgets(self, device_budget_bytes: int, host_budget_bytes: int | None) -> None:
         await self.host.set_budgets(device_budget_bytes, host_budget_bytes)
+
+    def budget(self) -> DeviceBudget:
+        return self.host.device_budget()
 
     async def load(self, model_id: str, version: str, pinned: bool) -> None:
         await self.host.ensure(model_id, version, pinned)
@@ -234,6 +239,8 @@ class SocketServer:
             return health_to_wire(service.health()), b""
         if op == "stats":
             return stats_to_wire(service.stats()), b""
+        if op == "budget":
+            return budget_to_wire(service.budget()), b""
         if op == "load":
             await service.load(args["model_id"], args["version"], args.get("pinned", False))
             return True, b""

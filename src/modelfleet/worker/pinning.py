@@ -103,6 +103,7 @@ class PinKeeper:
                 if self._clock() < self._retry_at.get(attempt, 0.0):
                     continue
                 try:
+                    await self._supervisor.prepare(runtime, model_id)  # the pool's room
                     await target.load(model_id, version, pinned=True)
                 except ModelfleetError as exc:
                     self._policy.load_failed(model_id, version, exc)
