@@ -4,6 +4,7 @@ that was checked, and a refused or oversized fetch says nothing about what is th
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 from collections.abc import AsyncIterator
 from typing import Any
@@ -130,7 +131,8 @@ async def test_the_fetch_connects_to_the_address_that_was_checked(
 
 
 async def test_every_address_a_name_resolves_to_is_checked(
-        origin: Origin, monkeypatch: pytest.MonkeyPatch) -> None:
+        origin: Origin, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     loop = asyncio.get_running_loop()
 
     async def two(host: Any, port: Any, *args: Any, **kwargs: Any) -> Any:
@@ -138,13 +140,18 @@ async def test_every_address_a_name_resolves_to_is_checked(
                 for a in ("127.0.0.1", "10.1.2.3")]
 
     monkeypatch.setattr(loop, "getaddrinfo", two)
-    f = fetcher(f"127.0.0.1:{origin.port}")
+    f = fetcher(f"127.0.0.1:{origin.port}")  # the first address is allowed, the second not
+    caplog.set_level(logging.DEBUG, logger="modelfleet.runtime")
     try:
-        with pytest.raises(PayloadFetchForbidden, match=r"10\.1\.2\.3"):
+        with pytest.raises(PayloadFetchForbidden, match=r"'mixed.example' is not allowed") \
+                as info:
             await f.fetch(PayloadRef("url", url=f"http://mixed.example:{origin.port}/x"), 5)
     finally:
         await f.close()
     assert origin.hosts == []
+    # The caller is not told which address; the operator's DEBUG log is.
+    assert "10.1.2.3" not in info.value.message
+    assert "resolves to non-public address 10.1.2.3" in caplog.text
 
 
 @pytest.fixture
