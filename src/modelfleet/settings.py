@@ -43,7 +43,7 @@ class BrokerSettings(_Section):
     # How many live model queues the broker is sized for (RabbitMQ: see README "The broker
     # at scale"); modelfleet_broker_live_queues is logged as a warning from
     # live_queues_warn_fraction of it.
-    max_live_queues: int = Field(default=10_000, ge=1)
+    max_live_queues: int = Field(default=5_000, ge=1)
     live_queues_warn_fraction: float = Field(default=0.8, gt=0, le=1)
     declare_timeout_s: float = Field(default=5, gt=0)
     connect_timeout_s: float = Field(default=5, gt=0)

@@ -72,9 +72,11 @@ def _script(name: str) -> str:
 class RabbitNode:
     """One private RabbitMQ node under ``base_dir`` (see the module docstring)."""
 
-    def __init__(self, base_dir: Path, *, fd_limit: int = DEFAULT_FD_LIMIT) -> None:
+    def __init__(self, base_dir: Path, *, fd_limit: int = DEFAULT_FD_LIMIT,
+                 env_config: str = "") -> None:
         self.base_dir = base_dir
         self.fd_limit = fd_limit
+        self._env_config = env_config  # rabbitmq-env.conf (a shell script it sources)
         self._server = _script("rabbitmq-server")
         self._ctl = _script("rabbitmqctl")
         self.node_name = f"mf-{uuid.uuid4().hex[:10]}@localhost"
@@ -129,7 +131,7 @@ class RabbitNode:
         (self.base_dir / "rabbitmq.conf").write_text(
             f"listeners.tcp.local = 127.0.0.1:{self.port}\n"
             "loopback_users.guest = true\n")
-        (self.base_dir / "rabbitmq-env.conf").write_text("")
+        (self.base_dir / "rabbitmq-env.conf").write_text(self._env_config)
         (self.base_dir / "enabled_plugins").write_text("[].\n")
         cookie = self.base_dir / ".erlang.cookie"
         if not cookie.exists():
@@ -139,7 +141,7 @@ class RabbitNode:
             # A shell of our own raises the soft limit (the hard one must allow it), then
             # becomes the server; its own session, so stop() can end all of it by group.
             self._process = subprocess.Popen(
-                ["bash", "-c", f'ulimit -n {self.fd_limit} && exec "$0"', self._server],
+                ["bash", "-c", f'ulimit -S -n {self.fd_limit} && exec "$0"', self._server],
                 env=self._env(), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True)
         deadline = time.monotonic() + timeout_s
