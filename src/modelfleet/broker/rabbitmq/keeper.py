@@ -15,8 +15,8 @@ task can vanish before its deadline. Renewing = one ``basic.get``:
   The task moves to the back of its queue; that is the whole cost.
 
 Renewals are rare: on the first publish of this process to a queue, and when the
-lease we last saw no longer covers a task's deadline (with the default 1 h
-expiry and 2 min deadlines, about once every 55 minutes per busy queue).
+lease we last saw no longer covers a task's deadline (with the default 5 min
+expiry and 2 min deadlines, about once every 3 minutes per busy queue and gateway).
 """
 
 from __future__ import annotations
