@@ -23,13 +23,18 @@ from modelfleet.devtools.rabbit_node import RabbitNode, RabbitNodeError
 SHARED_PORT = 5672
 
 
-def start_private_rabbit(base_dir: Path) -> RabbitNode:
+def require_rabbitmq_server() -> None:
+    """Like every RabbitMQ test: skip locally without it, fail under CI=true."""
     if shutil.which("rabbitmq-server") is None and not Path(
             "/usr/lib/rabbitmq/bin/rabbitmq-server").exists():
         reason = "rabbitmq-server is not installed (apt-get install rabbitmq-server)"
         if os.environ.get("CI") == "true":
             pytest.fail(f"{reason} and CI=true")
         pytest.skip(reason)
+
+
+def start_private_rabbit(base_dir: Path) -> RabbitNode:
+    require_rabbitmq_server()
     node = RabbitNode(base_dir)
     try:
         node.start()

@@ -82,28 +82,28 @@ def test_the_table_holds_what_is_live_not_every_queue_ever_declared() -> None:
 
 def test_the_warning_comes_once_at_the_threshold_and_rearms_below_it(
         caplog: pytest.LogCaptureFixture) -> None:
-    count = 0
+    live = [0]
     watch = LiveQueueWatch(BrokerSettings(max_live_queues=100, live_queues_warn_fraction=0.8),
-                           lambda: count, "RabbitMQ at amqp://x")
+                           lambda: live[0], "RabbitMQ at amqp://x")
     caplog.set_level(logging.WARNING, logger="modelfleet.broker")
 
     def warnings() -> list[str]:
         return [r.getMessage() for r in caplog.records if "live model queues" in r.getMessage()]
 
-    for count in range(1, 100):
+    def at(count: int) -> None:
+        live[0] = count
         watch.check()
+
+    for count in range(1, 100):
+        at(count)
     assert warnings() == ['80 live model queues on RabbitMQ at amqp://x: 80% of '
                           'broker.max_live_queues=100; size the broker for more (README '
                           '"The broker at scale") or shorten broker.queue_idle_expiry_s']
-    count = 75  # not yet far enough below the threshold to warn again
-    watch.check()
-    count = 80
-    watch.check()
+    at(75)  # not yet far enough below the threshold to warn again
+    at(80)
     assert len(warnings()) == 1
-    count = 71
-    watch.check()
-    count = 80
-    watch.check()
+    at(71)
+    at(80)
     assert len(warnings()) == 2
 
 
