@@ -206,7 +206,7 @@ def test_the_broker_is_a_rabbitmq_cluster_the_pods_read() -> None:
 def test_the_rabbitmq_nodes_are_sized_for_the_live_queues_the_pods_expect(
         kustomization: str) -> None:
     """README "The broker at scale": RabbitMQ counts 3 file handles per quorum queue
-    against its descriptor limit and holds ~145 MB per 1,000; the pods warn at 80 % of
+    against its descriptor limit and holds ~150 MB per 1,000; the pods warn at 80 % of
     broker.max_live_queues, so the node must hold that many with room to spare."""
     docs = render(kustomization)
     cluster = one(docs, "RabbitmqCluster", "modelfleet-rabbitmq")["spec"]
@@ -219,7 +219,7 @@ def test_the_rabbitmq_nodes_are_sized_for_the_live_queues_the_pods_expect(
     memory = cluster["resources"]["limits"]["memory"]
     assert memory.endswith("Gi"), memory
     watermark_mb = 0.4 * int(memory[:-2]) * 1024  # RabbitMQ's default relative watermark
-    assert watermark_mb >= 100 + 145 * max_live / 1000 * 1.25, (memory, max_live)
+    assert watermark_mb >= 100 + 150 * max_live / 1000 * 1.25, (memory, max_live)
 
 
 def test_grafana_dashboard_names_only_exported_metrics() -> None:
