@@ -46,3 +46,8 @@ from hypothesis import settings as hypothesis_settings  # noqa: E402
 hypothesis_settings.register_profile("ci", derandomize=True, print_blob=True)
 if os.environ.get("CI") == "true":
     hypothesis_settings.load_profile("ci")
+
+# A private RabbitMQ node (its own ports and a raised descriptor limit) for scale tests.
+from tests.private_rabbit import private_rabbit  # noqa: E402
+
+__all__ = ["private_rabbit"]

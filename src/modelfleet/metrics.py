@@ -110,6 +110,15 @@ EVICTIONS = Counter("modelfleet_evictions_total",
                     "Evictions from the device, by action: 'demote' (to host memory) or 'drop'",
                     ["action"])
 
+# -- broker (gateways and workers alike) -----------------------------------------------
+# Counted by the process from what it declared, consumes and saw expire (no broker API
+# lists queues without walking them): each process's count is a lower bound of the
+# node's, the max() across processes a better one (see README "The broker at scale").
+BROKER_LIVE_QUEUES = Gauge("modelfleet_broker_live_queues",
+                           "Model queues alive on the broker, as far as this process knows")
+BROKER_MAX_LIVE_QUEUES = Gauge("modelfleet_broker_max_live_queues",
+                               "Live model queues the broker is sized for (broker.max_live_queues)")
+
 # -- fleet, as one gateway sees it (autoscaling signals; see README "Metrics") --------
 # Every gateway computes the same fleet-wide figures from the workers' published state
 # and the broker's exact queue counts: aggregate them across gateways with max(), not sum().

@@ -37,7 +37,14 @@ class _Section(BaseModel):
 class BrokerSettings(_Section):
     url: str = "memory"  # "memory" (embedded) or amqp://user:pass@host:port/vhost
     delivery_limit: int = Field(default=3, ge=0)  # redeliveries before dead-lettering
-    queue_idle_expiry_s: float = Field(default=3600, gt=0)  # idle model queues vanish
+    # An idle model queue vanishes after this long (a task waiting in it keeps it alive):
+    # the live queue count follows demand, not every model ever asked for.
+    queue_idle_expiry_s: float = Field(default=300, gt=0)
+    # How many live model queues the broker is sized for (RabbitMQ: see README "The broker
+    # at scale"); modelfleet_broker_live_queues is logged as a warning from
+    # live_queues_warn_fraction of it.
+    max_live_queues: int = Field(default=5_000, ge=1)
+    live_queues_warn_fraction: float = Field(default=0.8, gt=0, le=1)
     declare_timeout_s: float = Field(default=5, gt=0)
     connect_timeout_s: float = Field(default=5, gt=0)
     reconnect_max_backoff_s: float = Field(default=5, gt=0)

@@ -320,6 +320,30 @@ async def test_publishing_after_idleness_loses_no_task(make_broker: BrokerFactor
     await deliveries.stop()
 
 
+async def test_a_task_for_an_expired_queue_brings_it_back_and_is_delivered(
+        make_broker: BrokerFactory) -> None:
+    broker = await make_broker(queue_idle_expiry_s=1)
+    sub = await broker.subscribe("m1", prefetch=1)  # declares it
+    assert broker.live_queues() == 1
+    await sub.cancel()
+    await eventually(lambda: _missing(broker, "m1"), timeout_s=20, every_s=0.5)
+    # The process's own count followed: its lease ran out (RabbitMQ) or it saw it go.
+    assert broker.live_queues() == 0
+
+    task = make_task("m1", deadline_s=30)
+    await broker.publish_task(task)
+
+    assert broker.live_queues() == 1
+    assert (await broker.queue_stats(["m1"]))["m1"].backlog == 1
+    sub = await broker.subscribe("m1", prefetch=1)
+    deliveries: Collector[Delivery] = Collector(sub)
+    delivered = await deliveries.next()
+    assert delivered.task == task
+    await delivered.ack()
+    await sub.cancel()
+    await deliveries.stop()
+
+
 async def test_a_closed_broker_refuses_work(broker: Broker) -> None:
     await broker.close()
     assert broker.connected is False

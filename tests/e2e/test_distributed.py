@@ -38,6 +38,13 @@ def start_worker(tmp_path: Path, env: dict[str, str], procs: list[Proc], name: s
     return proc
 
 
+def gauge(base: str, name: str) -> float | None:
+    for line in httpx.get(f"{base}/metrics", timeout=10).text.splitlines():
+        if line.startswith(f"{name} "):
+            return float(line.split()[1])
+    return None
+
+
 def late_replies(base: str) -> float:
     for line in httpx.get(f"{base}/metrics").text.splitlines():
         if line.startswith("modelfleet_gateway_late_replies_total "):
@@ -48,8 +55,11 @@ def late_replies(base: str) -> float:
 def test_two_gateways_two_workers(tmp_path: Path, env: dict[str, str],
                                   procs: list[Proc]) -> None:
     gateways = [start_gateway(tmp_path, env, procs, f"gw{i}") for i in range(2)]
+    probes = []
     for i in range(2):
-        start_worker(tmp_path, env, procs, f"w{i}")
+        proc, probe = worker(tmp_path, rabbitmq_url(), env, f"w{i}")
+        procs.append(proc)
+        probes.append(probe)
 
     async def burst() -> list[tuple[int, httpx.Response]]:
         async with httpx.AsyncClient(timeout=60) as client:
@@ -72,6 +82,12 @@ def test_two_gateways_two_workers(tmp_path: Path, env: dict[str, str],
     assert [late_replies(base) for base in gateways] == [0.0, 0.0]
     workers = {w["worker_id"] for w in httpx.get(f"{gateways[0]}/v1/fleet").json()["workers"]}
     assert workers == {"w0", "w1"}
+    # Each gateway published to its one model's queue (iris, digits), and says so; so do
+    # the workers, for the queues they consume (README "The broker at scale").
+    assert [gauge(base, "modelfleet_broker_live_queues") for base in gateways] == [1.0, 1.0]
+    for probe in probes:
+        assert (gauge(probe, "modelfleet_broker_live_queues") or 0) >= 1
+        assert gauge(probe, "modelfleet_broker_max_live_queues") == 5000
 
 
 def test_killed_worker_mid_request_is_redelivered(tmp_path: Path, env: dict[str, str],

@@ -22,7 +22,7 @@ import yaml
 from prometheus_client import REGISTRY, generate_latest
 
 import modelfleet.metrics  # noqa: F401  (every metric is defined there)
-from modelfleet.settings import Settings
+from modelfleet.settings import BrokerSettings, Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -200,6 +200,26 @@ def test_the_broker_is_a_rabbitmq_cluster_the_pods_read() -> None:
         ref = env["MODELFLEET_BROKER"]["valueFrom"]["secretKeyRef"]
         assert ref == {"name": f"{cluster['metadata']['name']}-default-user",
                        "key": "connection_string"}
+
+
+@pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
+def test_the_rabbitmq_nodes_are_sized_for_the_live_queues_the_pods_expect(
+        kustomization: str) -> None:
+    """README "The broker at scale": RabbitMQ counts 3 file handles per quorum queue
+    against its descriptor limit and holds ~150 MB per 1,000; the pods warn at 80 % of
+    broker.max_live_queues, so the node must hold that many with room to spare."""
+    docs = render(kustomization)
+    cluster = one(docs, "RabbitmqCluster", "modelfleet-rabbitmq")["spec"]
+    (config,) = [d for d in docs if d["kind"] == "ConfigMap"
+                 and d["metadata"]["name"].startswith("modelfleet-config")]
+    max_live = int(config["data"].get("MODELFLEET_BROKER__MAX_LIVE_QUEUES",
+                                      BrokerSettings().max_live_queues))
+    (limit,) = re.findall(r"^ulimit -S -n (\d+)$", cluster["rabbitmq"]["envConfig"], re.M)
+    assert int(limit) >= 3 * max_live + 10_000  # and room for connections, segments
+    memory = cluster["resources"]["limits"]["memory"]
+    assert memory.endswith("Gi"), memory
+    watermark_mb = 0.4 * int(memory[:-2]) * 1024  # RabbitMQ's default relative watermark
+    assert watermark_mb >= 100 + 150 * max_live / 1000 * 1.25, (memory, max_live)
 
 
 def test_grafana_dashboard_names_only_exported_metrics() -> None:

@@ -142,6 +142,12 @@ class Broker(Protocol):
         """Exact backlog and consumer counts; queues that do not exist are left out."""
         ...
 
+    def live_queues(self) -> int:
+        """Model queues alive on the broker as far as this process knows, without asking it
+        (the embedded broker: exact; RabbitMQ: those this process declared or consumes
+        whose expiry has not run out). Also exported as ``modelfleet_broker_live_queues``."""
+        ...
+
     async def publish_event(self, event: dict[str, Any]) -> None: ...
 
     def events(self) -> AsyncIterator[dict[str, Any]]:

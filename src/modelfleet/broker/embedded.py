@@ -23,6 +23,7 @@ from typing import Any
 
 from modelfleet import metrics
 from modelfleet.broker.base import DEAD_LETTER_QUEUE, QueueStats
+from modelfleet.broker.live_queues import LiveQueueWatch
 from modelfleet.errors import BrokerUnavailable
 from modelfleet.messages import EncodedReply, Reply, Task, encode_task
 from modelfleet.settings import BrokerSettings
@@ -213,6 +214,7 @@ class MemoryBroker:
         self._listeners: set[asyncio.Queue[dict[str, Any] | None]] = set()
         self._connected = False
         self._sweeper: asyncio.Task[None] | None = None
+        self._watch = LiveQueueWatch(settings, self.live_queues, "the embedded broker")
 
     @property
     def connected(self) -> bool:
@@ -220,10 +222,12 @@ class MemoryBroker:
 
     async def connect(self) -> None:
         self._connected = True
+        self._watch.export()
         self._sweeper = asyncio.create_task(self._expire_idle_queues(), name="memory-broker-expiry")
 
     async def close(self) -> None:
         self._connected = False
+        self._watch.unexport()
         if self._sweeper is not None:
             self._sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -244,7 +248,12 @@ class MemoryBroker:
         queue = self._queues.get(name)
         if queue is None:
             queue = self._queues[name] = _Queue(name, model_id, self._clock)
+            self._watch.check()
         return queue
+
+    def live_queues(self) -> int:
+        """Model queues that exist now (exact: they all live in this process)."""
+        return len(self._queues) - (DEAD_LETTER_QUEUE in self._queues)
 
     async def publish_task(self, task: Task) -> None:
         self._check()

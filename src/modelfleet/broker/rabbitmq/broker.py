@@ -3,7 +3,8 @@
 Topology (see ``amqp_topology`` for why each queue has the type it has):
 
 - one durable quorum queue per model, ``queue_prefix + model_id``, declared on first
-  publish or subscribe, expiring after ``queue_idle_expiry_s`` unused, with an
+  publish or subscribe, expiring after ``queue_idle_expiry_s`` unused (5 min by default:
+  the live queue count follows demand, see ``live_queues``), with an
   explicit delivery limit and the dead-letter queue as its dead-letter target.
   Publishing does not keep a quorum queue alive, so a publisher renews the lease
   of a queue its task waits in (``amqp_keeper``): no accepted task is lost to expiry
@@ -29,9 +30,10 @@ iterators resume by themselves. While disconnected, every call raises
 (``declare_timeout_s``, also used for publish confirms).
 
 Channels: one for publishing (confirms, mandatory, returns raise), one for model
-queue declares and lease renewals and one for passive declares (``queue_stats``),
-because RabbitMQ answers some of those by closing the channel; one per subscription, inbox and event
-iterator, because prefetch and consumer recovery are per channel.
+queue declares and lease renewals and a few for passive declares (``queue_stats``,
+``rabbitmq.stats``), because RabbitMQ answers some of those by closing the channel;
+one per subscription, inbox and event iterator, because prefetch and consumer recovery
+are per channel.
 """
 
 from __future__ import annotations
@@ -52,20 +54,22 @@ from aio_pika.abc import (
     AbstractRobustChannel,
     AbstractRobustConnection,
 )
-from aiormq.exceptions import ChannelClosed, ChannelNotFoundEntity, PublishError
+from aiormq.exceptions import PublishError
 from yarl import URL
 
 from modelfleet.broker.base import DEAD_LETTER_QUEUE, QueueStats
+from modelfleet.broker.live_queues import LiveQueueWatch
 from modelfleet.broker.rabbitmq import codec
 from modelfleet.broker.rabbitmq.consumers import AmqpSubscription
 from modelfleet.broker.rabbitmq.errors import rpc
 from modelfleet.broker.rabbitmq.keeper import QueueKeeper
 from modelfleet.broker.rabbitmq.listeners import AmqpInbox, EventListener
+from modelfleet.broker.rabbitmq.stats import STATS_CHANNELS, passive_declare_all
 from modelfleet.broker.rabbitmq.topology import (
     DEATH_COUNT_HEADER,
     DEATH_REASON_HEADER,
     LEASE_MARGIN_S,
-    ChannelSlot,
+    ChannelPool,
     QueueLeases,
     dead_letter_queue_arguments,
     model_queue_arguments,
@@ -128,14 +132,14 @@ class AmqpBroker:
             connection_name or f"modelfleet {socket.gethostname()} pid {os.getpid()}")
         self._timeout_s = settings.declare_timeout_s
         self._leases = QueueLeases(settings.queue_idle_expiry_s, clock)
+        self._watch = LiveQueueWatch(settings, self._leases.live, f"RabbitMQ at {self._url}")
         self._keeper = QueueKeeper(settings, dead_letter_queue, self._leases,
                                    self._republish_copy)
         self._warned_short_expiry = False
         self._connection: AbstractRobustConnection | None = None
         self._publisher: AbstractRobustChannel | None = None
         self._events_exchange: AbstractExchange | None = None
-        self._stats: ChannelSlot | None = None
-        self._stats_lock = asyncio.Lock()
+        self._stats: ChannelPool | None = None
         self._consumers: set[_Stoppable] = set()
         self._connected = False
         self._closed = False
@@ -186,7 +190,8 @@ class AmqpBroker:
             await connection.close()
             raise
         self._keeper.attach(connection)
-        self._stats = ChannelSlot(connection, publisher_confirms=False)
+        self._stats = ChannelPool(connection, STATS_CHANNELS)
+        self._watch.export()
         connection.close_callbacks.add(self._on_connection_lost)
         connection.reconnect_callbacks.add(self._on_reconnected)
         self._connection = connection
@@ -214,6 +219,7 @@ class AmqpBroker:
         """
         if self._closed:
             return
+        self._watch.unexport()
         # 1. From now on every call raises BrokerUnavailable and drops are not repaired.
         self._closed = True
         self._connected = False
@@ -281,7 +287,10 @@ class AmqpBroker:
                         "plus %.0f s: an idle queue may expire with such a task in it; "
                         "raise the expiry", self._settings.queue_idle_expiry_s, remaining_s,
                         LEASE_MARGIN_S)
+        declared = not self._leases.known(name)
         await self._keeper.ensure(name, remaining_s)
+        if declared:
+            self._watch.check()
         body = encode_task(task)
         try:
             await self._publish(body, name, what, persistent=True,
@@ -358,14 +367,23 @@ class AmqpBroker:
     async def subscribe(self, model_id: str, prefetch: int) -> AmqpSubscription:
         name = self._queue_name(model_id)
         connection = self._require(f"subscribe to {name}")
-        started = self._leases.now()
+        released = False
+
+        def closed(sub: AmqpSubscription) -> None:
+            nonlocal released
+            self._untrack(sub)
+            if not released:  # stop() may run twice (cancel, then the broker's close)
+                released = True
+                self._leases.release(name)
+
         sub = await AmqpSubscription.open(
             connection, arguments=model_queue_arguments(self._settings, self._dead_letter_queue),
             model_id=model_id, queue_name=name, prefetch=max(1, prefetch),
             timeout_s=self._timeout_s, publish_dead_letter=self._publish_dead_letter,
-            delivery_limit=self._settings.delivery_limit, on_closed=self._untrack)
+            delivery_limit=self._settings.delivery_limit, on_closed=closed)
         # A consumer keeps the queue alive, and its leaving renews the lease.
-        self._leases.renewed(name, started)
+        self._leases.hold(name)
+        self._watch.check()
         self._track(sub)
         return sub
 
@@ -403,28 +421,27 @@ class AmqpBroker:
 
     # -- inspection --------------------------------------------------------------------
 
+    def live_queues(self) -> int:
+        """Model queues this process declared or consumes whose lease has not run out
+        (``QueueLeases.live``): a lower bound of the node's count, free to ask."""
+        return self._leases.live()
+
     async def queue_stats(self, model_ids: list[str]) -> dict[str, QueueStats]:
         """Exact ready-message and consumer counts by passive declare (which, unlike a
-        real declare, does not renew a queue's expiry); missing queues are left out."""
+        real declare, does not renew a queue's expiry); missing queues are left out.
+
+        The declares go out on ``STATS_CHANNELS`` channels at once (AMQP answers one
+        RPC per channel at a time, and a 404 closes the channel it happened on, so one
+        channel cannot pipeline them): a count of n queues takes about n / 8 round trips.
+        """
         self._require("queue_stats")
         assert self._stats is not None
+        found = await passive_declare_all(
+            self._stats, [self._queue_name(m) for m in model_ids], self._require,
+            self._timeout_s)
         stats: dict[str, QueueStats] = {}
-        # One at a time: a 404 closes the shared channel under any concurrent caller.
-        async with self._stats_lock:
-            for model_id in model_ids:
-                name = self._queue_name(model_id)
-                self._require(f"queue_stats({name})")
-                async with rpc(f"queue_stats({name})", self._timeout_s):
-                    channel = await self._stats.get()
-                    try:
-                        queue = await channel.declare_queue(name, passive=True, robust=False)
-                    except ChannelNotFoundEntity:
-                        await self._stats.discard()
-                        continue
-                    except ChannelClosed:
-                        await self._stats.discard()
-                        raise
-                result = queue.declaration_result
-                stats[model_id] = QueueStats(model_id, result.message_count or 0,
-                                             result.consumer_count or 0)
+        for model_id in model_ids:
+            counts = found.get(self._queue_name(model_id))
+            if counts is not None:
+                stats[model_id] = QueueStats(model_id, *counts)
         return stats

@@ -15,8 +15,8 @@ task can vanish before its deadline. Renewing = one ``basic.get``:
   The task moves to the back of its queue; that is the whole cost.
 
 Renewals are rare: on the first publish of this process to a queue, and when the
-lease we last saw no longer covers a task's deadline (with the default 1 h
-expiry and 2 min deadlines, about once every 55 minutes per busy queue).
+lease we last saw no longer covers a task's deadline (with the default 5 min
+expiry and 2 min deadlines, about once every 3 minutes per busy queue and gateway).
 """
 
 from __future__ import annotations
@@ -33,12 +33,17 @@ from modelfleet.broker.rabbitmq.errors import rpc
 from modelfleet.broker.rabbitmq.topology import (
     DELIVERY_COUNT_HEADER,
     PRIOR_DELIVERIES_HEADER,
+    ChannelPool,
     ChannelSlot,
     QueueLeases,
     model_queue_arguments,
 )
 from modelfleet.errors import BrokerError
 from modelfleet.settings import BrokerSettings
+
+# Channels for declares and renewals: a burst of first publishes to new models overlaps
+# its round trips (a quorum queue's creation costs the node ~10 ms of work).
+KEEPER_CHANNELS = 4
 
 # (body, queue name, headers) -> published to that queue, persistent and confirmed.
 Republisher = Callable[[bytes, str, dict[str, Any]], Awaitable[None]]
@@ -58,12 +63,13 @@ class QueueKeeper:
         self._timeout_s = settings.declare_timeout_s
         self._leases = leases
         self._republish = republish
-        self._slot: ChannelSlot | None = None
+        self._pool: ChannelPool | None = None
         self._pending: dict[str, asyncio.Future[None]] = {}
 
     def attach(self, connection: AbstractRobustConnection) -> None:
-        # Its own channel: a 404 or 406 closes the channel it happens on.
-        self._slot = ChannelSlot(connection, publisher_confirms=False)
+        # Channels of its own (a 404 or 406 closes the channel it happens on), several so
+        # that a burst of new models is declared in overlapping round trips.
+        self._pool = ChannelPool(connection, KEEPER_CHANNELS)
 
     async def ensure(self, queue: str, task_remaining_s: float) -> None:
         """Return once ``queue`` exists with our arguments and will outlive the task."""
@@ -82,46 +88,46 @@ class QueueKeeper:
         await asyncio.shield(pending)
 
     async def _renew(self, queue: str) -> None:
+        assert self._pool is not None
         started = self._leases.now()
-        if not self._leases.known(queue):
-            # First use since (re)connecting: a declare creates it (with a fresh lease)
-            # or checks that an existing one has our arguments.
-            await self.declare(queue)
-        await self.touch(queue)
+        async with self._pool.slot() as slot:
+            if not self._leases.known(queue):
+                # First use since (re)connecting, or since its lease lapsed: a declare
+                # creates it (with a fresh lease) or checks an existing one's arguments.
+                await self._declare(slot, queue)
+            await self._touch(slot, queue)
         self._leases.renewed(queue, started)
 
-    async def declare(self, queue: str) -> None:
-        assert self._slot is not None
+    async def _declare(self, slot: ChannelSlot, queue: str) -> None:
         async with rpc(f"declare queue {queue}", self._timeout_s):
-            channel = await self._slot.get()
+            channel = await slot.get()
             try:
                 await channel.declare_queue(queue, durable=True, arguments=self._arguments,
                                             robust=False)
             except ChannelPreconditionFailed as exc:
-                await self._slot.discard()
+                await slot.discard()
                 raise BrokerError(
                     f"declare queue {queue}: it exists with other arguments ({exc}); keep "
                     "delivery_limit/queue_idle_expiry_s as they were or delete the queue"
                 ) from exc
             except ChannelClosed:
-                await self._slot.discard()
+                await slot.discard()
                 raise
 
-    async def touch(self, queue: str) -> None:
+    async def _touch(self, slot: ChannelSlot, queue: str) -> None:
         """Renew the queue's lease with a ``basic.get`` (see the module docstring)."""
-        assert self._slot is not None
         async with rpc(f"renew the lease of queue {queue}", self._timeout_s):
-            channel = await self._slot.get()
+            channel = await slot.get()
             handle = await channel.get_queue(queue, ensure=False)
             try:
                 message = await handle.get(no_ack=False, fail=False, timeout=None)
             except ChannelNotFoundEntity:
                 # Gone since we declared it (expired, deleted): a declare makes a new one.
-                await self._slot.discard()
+                await slot.discard()
                 message = None
-                await self.declare(queue)
+                await self._declare(slot, queue)
             except ChannelClosed:
-                await self._slot.discard()
+                await slot.discard()
                 raise
         if message is None:
             return

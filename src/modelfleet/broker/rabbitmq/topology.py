@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from aio_pika.abc import AbstractRobustChannel, AbstractRobustConnection
@@ -63,15 +64,25 @@ class QueueLeases:
     publishing a task we make sure the lease outlasts the task's deadline, and
     renew it (``QueueKeeper.touch``) when it might not. Pure bookkeeping, clock
     injected; a queue that vanished anyway is caught by the mandatory publish.
+
+    The same leases count the live queues (``live``): those with a lease not yet run
+    out, and those this process consumes (``hold``/``release``: a consumer keeps its
+    queue alive, and its leaving starts a fresh lease). A lapsed lease is dropped
+    (a heap of lease ends, O(log n) per renewal), so the table holds what is live,
+    not every queue ever declared, and the next publish to it declares it again.
     """
 
     def __init__(self, expiry_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self._expiry_s = expiry_s
         self._clock = clock
         self._lease_end: dict[str, float] = {}
+        self._ends: list[tuple[float, str]] = []  # heap; entries a later renewal replaced linger
+        self._held: dict[str, int] = {}
 
     def known(self, queue: str) -> bool:
-        """Whether we declared it since the last reconnect (so its arguments match ours)."""
+        """Whether we declared it since the last reconnect (so its arguments match ours)
+        and its lease has not lapsed since."""
+        self._drop_lapsed()
         return queue in self._lease_end
 
     def needs_renewal(self, queue: str, task_remaining_s: float) -> bool:
@@ -82,7 +93,40 @@ class QueueLeases:
 
     def renewed(self, queue: str, at: float) -> None:
         """Record a renewal that *started* at ``at`` (the server saw it after that)."""
-        self._lease_end[queue] = at + self._expiry_s
+        end = at + self._expiry_s
+        self._lease_end[queue] = end
+        heapq.heappush(self._ends, (end, queue))
+
+    def hold(self, queue: str) -> None:
+        """A consumer of this process opened on ``queue`` (declared, so it exists)."""
+        self._held[queue] = self._held.get(queue, 0) + 1
+        self.renewed(queue, self._clock())
+
+    def release(self, queue: str) -> None:
+        """That consumer left: the queue's expiry starts counting now."""
+        left = self._held.get(queue, 0) - 1
+        if left > 0:
+            self._held[queue] = left
+        else:
+            self._held.pop(queue, None)
+        self.renewed(queue, self._clock())
+
+    def live(self) -> int:
+        """Queues with a lease not yet run out, or a consumer in this process."""
+        self._drop_lapsed()
+        return len(self._lease_end)
+
+    def _drop_lapsed(self) -> None:
+        now = self._clock()
+        ends = self._ends
+        while ends and ends[0][0] <= now:
+            end, queue = heapq.heappop(ends)
+            if self._lease_end.get(queue) == end:
+                if queue in self._held:
+                    # Consumed: alive whatever the lease says; look again one expiry later.
+                    self.renewed(queue, now)
+                else:
+                    del self._lease_end[queue]
 
     def now(self) -> float:
         return self._clock()
@@ -91,7 +135,11 @@ class QueueLeases:
         self._lease_end.pop(queue, None)
 
     def clear(self) -> None:
-        self._lease_end.clear()
+        """After a reconnect: nothing is known but the queues we consume (aio-pika
+        declared those again before consuming)."""
+        self._lease_end = {q: e for q, e in self._lease_end.items() if q in self._held}
+        self._ends = [(e, q) for q, e in self._lease_end.items()]
+        heapq.heapify(self._ends)
 
     def covers(self, task_remaining_s: float) -> bool:
         """Whether any lease can cover a task that lives this long (expiry long enough)."""
@@ -125,6 +173,29 @@ class ChannelSlot:
         channel, self._channel = self._channel, None
         if channel is not None:
             await close_for_good(channel)
+
+
+class ChannelPool:
+    """A few ``ChannelSlot``s shared by concurrent callers, one caller per slot at a time.
+
+    AMQP answers one synchronous RPC per channel at a time: with one channel, a burst of
+    declares (a gateway meeting hundreds of models it has not seen) or of passive
+    declares (``queue_stats``) waits in line for round trips; with a few, they overlap.
+    """
+
+    def __init__(self, connection: AbstractRobustConnection, size: int) -> None:
+        self.size = size
+        self._free: asyncio.Queue[ChannelSlot] = asyncio.Queue()
+        for _ in range(size):
+            self._free.put_nowait(ChannelSlot(connection, publisher_confirms=False))
+
+    @contextlib.asynccontextmanager
+    async def slot(self) -> AsyncIterator[ChannelSlot]:
+        slot = await self._free.get()
+        try:
+            yield slot
+        finally:
+            self._free.put_nowait(slot)
 
 
 async def close_for_good(channel: AbstractRobustChannel, timeout_s: float = 5.0) -> None:

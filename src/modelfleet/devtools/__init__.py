@@ -1,0 +1,3 @@
+"""Tools for developing modelfleet: private brokers for tests and benchmarks.
+
+Nothing that serves imports them."""
