@@ -4,14 +4,14 @@ The shared node on 127.0.0.1:5672 runs with 1,024 file descriptors and stops ans
 past a few hundred quorum queues (issue 23), so a run that may declare thousands (the
 scale variant, one queue per model touched) starts a node of its own:
 
-    with PrivateRabbit(folder) as node:       # ulimit -n 20000, free ports, await_startup
-        node.url                              # amqp://guest:guest@127.0.0.1:<port>/
-    # rabbitmqctl -n NODE stop; the node's folder (mnesia, logs) is removed
+    with PrivateRabbit(keep_logs_in=run_dir) as node:  # ulimit -n 20000, free ports,
+        node.url                      # amqp://guest:guest@127.0.0.1:<port>/   await_startup
+    # rabbitmqctl -n NODE stop; logs copied to keep_logs_in; the node's folder removed
 
 The node reads no configuration of the machine's node: it gets its own config file
 (listener on its own port; /etc/rabbitmq/rabbitmq.conf names 5672), its own plugins file
-(none) and its own mnesia and log folders under ``folder``. Standing in until the broker's
-reusable private-node fixture lands (helper H4's; see the report): same variables.
+(none) and its own mnesia and log folders under a fresh folder in /tmp. Standing in
+until the broker's reusable private-node fixture lands (helper H4's): same variables.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 import uuid
 from collections.abc import Callable
@@ -102,17 +103,23 @@ def _hand_to_service_user(folder: Path, user: tuple[int, int, str] | None) -> No
     for path in [folder, *folder.rglob("*")]:
         os.chown(path, user[0], user[1])
     for parent in folder.parents:
-        mode = parent.stat().st_mode
-        if not mode & 0o001:
-            os.chmod(parent, mode | 0o001)
+        if not parent.stat().st_mode & 0o001:
+            raise RabbitFailed(f"{parent} is not traversable by the rabbitmq user: give the "
+                               "node a folder under /tmp (the default)")
 
 
 class PrivateRabbit:
     """One RabbitMQ node on free loopback ports, its files under ``folder``."""
 
-    def __init__(self, folder: Path, start_timeout_s: float = 120.0,
-                 server: str = "rabbitmq-server", ctl: str = "rabbitmqctl") -> None:
-        self.folder = folder
+    def __init__(self, folder: Path | None = None, start_timeout_s: float = 120.0,
+                 server: str = "rabbitmq-server", ctl: str = "rabbitmqctl",
+                 keep_logs_in: Path | None = None) -> None:
+        # A fresh folder under /tmp by default: the node runs as the rabbitmq user when the
+        # bench runs as root, and must reach it (a home or a pytest folder may be private).
+        self.folder = folder if folder is not None else Path(
+            tempfile.mkdtemp(prefix="bench-rabbit-"))
+        self.own_folder = folder is None
+        self.keep_logs_in = keep_logs_in
         self.start_timeout_s = start_timeout_s
         self.server_bin, self.ctl_bin = server, ctl
         self.node = f"bench-{uuid.uuid4().hex[:10]}@localhost"
@@ -241,7 +248,14 @@ class PrivateRabbit:
         # Erlang's helpers (erl_child_setup, inet_gethost) share the node's process group.
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.popen.pid, signal.SIGKILL)
-        shutil.rmtree(self.folder / "mnesia", ignore_errors=True)
+        if self.keep_logs_in is not None:
+            with contextlib.suppress(OSError):
+                self.keep_logs_in.mkdir(parents=True, exist_ok=True)
+                for path in [*(self.folder / "log").glob("*.log"), self.folder / "stdout.log"]:
+                    if path.is_file():
+                        shutil.copyfile(path, self.keep_logs_in / path.name)
+        shutil.rmtree(self.folder if self.own_folder else self.folder / "mnesia",
+                      ignore_errors=True)
 
     def __enter__(self) -> PrivateRabbit:
         return self.start()
