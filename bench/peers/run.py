@@ -615,6 +615,7 @@ class Bench:
         """What the measured window cost: the process tree's CPU per answer, its RSS, the
         loads and bytes of the load log in the window, and (zipf-32) the static optimum."""
         t0, t1 = out["window_start_unix"], out["window_end_unix"]
+        sampler.sample()  # one sample after the window's end, whatever the sampler's phase
         costs: dict[str, Any] = {}
         cpu = sampler.cpu_between(t0, t1)
         costs["cpu_s_window"] = None if cpu is None else round(cpu, 3)
