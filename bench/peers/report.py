@@ -7,7 +7,7 @@ from typing import Any
 
 from stats import ratio
 
-MODELFLEETS = ("modelfleet", "modelfleet-amqp", "modelfleet-fits")
+MODELFLEETS = ("modelfleet", "modelfleet-amqp", "modelfleet-fits", "modelfleet-mapped")
 
 
 def fmt(value: Any, digits: int = 1) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import importlib.util
 import itertools
 import json
 import math
@@ -37,7 +38,7 @@ try:
 finally:
     sys.path.remove(str(PEERS))
 
-from modelfleet import LocalModel  # noqa: E402
+from modelfleet import Context, LocalModel  # noqa: E402
 from modelfleet.repository.manifest import load_manifest  # noqa: E402
 
 MiB = 1024 * 1024
@@ -440,6 +441,30 @@ def test_mapped_repository_points_at_npy_arrays(tmp_path: Path) -> None:
     for key in mlp.WEIGHTS:
         mapped = np.load(package / "artifacts" / f"{key}.npy", mmap_mode="r")
         np.testing.assert_array_equal(mapped, getattr(net, key))
+    # The generated handler serves the shared MLP's logits from mapped arrays. The model
+    # API's Context.map_array is issue 20's (not on this branch yet): np.load's mmap mode
+    # stands in for it here, so the generated code is held to the arrays it maps.
+
+    class MappingContext(Context):
+        def map_array(self, name: str) -> np.ndarray:
+            return np.load(self.artifact(name), mmap_mode="r")
+
+    sys.path.insert(0, str(package))
+    try:
+        spec = importlib.util.spec_from_file_location("bench_mapped_handler",
+                                                      package / "handler.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(package))
+    handler = module.BenchMLPMapped()
+    handler.load(MappingContext(model_id="model-00", version="1", package_dir=package,
+                                device="cpu"))
+    assert isinstance(handler.net.W1, np.memmap)  # mapped, not copied
+    row = np.linspace(-1, 1, 64, dtype=np.float32)
+    np.testing.assert_allclose(handler.predict([row])[0], mlp.predict(net, row)[0],
+                               rtol=1e-6)
     with pytest.raises(ValueError, match="not a 64"):
         mlp.from_arrays("bad", {"W1": np.zeros((3, 4)), "b1": np.zeros(4),
                                 "W2": np.zeros((4, 10)), "b2": np.zeros(10)})
