@@ -1,9 +1,11 @@
-"""bench/peers: what can go wrong silently (no servers started).
+"""bench/peers: what can go wrong silently (no model servers started).
 
 The catalog is deterministic and its sizes log-uniform within bounds, the modelfleet
-package it writes serves the same logits as the shared mlp code, the Zipf sampler draws
-the frequencies it claims, and the percentile, metric and table code computes what the
-table says.
+package it writes serves the same logits as the shared mlp code (mapped or copied), the
+Zipf sampler draws the frequencies it claims, the percentile, metric and table code
+computes what the table says, the static optimum is the knapsack's, the sampler follows a
+real process tree's RSS and CPU, the scale variant's options are the issue's, and the
+private RabbitMQ node is one of its own (port, descriptor limit) and goes away after.
 """
 
 from __future__ import annotations
