@@ -172,6 +172,15 @@ class PrivateRabbit:
     # -- life -------------------------------------------------------------------------------
 
     def start(self) -> PrivateRabbit:
+        """Start the node and wait until it accepts; on any failure nothing is left behind
+        (the node stopped, its folder removed, its logs kept where asked)."""
+        try:
+            return self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self) -> PrivateRabbit:
         self.real_server()  # fails early when RabbitMQ is not installed
         for sub in ("log", "mnesia"):
             (self.folder / sub).mkdir(parents=True, exist_ok=True)
@@ -199,7 +208,6 @@ class PrivateRabbit:
                                    f"{self.popen.returncode}:\n{self.log_tail()}")
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                self.stop()
                 raise RabbitFailed(f"rabbitmq node {self.node} not up after "
                                    f"{self.start_timeout_s:.0f}s:\n{self.log_tail()}")
             try:
@@ -232,6 +240,8 @@ class PrivateRabbit:
     def stop(self, timeout_s: float = 60.0) -> None:
         """``rabbitmqctl -n NODE stop``, then signals to its process group; folder removed."""
         if self.popen is None:
+            if self.own_folder:
+                shutil.rmtree(self.folder, ignore_errors=True)
             return
         if self.popen.poll() is None:
             with contextlib.suppress(subprocess.TimeoutExpired, OSError):

@@ -525,6 +525,7 @@ def test_private_rabbit_fails_clearly_without_rabbitmq(tmp_path: Path) -> None:
     node = rabbit.PrivateRabbit(server="no-such-rabbitmq-server")
     with pytest.raises(rabbit.RabbitFailed, match="not installed"):
         node.start()
+    assert not node.folder.exists()  # nothing left behind in /tmp
 
 
 def test_private_rabbit_node_has_its_own_port_and_limit_and_goes_away(tmp_path: Path) -> None:
