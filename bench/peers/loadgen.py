@@ -100,6 +100,7 @@ async def run_http(cfg: dict[str, Any]) -> dict[str, Any]:
     check_every = int(cfg.get("check_every", 50))
 
     started: list[tuple[float, float, str, str]] = []  # (t0, t1, model, outcome)
+    warm_models: dict[str, int] = {}  # requests per model started in the warm-up
     status_counts: dict[str, int] = {}
     error_samples: list[str] = []
     checked = bad = 0
@@ -108,7 +109,7 @@ async def run_http(cfg: dict[str, Any]) -> dict[str, Any]:
     timeout = aiohttp.ClientTimeout(total=timeout_s)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session, \
             aiohttp.ClientSession() as scraper:
-        t_begin = time.monotonic()
+        t_begin, wall_begin = time.monotonic(), time.time()
         ws, we = t_begin + warmup_s, t_begin + warmup_s + measure_s
         snaps: dict[str, Any] = {}
 
@@ -143,7 +144,9 @@ async def run_http(cfg: dict[str, Any]) -> dict[str, Any]:
                     answer = str(exc).encode()
                     await asyncio.sleep(0.05)  # a refused connection must not spin
                 t1 = time.monotonic()
-                if t0 >= ws:
+                if t0 < ws:
+                    warm_models[model] = warm_models.get(model, 0) + 1
+                else:
                     started.append((t0, t1, model, outcome))
                     if outcome != "200":
                         status_counts[outcome] = status_counts.get(outcome, 0) + 1
@@ -170,6 +173,11 @@ async def run_http(cfg: dict[str, Any]) -> dict[str, Any]:
     # Throughput: successful answers completed inside the window (started there too).
     result["req_per_s"] = round(completed_ok / window, 2)
     result["requests_started"] = len(started)
+    result["completed_ok"] = completed_ok
+    # The window in unix time: the orchestrator reads its CPU and RSS samples and the load
+    # log's timestamped lines over it.
+    result["window_start_unix"] = round(wall_begin + warmup_s, 3)
+    result["window_end_unix"] = round(wall_begin + warmup_s + measure_s, 3)
     result["drain_s"] = round(max(0.0, t_done - we), 3)
     result["status_counts"] = status_counts
     result["error_samples"] = error_samples
@@ -179,6 +187,8 @@ async def run_http(cfg: dict[str, Any]) -> dict[str, Any]:
         per_model[model] = per_model.get(model, 0) + 1
     result["models_requested"] = len(per_model)
     result["requests_per_model"] = {m: per_model[m] for m in models if m in per_model}
+    result["warmup_requests_per_model"] = {m: warm_models[m] for m in models
+                                           if m in warm_models}
     start, end = snaps.get("start", {}), snaps.get("end", {})
     if cfg.get("load_log"):
         result["loads_in_window_log"] = (end.get("load_log_lines") or 0) - \

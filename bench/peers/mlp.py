@@ -50,12 +50,23 @@ def load(path: str | os.PathLike[str], name: str = "") -> MLP:
     path = Path(path)
     with np.load(path, allow_pickle=False) as data:
         arrays = {key: np.ascontiguousarray(data[key], dtype=np.float32) for key in WEIGHTS}
+    model = from_arrays(name or path.parent.name, arrays, where=str(path))
+    record_load(model)
+    return model
+
+
+def from_arrays(name: str, arrays: dict[str, np.ndarray], where: str = "") -> MLP:
+    """An MLP of the four arrays (however they were obtained: read, or mapped), checked."""
     W1, b1, W2, b2 = (arrays[k] for k in WEIGHTS)
     if W1.shape[0] != N_IN or W2.shape != (W1.shape[1], N_OUT) or b1.shape != (W1.shape[1],) \
             or b2.shape != (N_OUT,):
-        raise ValueError(f"{path}: not a {N_IN} -> H -> {N_OUT} MLP: "
+        raise ValueError(f"{where or name}: not a {N_IN} -> H -> {N_OUT} MLP: "
                          f"{[arrays[k].shape for k in WEIGHTS]}")
-    model = MLP(name or path.parent.name, W1, b1, W2, b2)
+    return MLP(name, W1, b1, W2, b2)
+
+
+def record_load(model: MLP) -> None:
+    """Append one line (time, pid, name, bytes) to ``$BENCH_LOAD_LOG`` when it is set."""
     log = os.environ.get(LOAD_LOG_ENV)
     if log:
         # One short line per load, appended with O_APPEND: lines from several processes
@@ -66,7 +77,6 @@ def load(path: str | os.PathLike[str], name: str = "") -> MLP:
             os.write(fd, line)
         finally:
             os.close(fd)
-    return model
 
 
 def predict(model: MLP, x: Any) -> np.ndarray:

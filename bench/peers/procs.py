@@ -10,6 +10,7 @@ those that made sessions of their own) that is still alive after the grace perio
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import signal
 import socket
@@ -131,42 +132,110 @@ def wait_ready(servers: Sequence[Server], health_urls: Sequence[str], timeout_s:
 
 
 class RssSampler:
-    """Peak resident memory of process trees (roots and all their descendants), summed."""
+    """Resident memory and CPU time of process trees (roots and all their descendants),
+    summed, sampled every ``interval_s`` from a thread: the peak, and the whole series.
 
-    def __init__(self, servers: Sequence[Server], interval_s: float = 0.5) -> None:
+    Each sample is ``(unix time, RSS bytes, CPU seconds, processes)``. CPU seconds are
+    cumulative user + system time of every process seen in the trees since the sampler
+    started (a process that exits keeps the time it was last seen with), so CPU over a
+    window is the difference of two interpolated samples (``cpu_between``). The first
+    sample is taken on entry: the start-up RSS when the sampler starts once a system is
+    ready. Shared pages are counted in every process that maps them (RSS, not PSS).
+    """
+
+    def __init__(self, servers: Sequence[Server], interval_s: float = 0.5,
+                 extra_pids: Callable[[], Sequence[int]] | None = None) -> None:
         self._servers = list(servers)
         self._interval_s = interval_s
+        self._extra_pids = extra_pids
         self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._cpu_seen: dict[tuple[int, float], float] = {}  # (pid, create time) -> cpu s
         self.peak_bytes = 0
         self.peak_processes = 0
         self.samples = 0
+        self.series: list[tuple[float, int, float, int]] = []
         self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
 
     def __enter__(self) -> RssSampler:
+        self.sample()
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join(5)
+        self.sample()
+
+    def _processes(self) -> list[psutil.Process]:
+        procs: list[psutil.Process] = []
+        for server in self._servers:
+            procs += server.tree()
+        if self._extra_pids is not None:
+            for pid in self._extra_pids():
+                with contextlib.suppress(psutil.Error):
+                    root = psutil.Process(pid)
+                    procs += [root, *root.children(recursive=True)]
+        return procs
 
     def sample(self) -> int:
         total, count = 0, 0
         seen: set[int] = set()
-        for server in self._servers:
-            for proc in server.tree():
+        with self._lock:
+            for proc in self._processes():
                 if proc.pid in seen:
                     continue
                 seen.add(proc.pid)
                 with contextlib.suppress(psutil.Error):
-                    total += proc.memory_info().rss
+                    with proc.oneshot():
+                        rss = proc.memory_info().rss
+                        times = proc.cpu_times()
+                        key = (proc.pid, proc.create_time())
+                    total += rss
                     count += 1
-        self.samples += 1
-        if total > self.peak_bytes:
-            self.peak_bytes, self.peak_processes = total, count
+                    self._cpu_seen[key] = times.user + times.system
+            cpu = sum(self._cpu_seen.values())
+            self.series.append((time.time(), total, cpu, count))
+            self.samples += 1
+            if total > self.peak_bytes:
+                self.peak_bytes, self.peak_processes = total, count
         return total
 
     def _run(self) -> None:
-        while not self._stop.is_set():
+        while not self._stop.wait(self._interval_s):
             self.sample()
-            self._stop.wait(self._interval_s)
+
+    # -- reading the series -----------------------------------------------------------------
+
+    def cpu_between(self, t0: float, t1: float) -> float | None:
+        """CPU seconds the trees used between unix times t0 and t1 (interpolated)."""
+        return cpu_between(self.series, t0, t1)
+
+    def rss_summary(self, t0: float | None = None, t1: float | None = None) -> dict[str, int]:
+        return rss_summary(self.series, t0, t1)
+
+
+def _at(series: Sequence[tuple[float, int, float, int]], t: float) -> float | None:
+    """Cumulative CPU seconds at unix time t, linearly interpolated; None outside."""
+    if not series or t < series[0][0] or t > series[-1][0]:
+        return None
+    for (ta, _, ca, _), (tb, _, cb, _) in itertools.pairwise(series):
+        if ta <= t <= tb:
+            return ca if tb == ta else ca + (cb - ca) * (t - ta) / (tb - ta)
+    return series[-1][2]
+
+
+def cpu_between(series: Sequence[tuple[float, int, float, int]], t0: float,
+                t1: float) -> float | None:
+    a, b = _at(series, t0), _at(series, t1)
+    return None if a is None or b is None else max(0.0, b - a)
+
+
+def rss_summary(series: Sequence[tuple[float, int, float, int]], t0: float | None = None,
+                t1: float | None = None) -> dict[str, int]:
+    """Start (first sample), max and end (last sample) RSS bytes, within [t0, t1] if given."""
+    picked = [s for s in series if (t0 is None or s[0] >= t0) and (t1 is None or s[0] <= t1)]
+    if not picked:
+        return {}
+    return {"start_bytes": picked[0][1], "max_bytes": max(s[1] for s in picked),
+            "end_bytes": picked[-1][1], "samples": len(picked)}

@@ -7,7 +7,7 @@ from typing import Any
 
 from stats import ratio
 
-MODELFLEETS = ("modelfleet", "modelfleet-amqp", "modelfleet-fits")
+MODELFLEETS = ("modelfleet", "modelfleet-amqp", "modelfleet-fits", "modelfleet-mapped")
 
 
 def fmt(value: Any, digits: int = 1) -> str:
@@ -28,39 +28,71 @@ def _table(header: list[str], rows: list[list[str]], right_from: int = 1) -> lis
             *("| " + " | ".join(r) + " |" for r in rows)]
 
 
+def mb(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value / 1e6:,.{digits}f}"
+
+
+def rss_cell(r: dict[str, Any]) -> str:
+    parts = [r.get("rss_start_mb"), r.get("rss_max_mb"), r.get("rss_end_mb")]
+    if all(v is None for v in parts):
+        return fmt(r.get("rss_mb"))
+    return " / ".join(fmt(v) for v in parts)
+
+
 def render(results: dict[str, Any]) -> str:
     rows = {s["system"]: s.get("summary", {}) for s in results.get("systems", [])}
     d = results.get("durations", {})
     m = results.get("machine", {})
     c = results.get("catalog", {})
+    n_models = c.get("models")
+    warm = any(r.get("c1_p50_ms") is not None or r.get("c32_rps") is not None
+               for r in rows.values())
+    sizes = ""
+    if c.get("min_bytes") and c.get("max_bytes"):
+        sizes = f" of {c['min_bytes'] / 1e3:,.0f} KB-{c['max_bytes'] / 1e6:,.1f} MB"
     lines = [
-        f"## modelfleet and its peers — {c.get('models')} MLPs, "
-        f"{(c.get('total_bytes') or 0) / 2**20:.0f} MiB in all; "
+        f"## modelfleet and its peers — {fmt(n_models)} MLPs{sizes}, "
+        f"{(c.get('total_bytes') or 0) / 2**20:,.0f} MiB in all; "
         f"{m.get('nproc')} cores, {m.get('ram_gib')} GiB; load generator on the same machine"
         + (" (QUICK: smoke run, figures mean nothing)" if results.get("quick") else "")
         + (" (INTERRUPTED: partial)" if results.get("interrupted") else ""),
         "",
-        f"zipf-32: 32 keep-alive clients, Zipf s=1.0 over the 50 models, "
+        f"zipf-32: 32 keep-alive clients, Zipf s=1.0 over the {fmt(n_models)} models, "
         f"{fmt(d.get('zipf_warmup_s'), 0)} s warm-up + {fmt(d.get('zipf_measure_s'), 0)} s "
-        f"measured; warm-c1 / warm-c32: model-00, {fmt(d.get('c1_s'), 0)} s / "
-        f"{fmt(d.get('c32_s'), 0)} s. errors = non-200 / client timeouts; loads = model loads "
-        f"in the zipf-32 window; RSS = peak of the server's process tree.",
+        "measured"
+        + (f"; warm-c1 / warm-c32: the rank-0 model, {fmt(d.get('c1_s'), 0)} s / "
+           f"{fmt(d.get('c32_s'), 0)} s" if warm else "")
+        + ". errors = non-200 / client timeouts; loads = model loads in the zipf-32 window; "
+        "MB loaded/req = bytes the loads in the window read, per request; CPU ms/req = the "
+        "server's process tree's CPU seconds over the window per answer (a RabbitMQ broker's "
+        "own not counted); RSS = the process tree's, sampled every 0.5 s: at ready / max / "
+        "at the end.",
         "",
     ]
+    header = ["system", "zipf-32 req/s", "p50 ms", "p99 ms", "errors", "loads",
+              "MB loaded/req", "CPU ms/req", "RSS MB start / max / end"]
+    if warm:
+        header += ["warm c1 p50 ms", "warm c32 req/s"]
+    header += ["start-up s"]
     body = []
     for name, r in rows.items():
         if name == "amqp-rtt":
             continue
         if r.get("error") and r.get("zipf_rps") is None:
-            body.append([name, *(["failed"] + ["-"] * 7)])
+            label = "not available" if r.get("not_available") else "failed"
+            body.append([name, *([label] + ["-"] * (len(header) - 2))])
             continue
         errors = "-" if r.get("zipf_errors") is None else \
             f"{r.get('zipf_errors')} / {r.get('zipf_timeouts')}"
-        body.append([name, fmt(r.get("zipf_rps")), fmt(r.get("zipf_p50_ms")),
-                     fmt(r.get("zipf_p99_ms")), errors, fmt(r.get("zipf_loads")),
-                     fmt(r.get("c1_p50_ms"), 2), fmt(r.get("c32_rps")), fmt(r.get("rss_mb"))])
-    lines += _table(["system", "zipf-32 req/s", "p50 ms", "p99 ms", "errors", "loads",
-                     "warm c1 p50 ms", "warm c32 req/s", "RSS MB"], body)
+        cells = [name, fmt(r.get("zipf_rps")), fmt(r.get("zipf_p50_ms")),
+                 fmt(r.get("zipf_p99_ms")), errors, fmt(r.get("zipf_loads")),
+                 mb(r.get("zipf_bytes_per_request"), 3), fmt(r.get("zipf_cpu_ms_per_request")),
+                 rss_cell(r)]
+        if warm:
+            cells += [fmt(r.get("c1_p50_ms"), 2), fmt(r.get("c32_rps"))]
+        cells += [fmt(r.get("startup_s"))]
+        body.append(cells)
+    lines += _table(header, body)
 
     plain = rows.get("plain")
     if plain and plain.get("zipf_rps") is not None:
@@ -70,31 +102,59 @@ def render(results: dict[str, Any]) -> str:
         for name, r in rows.items():
             if name in ("plain", "amqp-rtt"):
                 continue
-            body.append([name, fx(ratio(r.get("zipf_rps"), plain.get("zipf_rps"))),
-                         fx(ratio(r.get("zipf_p99_ms"), plain.get("zipf_p99_ms"))),
-                         fx(ratio(r.get("c1_p50_ms"), plain.get("c1_p50_ms"))),
-                         fx(ratio(r.get("c32_rps"), plain.get("c32_rps"))),
-                         fx(ratio(r.get("rss_mb"), plain.get("rss_mb")))])
-        lines += _table(["system", "zipf req/s", "zipf p99", "warm c1 p50", "warm c32 req/s",
-                         "RSS"], body)
+            cells = [name, fx(ratio(r.get("zipf_rps"), plain.get("zipf_rps"))),
+                     fx(ratio(r.get("zipf_p99_ms"), plain.get("zipf_p99_ms")))]
+            if warm:
+                cells += [fx(ratio(r.get("c1_p50_ms"), plain.get("c1_p50_ms"))),
+                          fx(ratio(r.get("c32_rps"), plain.get("c32_rps")))]
+            cells += [fx(ratio(r.get("rss_mb"), plain.get("rss_mb")))]
+            body.append(cells)
+        lines += _table(["system", "zipf req/s", "zipf p99",
+                         *(["warm c1 p50", "warm c32 req/s"] if warm else []), "RSS"], body)
 
     peers = [p for p in ("mlserver", "ray") if rows.get(p, {}).get("zipf_rps") is not None]
     ours = [n for n in MODELFLEETS if rows.get(n, {}).get("zipf_rps") is not None]
     if peers and ours:
-        lines += ["", "modelfleet against the peers on zipf-32 (req/s ratio >1 and p99 ratio "
-                  "<1 favour modelfleet):", ""]
+        lines += ["", "modelfleet against the peers on zipf-32, measured side by side in this "
+                  "run (req/s ratio >1, p99, CPU per request and RSS ratios <1 favour "
+                  "modelfleet; RSS = the max):", ""]
         header = ["system"]
         for p in peers:
-            header += [f"req/s ÷ {p}", f"p99 ÷ {p}"]
+            header += [f"req/s ÷ {p}", f"p99 ÷ {p}", f"CPU/req ÷ {p}", f"RSS ÷ {p}"]
         body = []
         for n in ours:
             r = rows[n]
             cells = [n]
             for p in peers:
-                cells += [fx(ratio(r.get("zipf_rps"), rows[p].get("zipf_rps"))),
-                          fx(ratio(r.get("zipf_p99_ms"), rows[p].get("zipf_p99_ms")))]
+                q = rows[p]
+                cells += [fx(ratio(r.get("zipf_rps"), q.get("zipf_rps"))),
+                          fx(ratio(r.get("zipf_p99_ms"), q.get("zipf_p99_ms"))),
+                          fx(ratio(r.get("zipf_cpu_ms_per_request"),
+                                   q.get("zipf_cpu_ms_per_request"))),
+                          fx(ratio(r.get("rss_max_mb") or r.get("rss_mb"),
+                                   q.get("rss_max_mb") or q.get("rss_mb")))]
             body.append(cells)
         lines += _table(header, body)
+
+    budget = c.get("pooled_budget_bytes")
+    optimum_lines = []
+    for n, r in rows.items():
+        if r.get("zipf_optimum_bytes_per_request") is None or n not in MODELFLEETS:
+            continue
+        measured = r.get("zipf_bytes_per_request")
+        optimum_lines.append(
+            f"- {n}: {mb(measured, 3)} MB loaded per request; static optimum "
+            f"{mb(r['zipf_optimum_bytes_per_request'], 3)} MB (LP bound "
+            f"{mb(r.get('zipf_optimum_bound_bytes_per_request'), 3)}; with no reserve "
+            f"{mb(r.get('zipf_optimum_no_reserve_bytes_per_request'), 3)}): measured ÷ "
+            f"optimum = {fx(ratio(measured, r['zipf_optimum_bytes_per_request']))}")
+    if optimum_lines:
+        lines += ["", "Bytes loaded per request against the static optimum for the same trace "
+                  f"(the best fixed resident set in the pooled budget, {mb(budget, 0)} MB = "
+                  "both runtimes' budgets, less one reservation of the largest model; each model "
+                  "requested in the window but not in the warm-up loaded at least once; "
+                  "bench/peers/optimum.py):", "",
+                  *optimum_lines]
 
     rtt, amqp = rows.get("amqp-rtt", {}), rows.get("modelfleet-amqp", {})
     if rtt.get("c1_p50_ms") is not None:

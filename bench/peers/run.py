@@ -2,6 +2,13 @@
 
     .venv/bin/python bench/peers/run.py [--quick] [--only plain,modelfleet,...]
                                         [--measure-s 45] [--warmup-s 5] [--skip-build]
+                                        [--models 5000 | --scale] [--sizes small|large]
+                                        [--mapped]
+
+The scale variant (`--models 5000`, or `--scale`; issue 23): 5,000 MLPs of 20 KB-1 MB,
+zipf-32 only, the systems plain, mlserver, ray (800 models per replica: the same 16 %
+share as modelfleet's budget), modelfleet and modelfleet-amqp, the latter on a private
+RabbitMQ node (own ports, `ulimit -n 20000`, stopped after; `--private-rabbit`).
 
 Systems (each in its own venv under bench/peers/.venvs, built on first use):
   plain            uvicorn + Starlette, all 50 models resident, 2 workers (the upper limit)
@@ -52,7 +59,9 @@ ROOT = HERE.parent.parent
 sys.path.insert(0, str(HERE))
 
 import catalog as cat  # noqa: E402
+import optimum  # noqa: E402
 import procs  # noqa: E402
+import rabbit  # noqa: E402
 import stats  # noqa: E402
 from report import render  # noqa: E402
 
@@ -76,7 +85,10 @@ PEER_PACKAGES: dict[str, list[str]] = {
     "modelfleet": ["modelfleet", "uvicorn", "fastapi", "aio-pika", "numpy"],
 }
 SYSTEMS = ["plain", "mlserver", "ray", "modelfleet", "modelfleet-amqp", "modelfleet-fits",
-           "amqp-rtt"]
+           "modelfleet-mapped", "amqp-rtt"]
+DEFAULT_SYSTEMS = [s for s in SYSTEMS if s != "modelfleet-mapped"]  # --mapped adds it
+SCALE_SYSTEMS = ["plain", "mlserver", "ray", "modelfleet", "modelfleet-amqp"]
+PRIVATE_RABBIT_FROM = 300  # models: from here on the amqp row gets a RabbitMQ of its own
 VENV_OF = {"plain": "plain", "mlserver": "mlserver", "ray": "ray"}
 WORKLOADS = ["zipf-32", "warm-c1", "warm-c32"]
 BUDGET_FRACTION = 0.16
@@ -87,6 +99,17 @@ KEEP_RUNS = 8  # run folders (logs, generated repository) kept under .cache/runs
 
 class Interrupted(Exception):
     pass
+
+
+def per_replica(n_models: int) -> int:
+    """Models per Ray replica: the same share of the catalog as modelfleet's budget."""
+    return max(1, round(BUDGET_FRACTION * n_models))
+
+
+def catalog_dir(n_models: int, sizes: str) -> Path:
+    if (n_models, sizes) == (cat.N_MODELS, "large"):
+        return CACHE / "catalog"  # the default catalog's folder, as before
+    return CACHE / f"catalog-{n_models}-{sizes}"
 
 
 def log(message: str) -> None:
@@ -165,7 +188,7 @@ def probe_body(protocol: str) -> bytes:
     return json.dumps({"inputs": row}).encode()
 
 
-def probe(protocol: str, base: str, model: str = "model-00") -> Callable[[], bool]:
+def probe(protocol: str, base: str, model: str) -> Callable[[], bool]:
     headers = {"content-type": "application/json"}
     if protocol == "mlserver":
         url = f"{base}/v2/models/{model}/infer"
@@ -192,11 +215,19 @@ class Bench:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         for old in sorted((CACHE / "runs").iterdir())[:-KEEP_RUNS]:  # logs of old runs
             shutil.rmtree(old, ignore_errors=True)
-        self.catalog = cat.write_catalog(CACHE / "catalog")
-        self.total_bytes = self.catalog.total_bytes
+        low, high = cat.SIZE_PRESETS[args.sizes]
+        self.catalog = cat.write_catalog(catalog_dir(args.models, args.sizes), n=args.models,
+                                         min_bytes=low, max_bytes=high)
+        self.sizes = self.catalog.sizes()
+        self.total_bytes = sum(self.sizes.values())
         self.repo = cat.write_modelfleet_repo(self.catalog, self.run_dir / "repo")
         self.models = [m.name for m in self.catalog.models]
+        self.hot = self.models[0]  # rank 0: the warm workloads' model and the probes'
+        self.budget = int(self.total_bytes * BUDGET_FRACTION)  # per runtime
+        self.pooled_budget = WORKERS * self.budget
         self.venvs: dict[str, Path] = {}
+        self.current: Running | None = None  # the system being started or run
+        self.broker_pids: list[int] = []  # a private RabbitMQ node's, while it runs
         self.systems: list[dict[str, Any]] = []  # results, in the order run
 
     def code_dir(self, system: str, files: list[str]) -> Path:
@@ -232,9 +263,10 @@ class Bench:
         run = Running([server], base, "plain", load_log,
                       settings={"workers": WORKERS, "models_resident": len(self.models)})
         expected = WORKERS * len(self.models)
+        self.current = run  # stopped by run_system even if it never gets ready
         run.settings["startup_s"] = procs.wait_ready(
             [server], [f"{base}/health"], self.args.start_timeout_s,
-            probe=lambda: _lines(load_log) >= expected and probe("plain", base)())
+            probe=lambda: _lines(load_log) >= expected and probe("plain", base, self.hot)())
         return run
 
     def start_mlserver(self) -> Running:
@@ -261,9 +293,10 @@ class Bench:
         base = f"http://127.0.0.1:{http_port}"
         run = Running([server], base, "mlserver", load_log, settings={
             "parallel_workers": WORKERS, "models_loaded": len(self.models), "debug": False})
+        self.current = run  # stopped by run_system even if it never gets ready
         run.settings["startup_s"] = procs.wait_ready(
             [server], [f"{base}/v2/health/ready"], self.args.start_timeout_s,
-            probe=probe("mlserver", base))
+            probe=probe("mlserver", base, self.hot))
         return run
 
     def start_ray(self) -> Running:
@@ -277,18 +310,21 @@ class Bench:
         cpus = os.cpu_count() or 2
         argv = [str(venv / "bin" / "python"), str(code / "ray_app.py"), "--port", str(port),
                 "--catalog", str(self.catalog.root), "--replicas", str(WORKERS),
-                "--models-per-replica", "8", "--num-cpus", str(cpus),
+                "--models-per-replica", str(per_replica(len(self.models))),
+                "--num-cpus", str(cpus),
                 "--cpus-per-replica", str(cpus / WORKERS), "--temp-dir", str(temp)]
         server = procs.Server("ray", argv, env, code, self.run_dir / "ray" / "server.log")
         base = f"http://127.0.0.1:{port}"
         run = Running([server], base, "ray", load_log, settings={
-            "replicas": WORKERS, "max_num_models_per_replica": 8, "num_cpus": cpus,
+            "replicas": WORKERS, "max_num_models_per_replica": per_replica(len(self.models)),
+            "num_cpus": cpus,
             "cpus_per_replica": cpus / WORKERS, "max_ongoing_requests": "default (5)",
             "access_log": False})
         run.cleanup.append(lambda: shutil.rmtree(temp, ignore_errors=True))
+        self.current = run  # stopped by run_system even if it never gets ready
         run.settings["startup_s"] = procs.wait_ready(
             [server], [f"{base}/-/healthz"], self.args.start_timeout_s,
-            probe=probe("ray", base))
+            probe=probe("ray", base, self.hot))
         return run
 
     # -- modelfleet -------------------------------------------------------------------------
@@ -313,20 +349,45 @@ class Bench:
                 "host_budget_bytes_per_runtime": self.args.mf_host_budget_bytes,
                 "batching": {"max_batch_size": 16, "max_delay_ms": 0}, "permits": 16}
 
-    def start_modelfleet(self, name: str, budget: int) -> Running:
+    def start_modelfleet(self, name: str, budget: int, repo: Path | None = None) -> Running:
         port = procs.free_port()
         load_log = self.run_dir / name / "loads.log"
         env = self.modelfleet_env(load_log, budget, "memory")
-        argv = [str(MODELFLEET_VENV / "bin" / "modelfleet"), "serve", "--repo", str(self.repo),
+        repo = repo or self.repo
+        argv = [str(MODELFLEET_VENV / "bin" / "modelfleet"), "serve", "--repo", str(repo),
                 "--broker", "memory", "--host", "127.0.0.1", "--port", str(port),
                 "--runtimes", str(WORKERS)]
         server = procs.Server(name, argv, env, ROOT, self.run_dir / name / "server.log")
         base = f"http://127.0.0.1:{port}"
         run = Running([server], base, "modelfleet", load_log, [f"{base}/metrics"],
                       settings=self.mf_settings(budget))
+        self.current = run  # stopped by run_system even if it never gets ready
         run.settings["startup_s"] = procs.wait_ready(
             [server], [f"{base}/readyz"], self.args.start_timeout_s,
-            probe=probe("modelfleet", base))
+            probe=probe("modelfleet", base, self.hot))
+        return run
+
+    def mapped_unavailable(self) -> str | None:
+        """Why the mapped-weights row cannot run on this build (None: it can)."""
+        code = (f"import modelfleet, sys; sys.exit(0 if hasattr(modelfleet.Context, "
+                f"{cat.MAPPED_API!r}) else 3)")
+        done = subprocess.run([str(MODELFLEET_VENV / "bin" / "python"), "-c", code],
+                              env=self.base_env(self.run_dir / "probe.log"),
+                              capture_output=True, text=True, check=False)
+        if done.returncode == 0:
+            return None
+        if done.returncode == 3:
+            return (f"not available: this build's model API has no Context.{cat.MAPPED_API} "
+                    "(the mapped-array API of issue 20 is not on this branch yet)")
+        return f"not available: importing modelfleet failed: {done.stderr[-500:]}"
+
+    def start_modelfleet_mapped(self) -> Running:
+        """modelfleet serve, 16 % budget, with handlers that map their weights (labelled)."""
+        cat.write_npy_arrays(self.catalog)
+        repo = cat.write_modelfleet_repo(self.catalog, self.run_dir / "repo-mapped",
+                                         handler="mapped")
+        run = self.start_modelfleet("modelfleet-mapped", self.budget, repo)
+        run.settings["handler"] = f"mapped (ctx.{cat.MAPPED_API}, .npy arrays)"
         return run
 
     def start_modelfleet_amqp(self, budget: int) -> Running:
@@ -337,29 +398,55 @@ class Bench:
         names = {"MODELFLEET_BROKER__QUEUE_PREFIX": f"{prefix}model.",
                  "MODELFLEET_BROKER__EVENTS_EXCHANGE": f"{prefix}events",
                  "MODELFLEET_BROKER__DEAD_LETTER_QUEUE": f"{prefix}dead-letters"}
-        env = {**self.modelfleet_env(load_log, budget, self.args.amqp), **names}
+        amqp, broker_settings = self.args.amqp, {"broker": "rabbitmq"}
+        node: rabbit.PrivateRabbit | None = None
+        if self.args.private_rabbit_on:
+            node = rabbit.PrivateRabbit(keep_logs_in=self.run_dir / name / "rabbitmq")
+            log(f"{name}: starting a private RabbitMQ node {node.node} on port {node.port} "
+                f"(ulimit -n {rabbit.NOFILE})")
+            node.start()
+            self.broker_pids = [node.popen.pid] if node.popen else []
+            amqp = node.url
+            broker_settings.update({"private_node": node.node, "amqp_port": node.port,
+                                    "node_startup_s": round(node.startup_s or 0, 1),
+                                    "node_fd_limit": node.descriptor_limit()})
+        else:
+            broker_settings["amqp"] = amqp
+        env = {**self.modelfleet_env(load_log, budget, amqp), **names}
         mf = str(MODELFLEET_VENV / "bin" / "modelfleet")
         run = Running([], f"http://127.0.0.1:{port}", "modelfleet", load_log,
                       [f"http://127.0.0.1:{port}/metrics",
                        f"http://127.0.0.1:{probe_port}/metrics"],
-                      settings={**self.mf_settings(budget), "broker": "rabbitmq",
+                      settings={**self.mf_settings(budget), **broker_settings,
                                 "names": names})
-        run.cleanup.append(lambda: self.delete_amqp(
-            queues=[f"{prefix}model.{m}" for m in self.models] + [f"{prefix}dead-letters"],
-            exchanges=[f"{prefix}events"]))
+        if node is not None:
+            run.cleanup.append(lambda: self.stop_private_rabbit(node))
+        else:
+            run.cleanup.append(lambda: self.delete_amqp(
+                queues=[f"{prefix}model.{m}" for m in self.models] + [f"{prefix}dead-letters"],
+                exchanges=[f"{prefix}events"]))
         run.servers.append(procs.Server(
             "modelfleet-gateway", [mf, "gateway", "--repo", str(self.repo), "--broker",
-                                   self.args.amqp, "--host", "127.0.0.1", "--port", str(port)],
+                                   amqp, "--host", "127.0.0.1", "--port", str(port)],
             env, ROOT, self.run_dir / name / "gateway.log"))
         run.servers.append(procs.Server(
             "modelfleet-worker", [mf, "worker", "--repo", str(self.repo), "--broker",
-                                  self.args.amqp, "--runtimes", str(WORKERS),
+                                  amqp, "--runtimes", str(WORKERS),
                                   "--probe-host", "127.0.0.1", "--probe-port", str(probe_port)],
             env, ROOT, self.run_dir / name / "worker.log"))
+        self.current = run  # stopped by run_system even if it never gets ready
         run.settings["startup_s"] = procs.wait_ready(
             run.servers, [f"{run.base}/readyz", f"http://127.0.0.1:{probe_port}/readyz"],
-            self.args.start_timeout_s, probe=probe("modelfleet", run.base))
+            self.args.start_timeout_s, probe=probe("modelfleet", run.base, self.hot))
         return run
+
+    def stop_private_rabbit(self, node: rabbit.PrivateRabbit) -> None:
+        log(f"stopping the private RabbitMQ node {node.node}")
+        try:
+            node.stop()
+        except Exception as exc:
+            log(f"could not stop the private RabbitMQ node {node.node}: {exc!r}")
+        self.broker_pids = []
 
     def delete_amqp(self, queues: list[str], exchanges: list[str]) -> None:
         import aio_pika
@@ -392,13 +479,14 @@ class Bench:
             return self.start_mlserver()
         if system == "ray":
             return self.start_ray()
-        budget = int(self.total_bytes * BUDGET_FRACTION)
         if system == "modelfleet":
-            return self.start_modelfleet(system, budget)
+            return self.start_modelfleet(system, self.budget)
         if system == "modelfleet-fits":
             return self.start_modelfleet(system, int(self.total_bytes * FITS_FACTOR))
         if system == "modelfleet-amqp":
-            return self.start_modelfleet_amqp(budget)
+            return self.start_modelfleet_amqp(self.budget)
+        if system == "modelfleet-mapped":
+            return self.start_modelfleet_mapped()
         raise ValueError(system)
 
     # -- load -------------------------------------------------------------------------------
@@ -412,10 +500,10 @@ class Bench:
             return {**common, "clients": 32, "zipf_s": 1.0, "warmup_s": a.warmup_s,
                     "measure_s": a.measure_s}
         if workload == "warm-c1":
-            return {**common, "clients": 1, "model": "model-00", "warmup_s": a.warm_warmup_s,
+            return {**common, "clients": 1, "model": self.hot, "warmup_s": a.warm_warmup_s,
                     "measure_s": a.c1_s}
         if workload == "warm-c32":
-            return {**common, "clients": 32, "model": "model-00",
+            return {**common, "clients": 32, "model": self.hot,
                     "warmup_s": a.warm_warmup_s, "measure_s": a.c32_s}
         raise ValueError(workload)
 
@@ -444,13 +532,23 @@ class Bench:
             return self.run_amqp_rtt()
         result: dict[str, Any] = {"system": system, "workloads": {}}
         self.systems.append(result)  # filled in place: an interrupted system keeps its part
-        run: Running | None = None
+        if system == "modelfleet-mapped":
+            why = self.mapped_unavailable()
+            if why is not None:
+                log(f"{system}: {why}")
+                result.update({"error": why, "not_available": True})
+                result["summary"] = summary_row(system, result)
+                return result
         sampler: procs.RssSampler | None = None
+        broker: procs.RssSampler | None = None
         started = time.monotonic()
+        self.current = None
         try:
             log(f"{system}: starting")
             run = self.start(system)
             sampler = procs.RssSampler(run.servers).__enter__()
+            if self.broker_pids:  # a private RabbitMQ node: its memory apart, not counted
+                broker = procs.RssSampler([], extra_pids=lambda: self.broker_pids).__enter__()
             result["settings"] = run.settings
             result["startup_s"] = round(run.settings.pop("startup_s"), 2)
             log(f"{system}: ready in {result['startup_s']:.1f}s")
@@ -468,10 +566,17 @@ class Bench:
                 if run.metrics_urls:
                     out["metrics_delta"] = stats.counter_delta(
                         out.pop("metrics_start") or {}, out.pop("metrics_end") or {})
+                out.update(self.window_costs(out, sampler, run.load_log,
+                                             optimum_for=workload == "zipf-32"))
+                if broker is not None:
+                    out["broker_rss"] = broker.rss_summary(out["window_start_unix"],
+                                                           out["window_end_unix"])
                 result["workloads"][workload] = out
+                cpu = out.get("cpu_ms_per_request")
                 log(f"{system}: {workload}: {out['req_per_s']} req/s, p50 {out['p50_ms']} ms, "
                     f"p99 {out['p99_ms']} ms, errors {out['errors']}, "
-                    f"timeouts {out['timeouts']}")
+                    f"timeouts {out['timeouts']}, CPU/req "
+                    f"{'-' if cpu is None else f'{cpu:.1f}'} ms")
             if run.metrics_urls:
                 result["metrics_final"] = self.scrape(run.metrics_urls)
             result["load_log_lines_total"] = _lines(run.load_log)
@@ -482,18 +587,55 @@ class Bench:
             result["error"] = f"{type(exc).__name__}: {exc}"
             log(f"{system}: failed: {traceback.format_exc()}")
         finally:
+            for s in (sampler, broker):
+                if s is not None:
+                    s.__exit__(None, None, None)
             if sampler is not None:
-                sampler.__exit__(None, None, None)
                 result["peak_rss_bytes"] = sampler.peak_bytes
                 result["peak_rss_processes"] = sampler.peak_processes
-            if run is not None:
-                codes = {s.name: s.stop() for s in run.servers}
+                result["rss"] = sampler.rss_summary()
+                # (unix time, RSS bytes, cumulative CPU s, processes), every 0.5 s
+                result["rss_series"] = [(round(t, 2), b, round(c, 2), n)
+                                        for t, b, c, n in sampler.series]
+            if broker is not None:
+                result["broker_rss"] = broker.rss_summary()
+            run_ = self.current
+            if run_ is not None:  # started, ready or not
+                codes = {s.name: s.stop() for s in run_.servers}
                 result["exit_codes"] = codes
-                for step in run.cleanup:
+                for step in run_.cleanup:
                     step()
+            self.current = None
             result["wall_s"] = round(time.monotonic() - started, 1)
             result["summary"] = summary_row(system, result)
         return result
+
+    def window_costs(self, out: dict[str, Any], sampler: procs.RssSampler, load_log: Path,
+                     optimum_for: bool) -> dict[str, Any]:
+        """What the measured window cost: the process tree's CPU per answer, its RSS, the
+        loads and bytes of the load log in the window, and (zipf-32) the static optimum."""
+        t0, t1 = out["window_start_unix"], out["window_end_unix"]
+        sampler.sample()  # one sample after the window's end, whatever the sampler's phase
+        costs: dict[str, Any] = {}
+        cpu = sampler.cpu_between(t0, t1)
+        costs["cpu_s_window"] = None if cpu is None else round(cpu, 3)
+        done = out.get("completed_ok") or 0
+        costs["cpu_ms_per_request"] = None if cpu is None or not done else \
+            round(cpu * 1000 / done, 2)
+        costs["rss_window"] = sampler.rss_summary(t0, t1)
+        loads, loaded = load_log_window(load_log, t0, t1)
+        requests = out.get("requests_started") or 0
+        costs["load_log_window"] = {"loads": loads, "bytes": loaded}
+        costs["bytes_loaded_per_request"] = round(loaded / requests, 1) if requests else None
+        if optimum_for and out.get("requests_per_model"):
+            warm = out.get("warmup_requests_per_model") or {}
+            pooled = optimum.static_optimum(out["requests_per_model"], self.sizes,
+                                            self.pooled_budget, warm=warm)
+            bare = optimum.static_optimum(out["requests_per_model"], self.sizes,
+                                          self.pooled_budget, reserve_bytes=0, warm=warm)
+            costs["static_optimum"] = {"pooled_budget_one_reserve": pooled.as_dict(),
+                                       "pooled_budget_no_reserve": bare.as_dict()}
+        return costs
 
     def run_amqp_rtt(self) -> dict[str, Any]:
         a = self.args
@@ -525,6 +667,25 @@ class Bench:
         return stats.fold_prometheus("\n".join(texts))
 
 
+def load_log_window(path: Path, t0: float, t1: float) -> tuple[int, int]:
+    """Loads and bytes of the load log's lines stamped within [t0, t1) (unix seconds)."""
+    loads = loaded = 0
+    try:
+        with path.open() as f:
+            for line in f:
+                parts = line.split()
+                try:
+                    stamp, nbytes = float(parts[0]), int(parts[3])
+                except (IndexError, ValueError):
+                    continue
+                if t0 <= stamp < t1:
+                    loads += 1
+                    loaded += nbytes
+    except FileNotFoundError:
+        pass
+    return loads, loaded
+
+
 def _lines(path: Path) -> int:
     try:
         with path.open("rb") as f:
@@ -553,7 +714,21 @@ def summary_row(system: str, result: dict[str, Any]) -> dict[str, Any]:
         "rss_mb": round(result["peak_rss_bytes"] / 2**20) if result.get(
             "peak_rss_bytes") else None,
         "error": result.get("error"),
+        "not_available": bool(result.get("not_available")),
+        "startup_s": result.get("startup_s"),
+        "zipf_cpu_ms_per_request": zipf.get("cpu_ms_per_request"),
+        "zipf_bytes_per_request": zipf.get("bytes_loaded_per_request"),
+        "zipf_loads_log": (zipf.get("load_log_window") or {}).get("loads"),
     }
+    rss = result.get("rss") or {}
+    for key in ("start", "max", "end"):
+        value = rss.get(f"{key}_bytes")
+        row[f"rss_{key}_mb"] = None if value is None else round(value / 2**20)
+    opt = (zipf.get("static_optimum") or {}).get("pooled_budget_one_reserve") or {}
+    row["zipf_optimum_bytes_per_request"] = opt.get("bytes_per_request")
+    row["zipf_optimum_bound_bytes_per_request"] = opt.get("bound_bytes_per_request")
+    bare = (zipf.get("static_optimum") or {}).get("pooled_budget_no_reserve") or {}
+    row["zipf_optimum_no_reserve_bytes_per_request"] = bare.get("bytes_per_request")
     delta = zipf.get("metrics_delta")
     if delta is not None:
         loads = stats.metric_total(delta, "modelfleet_model_loads_total")
@@ -575,7 +750,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="\n".join(__doc__.splitlines()[2:]))
     p.add_argument("--only", default="", help=f"comma-separated subset of {','.join(SYSTEMS)}")
-    p.add_argument("--workloads", default=",".join(WORKLOADS))
+    p.add_argument("--workloads", default="",
+                   help=f"comma-separated subset of {','.join(WORKLOADS)} (default: all; "
+                        "the scale variant: zipf-32)")
+    p.add_argument("--models", type=int, default=cat.N_MODELS,
+                   help="models in the catalog (default 50; 5000 is the scale variant)")
+    p.add_argument("--scale", action="store_true",
+                   help=f"the scale variant: --models {cat.SCALE_MODELS} (sizes small)")
+    p.add_argument("--sizes", choices=sorted(cat.SIZE_PRESETS), default=None,
+                   help="artifact sizes: large = 1-40 MiB (default at 50 models), small = "
+                        "20 KB-1 MB (default otherwise)")
+    p.add_argument("--mapped", action="store_true",
+                   help="add the labelled row modelfleet-mapped (handlers map their weights "
+                        "with ctx.map_array; 'not available' where the build lacks it)")
+    p.add_argument("--private-rabbit", choices=("auto", "on", "off"), default="auto",
+                   help="modelfleet-amqp on a RabbitMQ node of its own (ulimit -n 20000, free "
+                        f"ports, stopped after); auto: from {PRIVATE_RABBIT_FROM} models on")
     p.add_argument("--quick", action="store_true",
                    help="a ~5 s smoke run of every workload (figures mean nothing)")
     p.add_argument("--measure-s", type=float, default=45.0, help="zipf-32 measured seconds")
@@ -585,7 +775,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--warm-warmup-s", type=float, default=2.0,
                    help="warm-up of warm-c1, warm-c32 and amqp-rtt")
     p.add_argument("--client-timeout-s", type=float, default=30.0)
-    p.add_argument("--start-timeout-s", type=float, default=240.0)
+    p.add_argument("--start-timeout-s", type=float, default=None,
+                   help="per system (default 240 s; 900 s from 1,000 models on)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--mf-host-budget-bytes", type=int, default=0,
                    help="modelfleet host-tier budget per runtime (default 0: on a CPU box "
@@ -597,10 +788,28 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--skip-build", action="store_true", help="reuse the venvs; build none")
     p.add_argument("--no-save", action="store_true", help="write no results file")
     args = p.parse_args(argv)
+    if args.scale:
+        args.models = cat.SCALE_MODELS
+    if args.models < 1:
+        p.error("--models must be >= 1")
+    if args.sizes is None:
+        args.sizes = "large" if args.models == cat.N_MODELS else "small"
+    # The scale variant's shape (zipf-32, the five systems) for any other catalog, 50 small
+    # models included (the point issue 23 compares CPU per request with).
+    scale = (args.models, args.sizes) != (cat.N_MODELS, "large")
+    if args.start_timeout_s is None:
+        args.start_timeout_s = 900.0 if args.models >= 1000 else 240.0
+    args.private_rabbit_on = args.private_rabbit == "on" or (
+        args.private_rabbit == "auto" and args.models >= PRIVATE_RABBIT_FROM)
+    if not args.workloads:
+        args.workloads = "zipf-32" if scale else ",".join(WORKLOADS)
     if args.quick:
         args.warmup_s, args.measure_s, args.c1_s, args.c32_s, args.warm_warmup_s = \
             1.0, 5.0, 2.0, 3.0, 1.0
-    args.systems = [s for s in (args.only.split(",") if args.only else SYSTEMS) if s]
+    default = list(SCALE_SYSTEMS if scale else DEFAULT_SYSTEMS)
+    if args.mapped:
+        default.insert(default.index("modelfleet") + 1, "modelfleet-mapped")
+    args.systems = [s for s in (args.only.split(",") if args.only else default) if s]
     unknown = [s for s in args.systems if s not in SYSTEMS]
     args.workloads = [w for w in args.workloads.split(",") if w]
     if unknown or any(w not in WORKLOADS for w in args.workloads):
@@ -649,7 +858,7 @@ def main(argv: list[str] | None = None) -> int:
         except KeyboardInterrupt:
             interrupted = True
             log("interrupted: servers stopped; writing what was measured")
-    sizes = bench.catalog.sizes()
+    sizes = bench.sizes
     results = {
         "command": [sys.executable, *sys.argv] if argv is None else ["run.py", *argv],
         "started": dt.datetime.fromtimestamp(started).isoformat(timespec="seconds"),
@@ -660,7 +869,10 @@ def main(argv: list[str] | None = None) -> int:
         "versions": versions,
         "catalog": {"models": len(sizes), "total_bytes": bench.total_bytes,
                     "min_bytes": min(sizes.values()), "max_bytes": max(sizes.values()),
-                    "seed": cat.SEED, "sizes": sizes},
+                    "seed": cat.SEED, "size_preset": args.sizes,
+                    "budget_bytes_per_runtime": bench.budget,
+                    "pooled_budget_bytes": bench.pooled_budget,
+                    "models_per_ray_replica": per_replica(len(sizes)), "sizes": sizes},
         "durations": {"zipf_warmup_s": args.warmup_s, "zipf_measure_s": args.measure_s,
                       "c1_s": args.c1_s, "c32_s": args.c32_s,
                       "warm_warmup_s": args.warm_warmup_s,
@@ -672,10 +884,12 @@ def main(argv: list[str] | None = None) -> int:
     print(table)
     if not args.no_save:
         RESULTS.mkdir(exist_ok=True)
-        suffix = "-quick" if args.quick else ""
+        variant = "" if args.models == cat.N_MODELS and args.sizes == "large" else \
+            f"-{args.models}-{args.sizes}"
+        suffix = variant + ("-quick" if args.quick else "")
         stamped = RESULTS / f"{bench.stamp}{suffix}.json"
         stamped.write_text(json.dumps(results, indent=1) + "\n")
-        latest = RESULTS / ("latest-quick.json" if args.quick else "latest.json")
+        latest = RESULTS / f"latest{suffix}.json"
         shutil.copyfile(stamped, latest)
         log(f"wrote {latest.relative_to(ROOT)} and {stamped.relative_to(ROOT)}")
     return 130 if interrupted else 0

@@ -1,17 +1,24 @@
-"""bench/peers: what can go wrong silently (no servers started).
+"""bench/peers: what can go wrong silently (no model servers started).
 
 The catalog is deterministic and its sizes log-uniform within bounds, the modelfleet
-package it writes serves the same logits as the shared mlp code, the Zipf sampler draws
-the frequencies it claims, and the percentile, metric and table code computes what the
-table says.
+package it writes serves the same logits as the shared mlp code (mapped or copied), the
+Zipf sampler draws the frequencies it claims, the percentile, metric and table code
+computes what the table says, the static optimum is the knapsack's, the sampler follows a
+real process tree's RSS and CPU, the scale variant's options are the issue's, and the
+private RabbitMQ node is one of its own (port, descriptor limit) and goes away after.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import importlib.util
+import itertools
 import json
 import math
+import os
 import random
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -24,12 +31,16 @@ sys.path.insert(0, str(PEERS))
 try:
     import catalog as cat
     import mlp
+    import optimum
+    import procs
+    import rabbit
+    import run as bench_run
     import stats
     from report import render
 finally:
     sys.path.remove(str(PEERS))
 
-from modelfleet import LocalModel  # noqa: E402
+from modelfleet import Context, LocalModel  # noqa: E402
 from modelfleet.repository.manifest import load_manifest  # noqa: E402
 
 MiB = 1024 * 1024
@@ -268,3 +279,279 @@ def test_table_shows_ratios_to_plain_and_to_peers() -> None:
     assert ratios, table  # req/s half of plain's, p99 twice plain's
     assert any(line.startswith("| modelfleet | 2.00x | 0.50x") for line in lines), table
     assert any(line.startswith("| ray | failed") for line in lines)
+
+
+def test_table_labels_an_unavailable_row_and_compares_cpu_and_bytes() -> None:
+    def row(system: str, rps: float, cpu: float, **extra: object) -> dict[str, object]:
+        return {"system": system, "summary": {
+            "system": system, "zipf_rps": rps, "zipf_p50_ms": 1.0, "zipf_p99_ms": 10.0,
+            "zipf_errors": 0, "zipf_timeouts": 0, "zipf_loads": 5,
+            "zipf_cpu_ms_per_request": cpu, "rss_start_mb": 100, "rss_max_mb": 300,
+            "rss_end_mb": 250, "startup_s": 3.0, **extra}}
+    results = {"systems": [
+        row("ray", 50.0, 20.0),
+        row("modelfleet", 150.0, 5.0, zipf_bytes_per_request=110_000.0,
+            zipf_optimum_bytes_per_request=100_000.0,
+            zipf_optimum_bound_bytes_per_request=99_000.0,
+            zipf_optimum_no_reserve_bytes_per_request=90_000.0),
+        {"system": "modelfleet-mapped", "summary": {
+            "system": "modelfleet-mapped", "error": "not available: no map_array",
+            "not_available": True}}],
+        "catalog": {"models": 5000, "total_bytes": 1_277_537_600, "min_bytes": 20_000,
+                    "max_bytes": 1_000_000, "pooled_budget_bytes": 408_000_000},
+        "machine": {"nproc": 2, "ram_gib": 23.5}, "durations": {}}
+    table = render(results)
+    lines = table.splitlines()
+    assert "warm c1" not in table  # no warm workloads ran: no empty columns for them
+    assert any(line.startswith("| modelfleet | 150.0 |") and "| 100 / 300 / 250 |" in line
+               for line in lines), table
+    assert any(line.startswith("| modelfleet-mapped | not available |") for line in lines)
+    # Against Ray: 3x the req/s, the same p99, a quarter of the CPU per request, same RSS.
+    assert any(line.startswith("| modelfleet | 3.00x | 1.00x | 0.25x | 1.00x |")
+               for line in lines), table
+    assert "static optimum 0.100 MB" in table and "= 1.10x" in table
+
+
+# -- the static optimum -----------------------------------------------------------------------
+
+def _brute_force(counts: dict[str, int], sizes: dict[str, int], capacity: int,
+                 warm: set[str]) -> int:
+    """Bytes loaded by the best subset, by trying them all (tiny instances only)."""
+    names = list(counts)
+    total = sum(counts[m] * sizes[m] for m in names)
+    best = 0
+    for k in range(len(names) + 1):
+        for subset in itertools.combinations(names, k):
+            if sum(sizes[m] for m in subset) <= capacity:
+                best = max(best, sum((counts[m] - (0 if m in warm else 1)) * sizes[m]
+                                     for m in subset))
+    return total - best
+
+
+def test_static_optimum_beats_greedy_where_greedy_is_not_optimal() -> None:
+    # Budget 10 + reserve 6 (the largest model). Greedy by count keeps "a" (6) and then
+    # nothing fits; keeping "b" and "c" (5 + 5) saves more.
+    counts = {"a": 6, "b": 5, "c": 5}
+    sizes = {"a": 6, "b": 5, "c": 5}
+    best = optimum.static_optimum(counts, sizes, budget_bytes=16)
+    assert best.reserve_bytes == 6
+    assert best.resident == {"b", "c"} and best.method == "dp"
+    # a loads 6 times (36); b and c load once each (their first request: 10).
+    assert best.loaded_bytes == 46 and best.requests == 16
+    assert best.bytes_per_request == pytest.approx(46 / 16)
+    assert best.bound_bytes_per_request is not None
+    assert best.bound_bytes_per_request <= best.bytes_per_request
+
+
+def test_static_optimum_matches_brute_force_on_random_instances() -> None:
+    rng = random.Random(4)
+    for _ in range(40):
+        n = rng.randint(1, 8)
+        sizes = {f"m{i}": rng.randint(1, 50) for i in range(n)}
+        counts = {m: rng.randint(0, 9) for m in sizes}
+        warm = {m for m in sizes if rng.random() < 0.3}
+        budget = rng.randint(0, 200)
+        best = optimum.static_optimum(counts, sizes, budget, warm=warm)
+        capacity = max(0, budget - max(sizes.values()))
+        assert best.loaded_bytes == _brute_force(counts, sizes, capacity, warm)
+        assert best.bound_loaded_bytes <= best.loaded_bytes + 1e-9
+        assert sum(sizes[m] for m in best.resident) <= capacity
+
+
+def test_static_optimum_counts_first_loads_and_the_reserve() -> None:
+    sizes = {"hot": 10, "cold": 10, "big": 40}
+    counts = {"hot": 5, "cold": 1}
+    # Room for everything requested: the only loads left are the first ones.
+    roomy = optimum.static_optimum(counts, sizes, budget_bytes=100)
+    assert roomy.loaded_bytes == 20 and roomy.reserve_bytes == 40
+    # Requested in the warm-up: may be resident already, no first load.
+    assert optimum.static_optimum(counts, sizes, 100, warm={"hot"}).loaded_bytes == 10
+    assert optimum.static_optimum(counts, sizes, 100, compulsory=False).loaded_bytes == 0
+    # A budget that holds only the reservation keeps nothing resident.
+    tight = optimum.static_optimum(counts, sizes, budget_bytes=45)
+    assert tight.resident == frozenset() and tight.loaded_bytes == 60
+    assert optimum.static_optimum({}, sizes, 100).bytes_per_request is None
+    with pytest.raises(KeyError, match="nobody"):
+        optimum.static_optimum({"nobody": 1}, sizes, 100)
+    with pytest.raises(ValueError):
+        optimum.static_optimum(counts, sizes, -1)
+
+
+def test_static_optimum_of_the_50_model_catalog_is_the_issue_figure() -> None:
+    # Issue 20: for bench/peers' trace, one pooled budget of 2 x 16 % keeping one reserve
+    # of the largest model loads about 3.3 MB per request (2.75 MB with no reserve).
+    specs = cat.catalog_spec()
+    sizes = {m.name: m.weight_bytes for m in specs}
+    draws = stats.Zipf(50, 1.0, seed=1).sample(8735)
+    counts: dict[str, int] = {}
+    for rank in draws:
+        counts[specs[rank].name] = counts.get(specs[rank].name, 0) + 1
+    pooled = 2 * int(0.16 * sum(sizes.values()))
+    one = optimum.static_optimum(counts, sizes, pooled)
+    bare = optimum.static_optimum(counts, sizes, pooled, reserve_bytes=0)
+    assert one.bytes_per_request is not None and bare.bytes_per_request is not None
+    assert 3.0 * MiB < one.bytes_per_request < 3.6 * MiB
+    assert 2.4 * MiB < bare.bytes_per_request < one.bytes_per_request
+    assert one.as_dict()["capacity_bytes"] == pooled - max(sizes.values())
+
+
+# -- the scale variant's catalog and options ------------------------------------------------
+
+def test_scale_catalog_names_and_sizes() -> None:
+    specs = cat.catalog_spec(n=cat.SCALE_MODELS, min_bytes=cat.SMALL_MIN_BYTES,
+                             max_bytes=cat.SMALL_MAX_BYTES)
+    assert specs[0].name == "model-0000" and specs[-1].name == "model-4999"
+    assert len({s.name for s in specs}) == 5000
+    sizes = [s.weight_bytes for s in specs]
+    assert min(sizes) >= 20_000 - 300 and max(sizes) <= 1_000_000 + 300
+    assert 1.1e9 < sum(sizes) < 1.4e9  # about 1.25 GB: 5,000 x the log-uniform mean
+    assert cat.catalog_spec()[0].name == "model-00"  # the default catalog keeps its names
+
+
+def test_scale_flag_sets_the_variant_and_keeps_the_default() -> None:
+    scale = bench_run.parse_args(["--scale"])
+    assert (scale.models, scale.sizes, scale.workloads) == (5000, "small", ["zipf-32"])
+    assert scale.systems == ["plain", "mlserver", "ray", "modelfleet", "modelfleet-amqp"]
+    assert scale.private_rabbit_on and scale.start_timeout_s >= 600
+    assert bench_run.parse_args(["--models", "5000"]).systems == scale.systems
+    assert bench_run.per_replica(5000) == 800 and bench_run.per_replica(50) == 8
+    default = bench_run.parse_args([])
+    assert (default.models, default.sizes) == (50, "large")
+    assert default.workloads == bench_run.WORKLOADS and not default.private_rabbit_on
+    assert "modelfleet-mapped" not in default.systems
+    mapped = bench_run.parse_args(["--mapped"])
+    assert mapped.systems.index("modelfleet-mapped") == mapped.systems.index("modelfleet") + 1
+    small50 = bench_run.parse_args(["--models", "50", "--sizes", "small"])
+    assert bench_run.catalog_dir(50, "small") != bench_run.catalog_dir(50, "large")
+    assert small50.workloads == ["zipf-32"]
+    with pytest.raises(SystemExit):
+        bench_run.parse_args(["--models", "0"])
+
+
+def test_mapped_repository_points_at_npy_arrays(tmp_path: Path) -> None:
+    catalog = cat.write_catalog(tmp_path / "cat", n=2, min_bytes=20_000, max_bytes=40_000)
+    with pytest.raises(FileNotFoundError, match="write_npy_arrays"):
+        cat.write_modelfleet_repo(catalog, tmp_path / "repo", handler="mapped")
+    with pytest.raises(ValueError, match="handler"):
+        cat.write_modelfleet_repo(catalog, tmp_path / "repo", handler="mmap")
+    cat.write_npy_arrays(catalog)
+    repo = cat.write_modelfleet_repo(catalog, tmp_path / "repo", handler="mapped")
+    package = repo / "model-00" / "1"
+    assert load_manifest(package / "model.toml").entrypoint == "handler:BenchMLPMapped"
+    assert f"ctx.{cat.MAPPED_API}(" in (package / "handler.py").read_text()
+    net = mlp.load(catalog.artifact("model-00"))
+    for key in mlp.WEIGHTS:
+        mapped = np.load(package / "artifacts" / f"{key}.npy", mmap_mode="r")
+        np.testing.assert_array_equal(mapped, getattr(net, key))
+    # The generated handler serves the shared MLP's logits from mapped arrays. The model
+    # API's Context.map_array is issue 20's (not on this branch yet): np.load's mmap mode
+    # stands in for it here, so the generated code is held to the arrays it maps.
+
+    class MappingContext(Context):
+        def map_array(self, name: str) -> np.ndarray:
+            return np.load(self.artifact(name), mmap_mode="r")
+
+    sys.path.insert(0, str(package))
+    try:
+        spec = importlib.util.spec_from_file_location("bench_mapped_handler",
+                                                      package / "handler.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(package))
+    handler = module.BenchMLPMapped()
+    handler.load(MappingContext(model_id="model-00", version="1", package_dir=package,
+                                device="cpu"))
+    assert isinstance(handler.net.W1, np.memmap)  # mapped, not copied
+    row = np.linspace(-1, 1, 64, dtype=np.float32)
+    np.testing.assert_allclose(handler.predict([row])[0], mlp.predict(net, row)[0],
+                               rtol=1e-6)
+    with pytest.raises(ValueError, match="not a 64"):
+        mlp.from_arrays("bad", {"W1": np.zeros((3, 4)), "b1": np.zeros(4),
+                                "W2": np.zeros((4, 10)), "b2": np.zeros(10)})
+
+
+# -- samples over the run ---------------------------------------------------------------------
+
+def test_cpu_and_rss_over_a_window_from_the_series() -> None:
+    series = [(100.0, 10, 1.0, 1), (101.0, 30, 2.0, 2), (102.0, 20, 4.0, 2)]
+    assert procs.cpu_between(series, 100.5, 101.5) == pytest.approx(1.5)
+    assert procs.cpu_between(series, 100.0, 102.0) == pytest.approx(3.0)
+    assert procs.cpu_between(series, 99.0, 101.0) is None  # before the first sample
+    assert procs.rss_summary(series) == {"start_bytes": 10, "max_bytes": 30,
+                                         "end_bytes": 20, "samples": 3}
+    assert procs.rss_summary(series, 101.0, 102.0)["start_bytes"] == 30
+    assert procs.rss_summary(series, 200.0) == {}
+
+
+def test_sampler_follows_a_real_process_tree(tmp_path: Path) -> None:
+    # A parent that starts a child holding 64 MiB and burning CPU until told to stop.
+    code = ("import subprocess, sys; "
+            "c = subprocess.Popen([sys.executable, '-c', "
+            "'b = bytearray(64 << 20); import sys\\nfor _ in iter(sys.stdin.readline, \"\"): "
+            "sum(range(10**6))'], stdin=subprocess.PIPE, text=True); "
+            "[c.stdin.write('x\\n') or c.stdin.flush() for _ in range(40)]; "
+            "c.stdin.close(); c.wait()")
+    server = procs.Server("tree", [sys.executable, "-c", code], dict(os.environ), tmp_path,
+                          tmp_path / "tree.log")
+    try:
+        with procs.RssSampler([server], interval_s=0.05) as sampler:
+            deadline = time.monotonic() + 60
+            while server.alive() and time.monotonic() < deadline:
+                sampler.sample()
+                time.sleep(0.02)
+        assert server.popen.wait(10) == 0, server.log_tail()
+    finally:
+        server.stop()
+    assert sampler.peak_bytes > 64 << 20 and sampler.peak_processes == 2
+    first, last = sampler.series[0], sampler.series[-1]
+    assert last[2] > first[2]  # CPU seconds accumulate, the child's included
+    # The child's CPU is kept after it exits: the last samples see no process, not less CPU.
+    assert [s[2] for s in sampler.series] == sorted(s[2] for s in sampler.series)
+
+
+def test_load_log_window_counts_lines_and_bytes_in_the_window(tmp_path: Path) -> None:
+    log = tmp_path / "loads.log"
+    log.write_text("10.0 1 a 100\n15.5 1 b 200\nnot a line\n20.0 2 c 400\n")
+    assert bench_run.load_log_window(log, 10.0, 20.0) == (2, 300)
+    assert bench_run.load_log_window(log, 0.0, 100.0) == (3, 700)
+    assert bench_run.load_log_window(tmp_path / "missing.log", 0.0, 1.0) == (0, 0)
+
+
+# -- the private RabbitMQ node ------------------------------------------------------------------
+
+def test_private_rabbit_fails_clearly_without_rabbitmq(tmp_path: Path) -> None:
+    node = rabbit.PrivateRabbit(server="no-such-rabbitmq-server")
+    with pytest.raises(rabbit.RabbitFailed, match="not installed"):
+        node.start()
+    assert not node.folder.exists()  # nothing left behind in /tmp
+
+
+def test_private_rabbit_node_has_its_own_port_and_limit_and_goes_away(tmp_path: Path) -> None:
+    aio_pika = pytest.importorskip("aio_pika")
+    with rabbit.PrivateRabbit(keep_logs_in=tmp_path / "logs") as node:
+        folder = node.folder
+        assert node.port != 5672 and node.dist_port < 55_536
+        limit = node.descriptor_limit()
+        assert limit is not None and limit > 10_000, limit  # not the shared node's 1,024
+
+        async def declare() -> int:
+            connection = await aio_pika.connect(node.url, timeout=30)
+            try:
+                channel = await connection.channel()
+                queue = await channel.declare_queue("bench-probe", durable=True,
+                                                    arguments={"x-queue-type": "quorum"})
+                return int(queue.declaration_result.message_count)
+            finally:
+                await connection.close()
+        assert asyncio.run(declare()) == 0
+        pid = node.popen.pid if node.popen else -1
+    assert node.popen is not None and node.popen.poll() is not None
+    with pytest.raises(ProcessLookupError):
+        os.killpg(pid, 0)  # the node's whole process group is gone
+    assert not folder.exists()  # its data went with it; its logs were kept
+    assert any(p.name.endswith(".log") for p in (tmp_path / "logs").iterdir())
+    done = subprocess.run(["rabbitmqctl", "-n", node.node, "status"], capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert done.returncode != 0
