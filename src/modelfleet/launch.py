@@ -38,7 +38,7 @@ from modelfleet.gateway.auth import guarded, tenant_gate
 from modelfleet.gateway.edge import EdgeApp, EdgeLimits, edge_protocol
 from modelfleet.gateway.grpc_api.server import grpc_server
 from modelfleet.gateway.service import GatewayService
-from modelfleet.redaction import secure_logging
+from modelfleet.redaction import redact_url, secure_logging
 from modelfleet.repository import Catalog, ModelStore, open_store
 from modelfleet.repository.catalog import model_of_location
 from modelfleet.settings import Settings
@@ -225,7 +225,7 @@ async def serve(settings: Settings) -> None:
                     gw = settings.gateway
                     log.info("modelfleet serving %d models from %s on http://%s:%d "
                              "(broker: %s)", len(catalog), settings.repo, gw.host,
-                             listener.getsockname()[1], _redact(settings.broker.url))
+                             listener.getsockname()[1], redact_url(settings.broker.url))
                     async with _refreshing(store, catalog, settings), \
                             _dead_letters_archived(broker, settings), \
                             tenant_gate(settings, catalog, embedded=True) as gate, \
@@ -255,7 +255,7 @@ async def gateway(settings: Settings) -> None:
             try:
                 log.info("modelfleet gateway on http://%s:%d (broker: %s)",
                          settings.gateway.host, listener.getsockname()[1],
-                         _redact(settings.broker.url))
+                         redact_url(settings.broker.url))
                 async with _refreshing(store, catalog, settings), \
                         tenant_gate(settings, catalog, embedded=False) as gate, \
                         grpc_server(service, gate):
@@ -290,8 +290,3 @@ async def worker(settings: Settings, host: str, port: int) -> None:
             await broker.close()
 
 
-def _redact(url: str) -> str:
-    if "@" not in url:
-        return url
-    scheme, _, rest = url.partition("://")
-    return f"{scheme}://***@{rest.split('@', 1)[1]}"
