@@ -35,6 +35,10 @@ class ModelLabels:
             return model_id
         return OTHER
 
+    def __len__(self) -> int:
+        """How many models have their own label so far."""
+        return len(self._admitted)
+
 
 def top_n(values: Mapping[str, float], limit: int = DEFAULT_LIMIT,
           combine: Callable[[Iterable[float]], float] = sum) -> dict[str, float]:

@@ -182,11 +182,11 @@ async def _refreshing(store: ModelStore, catalog: Catalog, settings: Settings
             interval = max(settings.repo_refresh_s, _REFRESH_COST_FACTOR * cost_s)
             change = catalog.apply(update)
             if change:
-                log.info("repository: %d added %s; %d removed %s; %d changed %s "
-                         "(generation %d; %d manifest(s) read of %d, %.2fs)",
-                         len(change.added), _few(change.added), len(change.removed),
-                         _few(change.removed), len(change.changed), _few(change.changed),
-                         change.generation, update.parses, update.stamps,
+                parts = [f"{len(ids)} {what} {_few(ids)}" for what, ids in (
+                    ("added", change.added), ("removed", change.removed),
+                    ("changed", change.changed)) if ids]
+                log.info("repository: %s (generation %d; %d of %d manifests read, %.2fs)",
+                         "; ".join(parts), change.generation, update.parses, update.stamps,
                          time.perf_counter() - started[1])
 
     task = asyncio.create_task(refresh(), name="catalog-refresh")
@@ -203,8 +203,6 @@ _REFRESH_COST_FACTOR = 50.0
 
 
 def _few(models: tuple[str, ...], shown: int = 10) -> str:
-    if not models:
-        return ""
     more = f" and {len(models) - shown} more" if len(models) > shown else ""
     return "(" + ", ".join(models[:shown]) + more + ")"
 

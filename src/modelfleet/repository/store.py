@@ -69,8 +69,8 @@ class LocalStore:
                     continue
                 if not stat.S_ISREG(st.st_mode):
                     continue
-                fresh = max(st.st_mtime, st.st_ctime) > settled
-                yield path, "" if fresh else \
+                # ctime and inode in the stamp catch a copy that kept an old mtime.
+                yield path, "" if st.st_mtime > settled else \
                     f"{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_size}:{st.st_ino}"
 
     def read_manifest(self, location: str) -> str:
