@@ -178,3 +178,18 @@ def test_a_remote_store_is_listed_once_and_reads_only_what_changed(tmp_path: Pat
     change = refresh(catalog, store)
     assert reads == ["b"] and change.removed == ("a",) and change.changed == ("b",)
     assert catalog.get("b").manifest.timeout_s == 9
+
+
+def test_the_pinned_set_follows_the_manifests(tmp_path: Path) -> None:
+    package(tmp_path, "a")
+    pinned = package(tmp_path, "b")
+    pinned.write_text(pinned.read_text() + "\n[fanout]\npinned = true\n")
+    settle(pinned)
+    catalog = Catalog.from_store(LocalStore(tmp_path))
+    assert catalog.pinned() == {"b"}
+    later = package(tmp_path, "c")
+    later.write_text(later.read_text() + "\n[fanout]\npinned = true\n")
+    settle(later)
+    shutil.rmtree(tmp_path / "b")
+    assert refresh(catalog, LocalStore(tmp_path)).removed == ("b",)
+    assert catalog.pinned() == {"c"}

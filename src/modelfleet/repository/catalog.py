@@ -20,7 +20,9 @@ compare ``generation`` with the one they last saw, or ``subscribe`` a listener t
 
 A manifest that an edit broke (``on_invalid`` reports it) keeps its last good
 version in the catalog: one bad upload must not take a serving model away. The
-sorted model ids (``ids``) and ``page`` (a bisect: O(log n + limit)) serve listings.
+sorted model ids (``ids``) and ``page`` (a bisect: O(log n + limit)) serve listings;
+``pinned`` is the set of models pinned by their manifests. All three are kept by
+``apply`` and cost nothing to ask for.
 """
 
 from __future__ import annotations
@@ -88,6 +90,7 @@ class CatalogUpdate:
     scanned: _Scanned
     entries: dict[str, CatalogEntry] | None  # None: no model changed
     ids: list[str] | None  # None: the same model ids
+    pinned: frozenset[str] | None  # None: the same ones
     added: tuple[str, ...] = ()
     removed: tuple[str, ...] = ()
     changed: tuple[str, ...] = ()
@@ -163,6 +166,7 @@ class Catalog:
     def __init__(self, entries: dict[str, CatalogEntry]) -> None:
         self._entries = dict(sorted(entries.items()))
         self._ids = list(self._entries)
+        self._pinned = frozenset(m for m, e in self._entries.items() if e.manifest.fanout.pinned)
         self._scanned: _Scanned = {}
         self._generation = 0
         self._listeners: list[Listener] = []
@@ -218,7 +222,8 @@ class Catalog:
         touched.update(model_of_location(gone) for gone in before.keys() - scanned.keys()
                        if before[gone][1] is not None)
         if not touched:
-            return CatalogUpdate(generation, scanned, None, None, parses=parses, stamps=stamps)
+            return CatalogUpdate(generation, scanned, None, None, None, parses=parses,
+                                 stamps=stamps)
         versions: dict[str, list[Manifest]] = {}
         for _, manifest in scanned.values():
             if manifest is not None and manifest.name in touched:
@@ -236,8 +241,14 @@ class Catalog:
         ids = sorted(entries) if added or removed else None
         if ids is not None:
             entries = {model_id: entries[model_id] for model_id in ids}
-        return CatalogUpdate(generation, scanned, entries, ids, added, removed, changed,
-                             parses, stamps)
+        pinned = set(self._pinned)
+        for model_id in touched:
+            if model_id in entries and entries[model_id].manifest.fanout.pinned:
+                pinned.add(model_id)
+            else:
+                pinned.discard(model_id)
+        return CatalogUpdate(generation, scanned, entries, ids, frozenset(pinned), added,
+                             removed, changed, parses, stamps)
 
     def apply(self, update: CatalogUpdate) -> CatalogChange:
         """Install a scan's result (one swap, on the loop) and tell the listeners."""
@@ -248,15 +259,17 @@ class Catalog:
         self.parses += update.parses
         if update.entries is None or not (update.added or update.removed or update.changed):
             return CatalogChange(self._generation)
-        return self._install(update.entries, update.ids, update.added, update.removed,
-                             update.changed)
+        return self._install(update.entries, update.ids, update.pinned, update.added,
+                             update.removed, update.changed)
 
     def _install(self, entries: dict[str, CatalogEntry], ids: list[str] | None,
-                 added: tuple[str, ...], removed: tuple[str, ...],
-                 changed: tuple[str, ...]) -> CatalogChange:
+                 pinned: frozenset[str] | None, added: tuple[str, ...],
+                 removed: tuple[str, ...], changed: tuple[str, ...]) -> CatalogChange:
         self._entries = entries
         if ids is not None:
             self._ids = ids
+        if pinned is not None:
+            self._pinned = pinned
         self._generation += 1
         change = CatalogChange(self._generation, added, removed, changed)
         for listener in list(self._listeners):
@@ -292,7 +305,8 @@ class Catalog:
         self._scanned = fresh._scanned
         if added or removed or changed:
             ids = sorted(entries)
-            self._install({m: entries[m] for m in ids}, ids, added, removed, changed)
+            pinned = frozenset(m for m, e in entries.items() if e.manifest.fanout.pinned)
+            self._install({m: entries[m] for m in ids}, ids, pinned, added, removed, changed)
         return list(added), list(removed)
 
     # -- reading ------------------------------------------------------------------
@@ -306,6 +320,11 @@ class Catalog:
         """Every model id, sorted (a list the catalog replaces, never changes: keep it
         for as long as you like, but do not modify it)."""
         return self._ids
+
+    def pinned(self) -> frozenset[str]:
+        """The models whose newest manifest says ``[fanout] pinned = true``, kept by each
+        refresh in O(what changed): what a worker preloads, without a walk of the catalog."""
+        return self._pinned
 
     def page(self, after: str | None, limit: int,
              keep: Callable[[CatalogEntry], bool] | None = None
