@@ -101,10 +101,11 @@ def measure(kind: str, args: list[str], env: dict[str, str], base: str, idle_s: 
         seconds, response = _timed("GET", f"{base}/v1/models")
         out["v1_models_default"] = {"s": round(seconds, 3), "bytes": len(response.content),
                                     "status": response.status_code}
+        paged = "next_cursor" in response.json()
         seconds, response = _timed("POST", f"{base}/v2/repository/index")
         out["v2_index_default"] = {"s": round(seconds, 3), "bytes": len(response.content),
                                    "status": response.status_code}
-        if "next_cursor" in response.text or isinstance(response.json(), dict):
+        if paged:
             s, pages, entries, size = _pages("GET", f"{base}/v1/models", "models")
             out["v1_models_all_pages"] = {"s": round(s, 2), "pages": pages, "models": entries,
                                           "bytes": size}

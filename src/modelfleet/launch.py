@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
 import socket
@@ -61,7 +62,11 @@ class _Server(uvicorn.Server):
 def open_repository(settings: Settings) -> tuple[ModelStore, Catalog]:
     store = open_store(settings.repo, settings.state_dir / "disk-cache",
                        settings.runtime.disk_cache_bytes)
-    return store, Catalog.from_store(store)
+    catalog = Catalog.from_store(store)
+    # What start-up made lives for the process: out of the cyclic GC's passes, which
+    # would otherwise walk a large catalog's millions of objects again and again.
+    gc.freeze()
+    return store, catalog
 
 
 # After the gateway's drain, how long the HTTP server waits for answers being written

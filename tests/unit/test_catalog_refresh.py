@@ -193,3 +193,29 @@ def test_the_pinned_set_follows_the_manifests(tmp_path: Path) -> None:
     shutil.rmtree(tmp_path / "b")
     assert refresh(catalog, LocalStore(tmp_path)).removed == ("b",)
     assert catalog.pinned() == {"c"}
+
+
+def test_a_model_folder_is_listed_again_only_when_it_changed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from modelfleet.repository import store as store_module
+
+    for name in ("a", "b"):
+        package(tmp_path, name)
+    old = time.time() - SETTLE_S - 60
+    for name in ("a", "b"):
+        os.utime(tmp_path / name, (old, old))
+    listed: list[str] = []
+    folders = store_module._folders
+
+    def counting(path: str) -> list[str]:
+        listed.append(Path(path).name)
+        return folders(path)
+
+    monkeypatch.setattr(store_module, "_folders", counting)
+    store = LocalStore(tmp_path)
+    catalog = Catalog.from_store(store)
+    assert sorted(listed) == sorted([tmp_path.name, "a", "b"])
+    listed.clear()
+    assert not refresh(catalog, store) and listed == [tmp_path.name]  # the root only
+    package(tmp_path, "b", version="2")  # a new version folder: b's mtime moves
+    assert refresh(catalog, store).changed == ("b",) and "b" in listed and "a" not in listed

@@ -195,30 +195,34 @@ class Catalog:
         An invalid manifest raises without ``on_invalid``; with it, it is reported and
         keeps its last good version (left out if it never had one).
         """
+        with _no_gc_pauses():
+            return self._scan(store, on_invalid)
+
+    def _scan(self, store: ModelStore,
+              on_invalid: Callable[[ManifestError], None] | None) -> CatalogUpdate:
         before, generation = self._scanned, self._generation
         scanned: _Scanned = {}
         touched: set[str] = set()
         parses = stamps = 0
         shared = _Sharing()
-        with _no_gc_pauses():
-            for location, stamp in store.manifest_stamps():
-                stamps += 1
-                old = before.get(location)
-                if old is not None and stamp and old[0] == stamp:
-                    scanned[location] = old
-                    continue
-                parses += 1
-                try:
-                    manifest: Manifest | None = shared(
-                        _checked(location, store.read_manifest(location)))
-                except ManifestError as exc:
-                    if on_invalid is None:
-                        raise
-                    on_invalid(exc)
-                    manifest = old[1] if old is not None else None
-                scanned[location] = (stamp, manifest)
-                if old is None or old[1] != manifest:
-                    touched.add(model_of_location(location))
+        for location, stamp in store.manifest_stamps():
+            stamps += 1
+            old = before.get(location)
+            if old is not None and stamp and old[0] == stamp:
+                scanned[location] = old
+                continue
+            parses += 1
+            try:
+                manifest: Manifest | None = shared(
+                    _checked(location, store.read_manifest(location)))
+            except ManifestError as exc:
+                if on_invalid is None:
+                    raise
+                on_invalid(exc)
+                manifest = old[1] if old is not None else None
+            scanned[location] = (stamp, manifest)
+            if old is None or old[1] != manifest:
+                touched.add(model_of_location(location))
         touched.update(model_of_location(gone) for gone in before.keys() - scanned.keys()
                        if before[gone][1] is not None)
         if not touched:

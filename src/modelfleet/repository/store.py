@@ -54,14 +54,29 @@ class LocalStore:
         if not root.is_dir():
             raise ConfigError(f"model repository {root} is not a folder")
         self.root = root
+        self._versions: dict[str, tuple[int, list[str]]] = {}  # model -> (mtime, versions)
 
     def manifest_stamps(self) -> Iterator[tuple[str, str]]:
-        # os.scandir and one stat per manifest: ~2 us a package, no file opened.
+        # One listing of the root, then per model folder a stat: its versions are listed
+        # again only when its mtime moved (a version folder came or went), so a refresh
+        # costs two stats a package and opens no file.
         root = str(self.root)
         settled = time.time() - SETTLE_S
+        listed: dict[str, tuple[int, list[str]]] = {}
         for model in _folders(root):
             folder = os.path.join(root, model)
-            for version in _folders(folder):
+            try:
+                mtime_ns = os.stat(folder).st_mtime_ns
+            except OSError:
+                continue
+            known = self._versions.get(model)
+            if known is not None and known[0] == mtime_ns \
+                    and mtime_ns / 1e9 <= settled:
+                versions = known[1]
+            else:
+                versions = _folders(folder)
+            listed[model] = (mtime_ns, versions)
+            for version in versions:
                 path = os.path.join(folder, version, "model.toml")
                 try:
                     st = os.stat(path)
@@ -72,6 +87,7 @@ class LocalStore:
                 # ctime and inode in the stamp catch a copy that kept an old mtime.
                 yield path, "" if st.st_mtime > settled else \
                     f"{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_size}:{st.st_ino}"
+        self._versions = listed
 
     def read_manifest(self, location: str) -> str:
         try:
