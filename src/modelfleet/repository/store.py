@@ -54,7 +54,8 @@ class LocalStore:
         if not root.is_dir():
             raise ConfigError(f"model repository {root} is not a folder")
         self.root = root
-        self._versions: dict[str, tuple[int, list[str]]] = {}  # model -> (mtime, versions)
+        self._versions: dict[str, tuple[int, tuple[str, ...]]] = {}  # model -> (mtime, ..)
+        self._version_names: dict[tuple[str, ...], tuple[str, ...]] = {}
 
     def manifest_stamps(self) -> Iterator[tuple[str, str]]:
         # One listing of the root, then per model folder a stat: its versions are listed
@@ -62,7 +63,7 @@ class LocalStore:
         # costs two stats a package and opens no file.
         root = str(self.root)
         settled = time.time() - SETTLE_S
-        listed: dict[str, tuple[int, list[str]]] = {}
+        listed: dict[str, tuple[int, tuple[str, ...]]] = {}
         for model in _folders(root):
             folder = os.path.join(root, model)
             try:
@@ -73,8 +74,9 @@ class LocalStore:
             if known is not None and known[0] == mtime_ns \
                     and mtime_ns / 1e9 <= settled:
                 versions = known[1]
-            else:
-                versions = _folders(folder)
+            else:  # most models hold the same few version names: one tuple for them all
+                found = tuple(_folders(folder))
+                versions = self._version_names.setdefault(found, found)
             listed[model] = (mtime_ns, versions)
             for version in versions:
                 path = os.path.join(folder, version, "model.toml")
