@@ -78,8 +78,9 @@ class CatalogChange:
 
 
 Listener = Callable[[CatalogChange], None]
-# location -> (stamp, manifest): None for a manifest that never validated.
-_Scanned = dict[str, tuple[str, Manifest | None]]
+# location -> (the stamp's hash, manifest): None for a manifest that never validated, and
+# for a stamp that says "read it again". A hash, not the text: 100,000 of them are kept.
+_Scanned = dict[str, tuple[int | None, Manifest | None]]
 
 
 @dataclass(frozen=True)
@@ -208,7 +209,8 @@ class Catalog:
         for location, stamp in store.manifest_stamps():
             stamps += 1
             old = before.get(location)
-            if old is not None and stamp and old[0] == stamp:
+            stamped = hash(stamp) if stamp else None
+            if old is not None and stamped is not None and old[0] == stamped:
                 scanned[location] = old
                 continue
             parses += 1
@@ -220,7 +222,7 @@ class Catalog:
                     raise
                 on_invalid(exc)
                 manifest = old[1] if old is not None else None
-            scanned[location] = (stamp, manifest)
+            scanned[location] = (stamped, manifest)
             if old is None or old[1] != manifest:
                 touched.add(model_of_location(location))
         touched.update(model_of_location(gone) for gone in before.keys() - scanned.keys()
