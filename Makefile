@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV   := .venv
 STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: serve test lint bench bench-peers sim
+.PHONY: serve test lint bench bench-peers sim grpc-proto
 
 $(STAMP): pyproject.toml
 	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -39,3 +39,8 @@ bench-peers: $(STAMP)
 
 sim: $(STAMP)
 	$(VENV)/bin/modelfleet sim
+
+# The gRPC messages (src/modelfleet/gateway/grpc_api/inference.proto) -> inference_pb2.py(i)
+grpc-proto: $(STAMP)
+	cd src && ../$(VENV)/bin/python -m grpc_tools.protoc -I . --python_out=. --pyi_out=. \
+		modelfleet/gateway/grpc_api/inference.proto

@@ -6,9 +6,11 @@ like on a shared machine: /v1 JSON (one row per request: the v1 handler takes on
 /v2 JSON tensors and /v2 binary tensors (rows per request as given). For each: the
 sequential latency (p50, p99) per request and per row. A second table is the codec
 alone (no server): encoding and decoding a request of N FP32 values as JSON and in
-binary.
+binary. A third table puts gRPC (``inference.GRPCInferenceService``, raw tensor
+contents) beside JSON and binary HTTP: p50 and req/s at 1 and 32 requests in flight, for
+1 row and 4,096 rows of FP32.
 
-    .venv/bin/python bench/oip.py [--rows 1 64 4096] [--requests 200]
+    .venv/bin/python bench/oip.py [--rows 1 64 4096] [--requests 200] [--flight-s 5]
 """
 
 from __future__ import annotations
@@ -19,15 +21,18 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import grpc
 import httpx
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from modelfleet.gateway.grpc_api import inference_pb2 as pb  # noqa: E402
 from modelfleet.oip.codec import decode_response, encode_request, parse_request  # noqa: E402
-from tests.procs import serve  # noqa: E402  (the tests' process helper, reused)
+from tests.procs import free_port, serve  # noqa: E402  (the tests' process helpers, reused)
 
 ROW = [5.1, 3.5, 1.4, 0.2]
 
@@ -73,6 +78,59 @@ async def measure(base: str, rows: int, n: int) -> dict[str, list[float]]:
     return out
 
 
+def grpc_request(rows: int) -> pb.ModelInferRequest:
+    features = np.tile(np.array([ROW], np.float32), (rows, 1))
+    request = pb.ModelInferRequest(model_name="iris")
+    request.inputs.add(name="features", datatype="FP32", shape=list(features.shape))
+    request.outputs.add(name="class_index")
+    request.raw_input_contents.append(features.tobytes())
+    return request
+
+
+async def in_flight(base: str, address: str, rows: int, flight: int, seconds: float
+                    ) -> dict[str, tuple[float, float]]:
+    """way -> (p50 s, requests/s) with ``flight`` requests in flight for ``seconds``."""
+    url = f"{base}/v2/models/iris/infer"
+    json_body, json_headers = v2_call(rows, False)
+    binary_body, binary_headers = v2_call(rows, True)
+    out: dict[str, tuple[float, float]] = {}
+    limits = httpx.Limits(max_connections=flight, max_keepalive_connections=flight)
+    async with httpx.AsyncClient(timeout=60, limits=limits) as client, \
+            grpc.aio.insecure_channel(address) as channel:
+        infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer",
+                                    request_serializer=pb.ModelInferRequest.SerializeToString,
+                                    response_deserializer=pb.ModelInferResponse.FromString)
+        message = grpc_request(rows)
+
+        async def via_grpc() -> None:
+            await infer(message, timeout=60)
+
+        async def via_http(body: bytes, headers: dict[str, str]) -> None:
+            (await client.post(url, content=body, headers=headers)).raise_for_status()
+
+        ways: dict[str, Callable[[], Any]] = {
+            "http json": lambda: via_http(json_body, json_headers),
+            "http binary": lambda: via_http(binary_body, binary_headers),
+            "grpc raw": via_grpc}
+        for name, send in ways.items():
+            for _ in range(3):
+                await send()  # warm: the model loaded, connections open
+            times: list[float] = []
+            stop = time.perf_counter() + seconds
+            began = time.perf_counter()
+            await asyncio.gather(*(_loop(send, stop, times) for _ in range(flight)))
+            out[name] = (pct(times, 0.5), len(times) / (time.perf_counter() - began))
+    return out
+
+
+async def _loop(send: Callable[[], Any], stop: float, times: list[float]) -> None:
+    """One closed-loop sender until ``stop``; each request's latency into ``times``."""
+    while time.perf_counter() < stop:
+        started = time.perf_counter()
+        await send()
+        times.append(time.perf_counter() - started)
+
+
 def codec_rate(values: int, binary: bool) -> tuple[float, float, int]:
     """(encode MB/s, decode MB/s, body bytes) for a request of ``values`` FP32 values."""
     array = np.random.default_rng(0).random(values, dtype=np.float32)
@@ -96,10 +154,14 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 64, 4096])
     parser.add_argument("--requests", type=int, default=200)
+    parser.add_argument("--flight-s", type=float, default=5.0,
+                        help="seconds per way of the in-flight table")
     args = parser.parse_args()
     tmp = Path("/tmp") / f"modelfleet-bench-oip-{time.time_ns()}"
     tmp.mkdir(parents=True)
-    proc, base = serve(tmp, name="bench-oip")
+    grpc_port = free_port()
+    proc, base = serve(tmp, name="bench-oip",
+                       env={"MODELFLEET_GATEWAY__GRPC_PORT": str(grpc_port)})
     try:
         print(f"iris on modelfleet serve (embedded broker), {args.requests} sequential "
               f"requests per way, interleaved")
@@ -118,6 +180,18 @@ def main() -> None:
         _, arrays = decode_response(answer.content,
                                     int(answer.headers["inference-header-content-length"]))
         assert arrays["class_index"].tolist() == [0, 0, 0]
+        print()
+        print(f"gRPC beside HTTP: iris, {args.flight_s:.0f} s per way, ways one after another")
+        print(f"{'rows':>6}{'in flight':>11}{'way':>13}{'p50 ms':>9}{'req/s':>9}"
+              f"{'vs http binary':>16}")
+        for rows in (1, 4096):
+            for flight in (1, 32):
+                table = asyncio.run(in_flight(base, f"127.0.0.1:{grpc_port}", rows, flight,
+                                              args.flight_s))
+                reference = table["http binary"][1]
+                for name, (p50, rate) in table.items():
+                    print(f"{rows:>6}{flight:>11}{name:>13}{p50 * 1e3:>9.2f}{rate:>9.1f}"
+                          f"{rate / reference:>15.2f}x")
     finally:
         proc.stop()
     print()

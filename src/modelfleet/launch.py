@@ -39,6 +39,7 @@ from modelfleet.errors import ConfigError, ManifestError
 from modelfleet.gateway.app import create_app
 from modelfleet.gateway.auth import guarded, tenant_gate
 from modelfleet.gateway.edge import EdgeApp, EdgeLimits, edge_protocol
+from modelfleet.gateway.grpc_api.server import grpc_server
 from modelfleet.gateway.service import GatewayService
 from modelfleet.redaction import secure_logging
 from modelfleet.repository import Catalog, ModelStore, open_store
@@ -81,7 +82,7 @@ def _http_server(app: Any, settings: Settings, edge: bool = False) -> _Server:
     gw = settings.gateway
     options: dict[str, Any] = {}
     if edge:
-        app = EdgeApp(app)
+        app = EdgeApp(app, gw.max_header_bytes, gw.max_headers)
         options["http"] = edge_protocol(EdgeLimits(gw.header_read_timeout_s,
                                                    gw.body_read_timeout_s, gw.max_connections))
     # log_config=None: uvicorn's records go through our root handlers (and their redaction).
@@ -251,7 +252,10 @@ async def serve(settings: Settings) -> None:
                              listener.getsockname()[1], _redact(settings.broker.url))
                     async with _refreshing(store, catalog, settings), \
                             _dead_letters_archived(broker, settings), \
-                            tenant_gate(settings, catalog, embedded=True) as gate:
+                            tenant_gate(settings, catalog, embedded=True) as gate, \
+                            grpc_server(service, gate, [lambda: (coordinator.ready,
+                                                                 "worker not ready")],
+                                        [lambda: coordinator.live]):
                         await _until_signalled(_http_server(guarded(app, gate), settings,
                                                             edge=True),
                                                listener, _draining(service, settings))
@@ -277,7 +281,8 @@ async def gateway(settings: Settings) -> None:
                          settings.gateway.host, listener.getsockname()[1],
                          _redact(settings.broker.url))
                 async with _refreshing(store, catalog, settings), \
-                        tenant_gate(settings, catalog, embedded=False) as gate:
+                        tenant_gate(settings, catalog, embedded=False) as gate, \
+                        grpc_server(service, gate):
                     await _until_signalled(_http_server(guarded(create_app(service), gate),
                                                         settings, edge=True),
                                            listener, _draining(service, settings))

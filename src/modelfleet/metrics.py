@@ -106,6 +106,11 @@ VERSION_CHANGES = Counter("modelfleet_worker_version_changes_total",
 RUNTIME_RESTARTS = Counter("modelfleet_runtime_restarts_total",
                            "Runtime processes restarted after a crash or hang", ["reason"])
 RUNTIMES_READY = Gauge("modelfleet_runtimes_ready", "Runtime processes ready to take work")
+RUNTIME_DEVICE_BUDGET = Gauge("modelfleet_runtime_device_budget_bytes",
+                              "Each shared runtime's part of the worker's pooled device "
+                              "budget, as last moved", ["runtime"])
+MODEL_REPLICAS = Gauge("modelfleet_worker_model_replicas",
+                       "Extra runtimes holding a hot model (copies beyond the first)")
 REDELIVERED = _ModelCounter("modelfleet_worker_tasks_handed_back_total",
                       "Tasks handed back to the broker (runtime crashed or hung)", ["model"])
 DEAD_LETTERED = _ModelCounter("modelfleet_worker_dead_lettered_total",
@@ -156,3 +161,30 @@ FLEET_DESIRED_WORKERS = Gauge(
     "modelfleet_fleet_desired_workers",
     "Workers the fleet needs: ceil((permits in use + backlog) / (permits per worker x "
     "target utilization)); what the KEDA ScaledObject scales on")
+
+# -- runtime memory (mirrored from each runtime's stats; see README "Memory: the budget is
+# the RSS"). Labelled by runtime name: a worker has a handful of runtimes.
+RUNTIME_RSS = Gauge("modelfleet_runtime_rss_bytes", "Resident set size of each runtime process "
+                    "at the last ask", ["runtime"])
+RUNTIME_BUDGET = Gauge("modelfleet_runtime_budget_bytes",
+                       "The memory budget each runtime's RSS is held to: its device plus host "
+                       "budgets", ["runtime"])
+RUNTIME_RSS_STARTUP = Gauge("modelfleet_runtime_rss_startup_bytes",
+                            "RSS of each runtime at start-up, after imports and before any "
+                            "model", ["runtime"])
+RUNTIME_RSS_OVERHEAD = Gauge("modelfleet_runtime_rss_overhead_bytes",
+                             "The fixed overhead beside each runtime's budget: its start-up "
+                             "RSS plus what the first import of its models' frameworks added",
+                             ["runtime"])
+RUNTIME_RSS_LIMIT = Gauge("modelfleet_runtime_rss_limit_bytes",
+                          "The RSS above which a runtime refuses loads: overhead + budget x "
+                          "(1 + runtime.rss_margin)", ["runtime"])
+RUNTIME_OVER_BUDGET = Gauge("modelfleet_runtime_over_memory_budget",
+                            "1 while a runtime is over its RSS limit (refusing loads, "
+                            "shedding models), else 0", ["runtime"])
+RUNTIME_LOADS_REFUSED = Counter("modelfleet_runtime_loads_refused_total",
+                                "Model loads a runtime refused because it was over its memory "
+                                "budget", ["runtime"])
+RUNTIME_DEVICE_RESERVED = Gauge("modelfleet_runtime_device_reserved_bytes",
+                                "Bytes the CUDA caching allocator holds in each runtime "
+                                "(0 without CUDA)", ["runtime"])

@@ -56,6 +56,10 @@ class GatewaySettings(_Section):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
     public_url: str = ""  # how runtimes reach this gateway; default http://host:port
+    # The Open Inference Protocol over gRPC (inference.GRPCInferenceService) on this port
+    # of ``host``, beside HTTP; None: off. 0: any free port (logged).
+    grpc_port: int | None = Field(default=None, ge=0, le=65535)
+    grpc_max_message_bytes: int = Field(default=64 * MiB, gt=0)
     max_body_bytes: int = Field(default=20 * MiB, gt=0)
     default_timeout_s: float = Field(default=30, gt=0)
     max_timeout_s: float = Field(default=120, gt=0)
@@ -82,7 +86,8 @@ class GatewaySettings(_Section):
     body_read_timeout_s: float = Field(default=60, gt=0)
     keep_alive_timeout_s: float = Field(default=5, gt=0)  # idle kept-alive connections close
     max_connections: int = Field(default=1000, gt=0)  # open at once; more get 503 at once
-    max_header_bytes: int = Field(default=16 * 1024, ge=1024)  # a request's head; 400 above
+    max_header_bytes: int = Field(default=16 * 1024, ge=1024)  # a request's head; 431 above
+    max_headers: int = Field(default=100, ge=8)  # header fields in one request; 431 above
 
 
 class RuntimeSettings(_Section):
@@ -91,7 +96,7 @@ class RuntimeSettings(_Section):
     max_concurrent_loads: int = Field(default=2, ge=1)
     # Threads of each runtime's numerical libraries; 0: cores / worker.shared_runtimes.
     compute_threads: int = Field(default=0, ge=0)
-    eviction_policy: str = "gdsf"  # gdsf | lru
+    eviction_policy: str = "tinylfu"  # tinylfu | gdsf | lru
     url_fetch_max_bytes: int = Field(default=20 * MiB, gt=0)
     url_fetch_timeout_s: float = Field(default=10, gt=0)
     # "host:port", "a.b.c.d/nn:port" or "[v6 or v6/nn]:port" exempt from the private-address
@@ -105,6 +110,12 @@ class RuntimeSettings(_Section):
     ping_timeout_s: float = Field(default=10, gt=0)
     start_timeout_s: float = Field(default=60, gt=0)
     load_timeout_s: float = Field(default=600, gt=0)  # a load running longer is hung
+    # Memory (README "Memory: the budget is the RSS"): glibc's mmap threshold fixed at this
+    # many bytes in each runtime process (0: glibc's dynamic default), malloc_trim after
+    # evictions, and loads refused while RSS > start-up RSS + budgets x (1 + rss_margin).
+    malloc_mmap_threshold_bytes: int = Field(default=1 * MiB, ge=0)
+    trim_after_eviction: bool = True
+    rss_margin: float = Field(default=0.25, ge=0)
 
     @field_validator("url_fetch_allow")
     @classmethod
@@ -146,6 +157,14 @@ class WorkerSettings(_Section):
     standby_keep_s: float = Field(default=300, ge=0)
     demand_window_s: float = Field(default=60, gt=0)  # how long a demand announcement counts
     isolated_idle_stop_s: float = Field(default=600, gt=0)  # an unused own runtime is stopped
+    # One device budget for all shared runtimes, split among them by what each holds
+    # (worker/pool.py). 0: runtime.device_budget_bytes x shared_runtimes, as before.
+    device_budget_bytes: int = Field(default=0, ge=0)
+    # Tasks in flight for one model per runtime holding it at which it gets one more
+    # runtime (a replica); 0: permits / shared_runtimes. Dropped again once its tasks fell
+    # to half of what its other runtimes take, for replica_keep_s.
+    replica_at_tasks: int = Field(default=0, ge=0)
+    replica_keep_s: float = Field(default=10, ge=0)
 
 
 class _EnvSource(EnvSettingsSource):

@@ -177,8 +177,12 @@ def test_load_errors_say_why(versioned: Path, repo: Path, served: str) -> None:
     assert control(served, "m", "load", workers=5).status_code == 503  # one worker here
     assert control(served, "m", "load", workers=0).status_code == 400
     assert control(served, "m", "load", version="7").status_code == 404
-    config = control(served, "m", "load", config="{}")
+    # A config that says something else than model.toml: refused, each field named.
+    config = control(served, "m", "load", config='{"max_batch_size": 64}')
     assert config.status_code == 400 and "model.toml" in config.json()["error"]
+    assert "max_batch_size" in config.json()["error"]
+    assert control(served, "m", "load", config="{not json").status_code == 400
+    assert control(served, "m", "load", config='{"name": "other"}').status_code == 400
     for action in ("unload", "pin", "unpin"):
         missing = control(served, "nope", action)
         assert missing.status_code == 404 and "nope" in missing.json()["error"]

@@ -189,6 +189,50 @@ def test_an_unparseable_request_gets_a_json_400(edge: tuple[Proc, str]) -> None:
     assert (status, error["code"]) == (400, "bad_request")
 
 
+@pytest.mark.parametrize("head", [
+    b"X-Big: " + b"a" * 100_000 + b"\r\n",  # one 100 KB header
+    b"".join(b"X-H%d: v\r\n" % i for i in range(2000)),  # 2,000 small ones
+])
+def test_a_header_block_over_the_limit_is_431_however_it_arrives(edge: tuple[Proc, str],
+                                                                 head: bytes) -> None:
+    """In one read (the whole head complete at once) as in many: the same limit."""
+    _, base = edge
+    with socket.create_connection(address(base), timeout=10) as conn:
+        conn.sendall(b"POST /v1/models/banner/infer HTTP/1.1\r\nHost: x\r\n"
+                     b"Content-Type: text/plain\r\nContent-Length: 2\r\n" + head +
+                     b"\r\nhi")
+        answer = read_until_closed(conn)
+    status, headers, error = json_error(answer)
+    assert (status, error["code"]) == (431, "request_header_fields_too_large")
+    assert headers.get("connection") == "close"
+    ok = httpx.post(f"{base}/v1/models/banner/infer", content=b"hi", timeout=30,
+                    headers={"content-type": "text/plain", **{f"x-h{i}": "v" for i in range(20)}})
+    assert ok.status_code == 200  # a normal head is untouched
+
+
+def test_a_compressed_v1_body_reaches_the_model_inflated(edge: tuple[Proc, str]) -> None:
+    import gzip
+    import zlib
+
+    _, base = edge
+    for encoding, packed in (("gzip", gzip.compress(b"hello")),
+                             ("deflate", zlib.compress(b"hello"))):
+        answer = httpx.post(f"{base}/v1/models/banner/infer", content=packed, timeout=30,
+                            headers={"content-type": "text/plain",
+                                     "content-encoding": encoding})
+        plain = httpx.post(f"{base}/v1/models/banner/infer", content=b"hello", timeout=30,
+                           headers={"content-type": "text/plain"})
+        assert answer.status_code == 200 and answer.content == plain.content, encoding
+        assert b"hello" in answer.content
+    broken = httpx.post(f"{base}/v1/models/banner/infer", content=b"not gzip", timeout=30,
+                        headers={"content-type": "text/plain", "content-encoding": "gzip"})
+    assert broken.status_code == 400 and "gzip" in broken.json()["error"]["message"]
+    bomb = gzip.compress(b"\0" * (30 * 1024 * 1024))  # past the 20 MiB body limit inflated
+    refused = httpx.post(f"{base}/v1/models/banner/infer", content=bomb, timeout=30,
+                         headers={"content-type": "text/plain", "content-encoding": "gzip"})
+    assert refused.status_code == 413
+
+
 def test_timeout_header_accepts_plain_decimal_seconds_only(edge: tuple[Proc, str]) -> None:
     _, base = edge
     for value in ("1_0", "1e1", "+5", "0x10", "infinity", "nan", ".", "-0", "0", "1.2.3"):

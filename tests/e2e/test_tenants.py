@@ -166,14 +166,18 @@ def test_keys_and_roles_end_to_end(tmp_path: Path, procs: list[Proc], deployment
     assert {m["name"] for m in httpx.get(f"{base}/v1/models", headers=bearer(outsider)).json()[
         "models"]} == {"banner"}
 
-    # Operator routes need the operator role.
-    for method, path in (("GET", "/v1/fleet"), ("GET", "/dashboard"),
-                         ("POST", "/v2/repository/index")):
-        as_caller = httpx.request(method, f"{base}{path}", headers=bearer(owner), json={})
-        assert as_caller.status_code == 403, (path, as_caller.text)
-        assert as_caller.json()["error"]["code"] == "forbidden"
-        as_operator = httpx.request(method, f"{base}{path}", headers=bearer(operator), json={})
-        assert as_operator.status_code == 200, (path, as_operator.text)
+    # The control API needs the operator role (and acts on the operator's own tenant's
+    # models: tests/e2e/test_control_tenancy.py); the fleet-wide views, the admin role.
+    as_caller = httpx.post(f"{base}/v2/repository/index", headers=bearer(owner), json={})
+    assert as_caller.status_code == 403, as_caller.text
+    assert "operator role" in as_caller.json()["error"]  # /v2: the protocol's shape
+    as_operator = httpx.post(f"{base}/v2/repository/index", headers=bearer(operator), json={})
+    assert as_operator.status_code == 200 and as_operator.json() == [], as_operator.text
+    for path in ("/v1/fleet", "/dashboard"):
+        for key in (owner, operator):
+            refused = httpx.get(f"{base}{path}", headers=bearer(key))
+            assert refused.status_code == 403, (path, refused.text)
+            assert refused.json()["error"]["code"] == "forbidden"
     # ...and an operator is not a tenant's caller.
     assert banner(base, operator).status_code == 404
 
@@ -206,10 +210,25 @@ def test_keys_and_roles_end_to_end(tmp_path: Path, procs: list[Proc], deployment
         return ok == owner_ok and any(r["model"] == "iris" for r in rows)
 
     eventually(owner_rows_complete, within_s=10)
-    # Metrics carry the tenant (the first ones seen; bounded).
-    assert metric_sum(base, "modelfleet_tenant_requests_total", tenant="examples",
+    # A name that is no model makes no usage row, whoever sends it (an admin reaches any).
+    admin = new_key(db, "ops", role="admin")
+    assert httpx.post(f"{base}/v1/models/no-such-model/infer", content=b"hi", timeout=60,
+                      headers={"content-type": "text/plain", **bearer(admin)}).status_code == 404
+    assert banner(base, admin).status_code == 200  # flushed with it, or after it
+    def ops_rows() -> list[dict[str, str]]:
+        text = cli(db, "usage", "--tenant", "ops", "--since", "1h", "--csv")
+        return list(csv.DictReader(io.StringIO(text)))
+
+    eventually(lambda: any(r["model"] == "banner" for r in ops_rows()), within_s=10)
+    assert {r["model"] for r in ops_rows()} == {"banner"}
+    # Metrics carry the tenant (the first ones seen; bounded); they name tenants and models,
+    # so with auth on /metrics needs the operator role too.
+    assert httpx.get(f"{base}/metrics").status_code == 401
+    assert httpx.get(f"{base}/metrics", headers=bearer(new_key(db, "ops"))).status_code == 403
+    scrape = base.replace("http://", f"http://{operator}:@")
+    assert metric_sum(scrape, "modelfleet_tenant_requests_total", tenant="examples",
                       outcome="ok") == owner_ok + 1  # and the iris call
-    assert metric_sum(base, "modelfleet_gateway_auth_refusals_total", status="401") >= 3
+    assert metric_sum(scrape, "modelfleet_gateway_auth_refusals_total", status="401") >= 3
     rows = [r for r in exported() if r["model"] == "banner" and r["outcome"] == "ok"]
     assert sum(int(r["bytes_in"]) for r in rows) == 2 * owner_ok  # b"hi" each
     assert sum(int(r["bytes_out"]) for r in rows) > 0

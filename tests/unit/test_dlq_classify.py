@@ -105,7 +105,7 @@ def test_split_reason(reason: str, code: str, detail: str) -> None:
     ("delivery_limit", "delivery_limit"),
     ("", "(no reason given)"),
     ("runtime_crashed: runtime shared-3 is gone: connection closed (IncompleteReadError)",
-     "runtime_crashed: runtime shared-<n> is gone: connection closed (IncompleteReadError)"),
+     "runtime_crashed: runtime shared-<n> is gone: connection lost"),
     (f"model_error: request {REQUEST_ID} broke", "model_error: request <request-id> broke"),
     ("model_error: ctx 123e4567-e89b-12d3-a456-426614174000 bad",
      "model_error: ctx <id> bad"),
@@ -155,3 +155,15 @@ def test_docs_describe_every_rule() -> None:
     docs = (Path(__file__).resolve().parents[2] / "docs" / "dlq.md").read_text()
     for rule in [*RULES, DIED_AFTER_REPLAY, UNRECOGNISED]:
         assert f"| `{rule.name}` |" in docs, f"docs/dlq.md misses rule {rule.name}"
+
+
+def test_one_poison_input_is_one_signature_however_its_runtimes_socket_went() -> None:
+    """Three identical pills: the runtime's socket closed mid-frame, was reset, or broke."""
+    reasons = ["runtime_crashed: crashed its runtime alone on each of 3 deliveries: runtime "
+               "shared-0 is gone: connection closed (IncompleteReadError)",
+               "runtime_crashed: crashed its runtime alone on each of 3 deliveries: runtime "
+               "shared-1 is gone: connection lost: ConnectionResetError(104, 'Connection "
+               "reset by peer')",
+               "runtime_crashed: crashed its runtime alone on each of 3 deliveries: runtime "
+               "shared-0 is gone: connection lost: BrokenPipeError(32, 'Broken pipe')"]
+    assert len({failure_signature(r, task()) for r in reasons}) == 1

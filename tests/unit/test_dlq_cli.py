@@ -80,7 +80,7 @@ def test_list_by_signature_groups_identical_failures(capsys: pytest.CaptureFixtu
     assert main(["list", "--db", db, "--by-signature", "--json"]) == 0
     groups = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert (groups[0]["count"], groups[0]["signature"]) == (
-        2, "runtime_crashed: runtime shared-<n> is gone: connection closed")
+        2, "runtime_crashed: runtime shared-<n> is gone: connection lost")
     assert sorted((g["count"], g["model_id"]) for g in groups[1:]) == [(1, "digits"),
                                                                        (1, "iris")]
     assert main(["list", "--db", db, "--by-signature"]) == 0

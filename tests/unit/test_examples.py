@@ -322,7 +322,7 @@ def test_digits_rejects_decompression_bomb_from_the_header(
 def test_digits_builds_the_same_artifact_at_first_load(digits: LocalModel, tmp_path: Path) -> None:
     package = tmp_path / "digits" / "1"
     package.mkdir(parents=True)
-    for name in ("model.toml", "handler.py"):
+    for name in ("model.toml", "handler.py", "labels.txt"):
         shutil.copy(MODELS / "digits" / "1" / name, package / name)
     fresh = LocalModel.from_package(package)  # no artifact here: load builds it
     assert [p.name for p in (package / "artifacts").iterdir()] == ["model.joblib"]
@@ -445,6 +445,56 @@ def test_banner_does_not_import_numpy() -> None:
                           timeout=60, check=True)
     before, after = done.stdout.split()
     assert after == before, "loading banner imported numpy"
+
+
+# --- embed -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def embed() -> LocalModel:
+    return LocalModel.from_package(MODELS / "embed" / "1")
+
+
+def embedding(model: LocalModel, text: str) -> np.ndarray:
+    answer = model.infer(text.encode(), "text/plain")
+    assert answer["dim"] == 64 and len(answer["embedding"]) == 64
+    return np.asarray(answer["embedding"])
+
+
+def test_embed_texts_sharing_words_point_the_same_way(embed: LocalModel) -> None:
+    cat = embedding(embed, "The cat sat on the mat.")
+    kitten = embedding(embed, "a cat sat on a mat")
+    markets = embedding(embed, "Stock markets fell sharply today")
+    assert abs(float(np.linalg.norm(cat)) - 1.0) < 1e-5
+    assert float(cat @ kitten) > 0.5 > abs(float(cat @ markets))
+    # Case and punctuation do not matter; the same text gives the same vector.
+    assert np.array_equal(cat, embedding(embed, "the CAT sat on the mat"))
+
+
+def test_embed_maps_its_projection_instead_of_copying_it(embed: LocalModel) -> None:
+    projection = embed.handler.projection  # type: ignore[attr-defined]
+    assert projection.shape == (1 << 16, 64) and projection.nbytes == 16 * 1024 * 1024
+    assert not projection.flags.writeable and not projection.flags.owndata
+    with pytest.raises(ValueError, match="read-only"):
+        projection[0, 0] = 1.0  # the artifact cannot be changed through the model
+
+
+@pytest.mark.parametrize("body", [b"", b"   ", b"!!! ???"])
+def test_embed_rejects_text_without_words(embed: LocalModel, body: bytes) -> None:
+    with pytest.raises(InvalidInput, match="no words"):
+        embed.infer(body, "text/plain")
+
+
+def test_embed_rebuilds_a_damaged_artifact(tmp_path: Path) -> None:
+    package = tmp_path / "embed" / "1"
+    shutil.copytree(MODELS / "embed" / "1", package,
+                    ignore=shutil.ignore_patterns("artifacts", "__pycache__"))
+    (package / "artifacts").mkdir()
+    (package / "artifacts" / "projection.safetensors").write_bytes(b"\xff" * 64)
+    model = LocalModel.from_package(package)
+    fresh = LocalModel.from_package(MODELS / "embed" / "1")
+    text = "rebuilt the same, deterministically"
+    assert np.array_equal(embedding(model, text), embedding(fresh, text))
 
 
 # --- enrich ------------------------------------------------------------------------

@@ -18,12 +18,17 @@ from modelfleet.tenancy.store import Tenant
     ("GET", "/v2/health/live/", Route("open")),
     ("GET", "/v1/payloads/abc", Route("open")),
     ("GET", "/metrics", Route("open")),
-    ("GET", "/v1/fleet", Route("operator")),
-    ("GET", "/v1/fleet/summary", Route("operator")),
-    ("GET", "/dashboard", Route("operator")),
-    ("GET", "/dashboard/app.js", Route("operator")),
-    ("POST", "/v2/repository/index", Route("operator")),
-    ("POST", "/v2/repository/models/x/load", Route("operator")),
+    ("GET", "/v1/fleet", Route("admin")),
+    ("GET", "/v1/fleet/summary", Route("admin")),
+    ("GET", "/dashboard", Route("admin")),
+    ("GET", "/dashboard/app.js", Route("admin")),
+    ("POST", "/v2/repository/index", Route("index")),
+    ("POST", "/v2/repository/models/x/load", Route("control", "x")),
+    ("POST", "/v2/repository/models/x/pin", Route("control", "x")),
+    ("POST", "/v2/repository/other", Route("operator")),
+    ("GET", "/v2/models/stats", Route("catalog")),
+    ("GET", "/v2/models/iris/stats", Route("model", "iris")),
+    ("GET", "/v2/models/iris/config", Route("model", "iris")),
     ("GET", "/v1/models", Route("catalog")),
     ("GET", "/v1/models/", Route("catalog")),
     ("GET", "/v1/models/digits", Route("model", "digits")),
@@ -58,6 +63,15 @@ def test_callers_reach_their_tenants_models_and_granted_ones_only() -> None:
     assert principal("admin").may_use("theirs", "other")
     assert principal("operator").has_role("operator") and not caller.has_role("operator")
     assert principal("admin").has_role("operator")
+
+
+def test_an_operator_controls_its_own_tenants_models_only() -> None:
+    operator = principal("operator", frozenset({"shared"}))
+    assert operator.may_control("acme")  # its own tenant's
+    assert not operator.may_control("other")  # not another tenant's...
+    assert not operator.may_control(None)  # ...nor a model that does not exist
+    assert not principal("caller").may_control("acme")  # a caller controls nothing
+    assert principal("admin").may_control("other") and principal("admin").may_control(None)
 
 
 def test_server_timing_is_read_back_into_phases() -> None:

@@ -119,3 +119,17 @@ async def test_calls_in_flight_fail_when_the_runtime_goes_away() -> None:
         assert runtime.closed
         with pytest.raises(RuntimeCrashed):
             await runtime.health(timeout_s=1)
+
+
+async def test_the_budget_op_reads_the_device_budget_over_the_socket() -> None:
+    """What the worker's pool calls after moving a budget: a read that drains no stats."""
+    async with served() as (runtime, _, _):
+        await runtime.load("iris", "1", timeout_s=30)
+        read = await runtime.budget(timeout_s=5)
+        assert read.device == ("iris",) and 0 < read.used_bytes <= read.budget_bytes
+        assert read.reserved_bytes == 0 and read.pinned_bytes == 0
+        assert [load.model_id for load in (await runtime.stats(timeout_s=5)).loads] == ["iris"]
+        await runtime.set_budgets(read.used_bytes - 1, timeout_s=5)
+        moved = await runtime.budget(timeout_s=5)
+        assert (moved.device, moved.used_bytes, moved.budget_bytes) == \
+            ((), 0, read.used_bytes - 1)

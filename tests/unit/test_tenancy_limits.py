@@ -164,6 +164,16 @@ def test_the_key_comes_from_bearer_or_basic_credentials() -> None:
     for bad in (None, "", "Token abc", "Basic !!!"):
         with pytest.raises(Unauthenticated):
             token_of(bad)
+    assert token_of("Bearer\tmfk_x") == "mfk_x"  # any whitespace after the scheme
+
+
+@pytest.mark.parametrize("header", ["mfk_0123456789ab_SECRETSECRETSECRETSECRETSECRETSECRETSECRET",
+                                    "Bearer:mfk_0123456789ab_SECRETSECRETSECRETSECRETSECRETSECRE",
+                                    "Token\u00a0mfk_0123456789ab_SECRETSECRETSECRETSECRETSECRET"])
+def test_a_refused_header_never_repeats_the_key(header: str) -> None:
+    with pytest.raises(Unauthenticated) as info:
+        token_of(header)
+    assert "SECRET" not in info.value.message and "mfk_" not in info.value.message
 
 
 async def test_a_revoked_key_stops_working_once_the_cache_expires(tmp_path: Path) -> None:

@@ -13,7 +13,15 @@ See ``ModelCache`` for the reserve / commit / release protocol around a load.
 
 from modelfleet.cache.cost import DEFAULT_COSTS, LoadCostModel
 from modelfleet.cache.model_cache import ModelCache
-from modelfleet.cache.policy import POLICIES, EvictionPolicy, GdsfPolicy, LruPolicy
+from modelfleet.cache.policy import (
+    POLICIES,
+    AdmissionPolicy,
+    EvictionPolicy,
+    GdsfPolicy,
+    LruPolicy,
+    TinyLfuPolicy,
+)
+from modelfleet.cache.sketch import FrequencySketch
 from modelfleet.cache.types import (
     CacheSnapshot,
     Eviction,
@@ -26,10 +34,12 @@ from modelfleet.cache.types import (
 __all__ = [
     "DEFAULT_COSTS",
     "POLICIES",
+    "AdmissionPolicy",
     "CacheSnapshot",
     "Eviction",
     "EvictionAction",
     "EvictionPolicy",
+    "FrequencySketch",
     "GdsfPolicy",
     "LoadCostModel",
     "LoadSource",
@@ -37,4 +47,5 @@ __all__ = [
     "ModelCache",
     "Reservation",
     "Tier",
+    "TinyLfuPolicy",
 ]

@@ -26,7 +26,7 @@ from collections import Counter
 from collections.abc import Callable
 
 from modelfleet.cache.cost import LoadCostModel
-from modelfleet.cache.policy import EvictionPolicy, GdsfPolicy
+from modelfleet.cache.policy import AdmissionPolicy, EvictionPolicy, GdsfPolicy
 from modelfleet.cache.tiers import HostTier
 from modelfleet.cache.types import CacheSnapshot, Eviction, LoadSource, Reservation, Tier
 from modelfleet.errors import ModelTooLarge, NoCapacity
@@ -193,7 +193,7 @@ class ModelCache:
             self._pinned.discard(model_id)
             raise self._too_large(model_id, measured_bytes)
         try:
-            victims = self._plan_device_room(model_id, measured_bytes)
+            victims = self._plan_device_room(model_id, measured_bytes, committing=True)
         except NoCapacity:
             if reservation.pinned:
                 self._pinned.discard(model_id)
@@ -233,6 +233,50 @@ class ModelCache:
             return [self.host.remove(model_id, "removed explicitly")]
         return []
 
+    def set_budgets(self, device_budget_bytes: int,
+                    host_budget_bytes: int | None = None) -> list[Eviction]:
+        """Change the budgets now (a worker's pooled budget moved); returns what to evict.
+
+        A smaller device budget evicts the lowest-ranked unpinned residents (to host
+        memory, or dropped) until resident plus reserved bytes fit; pinned models and
+        loads in flight stay, so the device tier may remain over a budget cut below them
+        until those loads finish (new loads find no room meanwhile). A smaller host budget
+        drops host residents the same way.
+        """
+        host_budget = self.host.budget_bytes if host_budget_bytes is None else host_budget_bytes
+        if min(device_budget_bytes, host_budget) < 0:
+            raise ValueError(f"budgets must be >= 0: {device_budget_bytes}, {host_budget}")
+        self.device_budget_bytes = device_budget_bytes
+        actions = self.host.set_budget(host_budget)
+        excluded = set(self._pinned)
+        victims: list[str] = []
+        free = device_budget_bytes - self._device_used - self._reserved_bytes
+        while free < 0:
+            victim = self.policy.victim(excluded)
+            if victim is None:
+                break
+            victims.append(victim)
+            excluded.add(victim)
+            free += self._device[victim]
+        return actions + self._evict_from_device(victims, "the device budget was lowered")
+
+    def shed(self) -> Eviction | None:
+        """Drop the lowest-ranked unpinned model, host tier first (memory pressure: a CPU
+        model demoted to host memory still holds its bytes, so nothing is demoted);
+        None when nothing can be given up."""
+        dropped = self.host.shed("shedding memory: the runtime is over its budget")
+        if dropped is not None:
+            return dropped
+        victim = self.policy.victim(set(self._pinned))
+        if victim is None:
+            return None
+        self.policy.evict(victim)
+        size = self._device.pop(victim)
+        self._device_used -= size
+        self._drops += 1
+        return Eviction(victim, size, "drop", "device",
+                        "shedding memory: the runtime is over its budget")
+
     def room_for(self, model_id: str, size_bytes: int) -> bool:
         """Would ``size_bytes`` for ``model_id`` fit now, evicting every unpinned model?
 
@@ -243,6 +287,11 @@ class ModelCache:
         reserved = self._reserved_bytes - (own.size_bytes if own is not None else 0)
         pinned = sum(self._device.get(key, 0) for key in self._pinned if key != model_id)
         return pinned + reserved + size_bytes <= self.device_budget_bytes
+
+    @property
+    def pinned_device_bytes(self) -> int:
+        """Bytes of pinned models resident on the device."""
+        return sum(self._device.get(key, 0) for key in self._pinned)
 
     def pin(self, model_id: str) -> bool:
         """Pin ``model_id`` if it is on the device (True); False if it is not there."""
@@ -269,11 +318,18 @@ class ModelCache:
             "the device memory budget"
         )
 
-    def _plan_device_room(self, model_id: str, size: int) -> list[str]:
-        """Device residents to evict, lowest priority first, so ``size`` fits. Changes nothing."""
+    def _plan_device_room(self, model_id: str, size: int, committing: bool = False) -> list[str]:
+        """Device residents to evict, lowest priority first, so ``size`` fits. Changes
+        nothing (an ``AdmissionPolicy`` may relabel its own entries: see its docs)."""
         free = self.device_budget_bytes - self._device_used - self._reserved_bytes
         excluded = set(self._pinned)
         victims: list[str] = []
+        if isinstance(self.policy, AdmissionPolicy):  # it decides admission, so it plans
+            victims = self.policy.plan_room(model_id, size, self.reload_cost_s(model_id, size),
+                                            free, self.device_budget_bytes, excluded,
+                                            committing=committing)
+            excluded.update(victims)
+            free += sum(self._device[victim] for victim in victims)
         while free < size:
             victim = self.policy.victim(excluded)
             if victim is None:

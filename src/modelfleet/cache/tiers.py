@@ -60,6 +60,28 @@ class HostTier:
         self.drops += 1
         return Eviction(model_id, size, "drop", "host", reason)
 
+    def set_budget(self, budget_bytes: int) -> list[Eviction]:
+        """A new budget; drops the lowest-ranked unprotected residents until they fit."""
+        self.budget_bytes = budget_bytes
+        actions: list[Eviction] = []
+        while self.used_bytes > budget_bytes:
+            dropped = self.shed("the host budget was lowered")
+            if dropped is None:
+                break
+            actions.append(dropped)
+        return actions
+
+    def shed(self, reason: str) -> Eviction | None:
+        """Drop the lowest-ranked unprotected resident; None if there is none."""
+        victim = self.policy.victim(set(self._protected))
+        if victim is None:
+            return None
+        self.policy.evict(victim)
+        size = self._resident.pop(victim)
+        self.used_bytes -= size
+        self.drops += 1
+        return Eviction(victim, size, "drop", "host", reason)
+
     def demote(
         self, model_id: str, size_bytes: int, reload_cost_s: float, reason: str
     ) -> list[Eviction] | None:

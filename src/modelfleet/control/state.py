@@ -44,6 +44,7 @@ class ControlState:
 
     def __init__(self) -> None:
         self._orders: dict[str, dict[Field, Order]] = {}
+        self.revision = 0  # moves at every order taken (``control.pins`` caches by it)
 
     def set(self, model_id: str, field: Field, value: bool | str, revision: Revision) -> bool:
         """Take an order unless a newer one for the same field is known; True if it changed."""
@@ -55,6 +56,7 @@ class ControlState:
         if known is not None and known.revision >= revision:
             return False
         fields[field] = Order(value, revision)
+        self.revision += 1
         return True
 
     def loaded(self, model_id: str) -> bool:

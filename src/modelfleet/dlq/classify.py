@@ -161,6 +161,10 @@ def classify(reason: str, task: Task, replayed_before: bool = False) -> Classifi
 
 # Order matters: whole URLs before the paths and hosts inside them, ids before numbers.
 _NORMALISE: tuple[tuple[re.Pattern[str], str], ...] = (
+    # How a crashed runtime's socket went (closed mid-frame, reset, broken pipe) is the
+    # operating system's timing, not the cause: one poison input is one signature.
+    (re.compile(r"\bconnection (?:closed|lost|reset)\b.*$", re.IGNORECASE | re.DOTALL),
+     "connection lost"),
     (re.compile(r"\b[a-z][a-z0-9+.-]*://[^\s'\"<>()]+", re.IGNORECASE), "<url>"),
     (re.compile(r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b",
                 re.IGNORECASE), "<id>"),

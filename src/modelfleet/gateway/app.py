@@ -8,7 +8,8 @@
     GET  /livez /readyz /metrics        probes and Prometheus metrics
     /v2/...                             Open Inference Protocol v2 (gateway/oip.py)
 
-Every error is ``{"error": {"code": ..., "message": ...}}`` with its status.
+Every /v1 error is ``{"error": {"code": ..., "message": ...}}`` with its status; every /v2
+one is the protocol's ``{"error": "..."}`` (``gateway/http.py``).
 """
 
 from __future__ import annotations
@@ -29,12 +30,13 @@ from modelfleet.gateway.body import disconnect_waiter as _disconnect_waiter
 from modelfleet.gateway.body import read_body as _read_body
 from modelfleet.gateway.control import control_router
 from modelfleet.gateway.dashboard import dashboard_router
+from modelfleet.gateway.encoding import inflate
 from modelfleet.gateway.exchange import Routed, answer_headers, exchange
 from modelfleet.gateway.fleet_summary import FleetSummary
-from modelfleet.gateway.http import error_body, error_response
+from modelfleet.gateway.http import error_body, error_response, is_v2
 from modelfleet.gateway.inflight import RequestGuard
 from modelfleet.gateway.observe import RequestObserver
-from modelfleet.gateway.oip import oip_router
+from modelfleet.gateway.oip import oip_router, v2_error
 from modelfleet.gateway.pages import decode_cursor, encode_cursor, page_limit
 from modelfleet.gateway.service import Answer, GatewayService
 from modelfleet.labels import ModelLabels
@@ -66,23 +68,32 @@ def create_app(service: GatewayService, readiness: list[ReadinessCheck] | None =
     fleet_summary = FleetSummary(service.settings, service.broker, service.fleet, service.parked)
     app.include_router(dashboard_router(fleet_summary))  # /dashboard, /v1/fleet/summary
 
+    # Errors raised outside a route's own handling: in the dialect of the path (/v1, /v2).
     @app.exception_handler(ModelfleetError)
-    async def _domain_error(_: Request, exc: ModelfleetError) -> JSONResponse:
-        return error_response(exc)
+    async def _domain_error(request: Request, exc: ModelfleetError) -> JSONResponse:
+        return v2_error(exc) if is_v2(request.url.path) else error_response(exc)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-        return error_body(exc.status_code, code, str(exc.detail))
+        message = {404: f"no route {request.method} {request.url.path}",
+                   405: f"{request.method} is not allowed on {request.url.path}"}.get(
+                       exc.status_code, str(exc.detail))
+        response = error_body(exc.status_code, code, message, request.url.path)
+        if exc.headers:  # e.g. Allow on a 405
+            response.headers.update(exc.headers)
+        return response
 
     @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unexpected error")
-        return error_body(500, "internal_error", f"internal error: {type(exc).__name__}")
+        return error_body(500, "internal_error", f"internal error: {type(exc).__name__}",
+                          request.url.path)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return error_body(400, "bad_request", str(exc.errors()[0].get("msg", "invalid request")))
+    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return error_body(400, "bad_request", str(exc.errors()[0].get("msg", "invalid request")),
+                          request.url.path)
 
     @app.post("/v1/models/{model}/infer", openapi_extra=_INFER_OPENAPI,
               responses={404: {}, 413: {}, 415: {}, 422: {}, 503: {}, 504: {}})
@@ -103,6 +114,8 @@ def create_app(service: GatewayService, readiness: list[ReadinessCheck] | None =
                                               request.headers.get("x-request-timeout"))
             with guard.reading(body_timeout_s):
                 body = await _read_body(request, limit)
+            # gzip or deflate, inflated under the same limit as on /v2 (a bomb is a 413).
+            body = inflate(body, request.headers.get("content-encoding", ""), limit)
             content_type = request.headers.get("content-type", "").split(";")[0].strip()
             params = {k: v for k, v in request.query_params.items()}
             return await service.infer(model, version, body, content_type.lower(), deadline_ms,

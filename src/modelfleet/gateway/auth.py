@@ -8,8 +8,15 @@ are covered without their authors doing anything:
                (owner, grant, or admin); others get the same 404 as a missing model.
                Inference there is admitted by the tenant's plan (429 + Retry-After),
                and metered (usage, per tenant, model and hour)
-    catalog    GET /v1/models: any key; the list shows only the models it may use
-    operator   /v1/fleet, /dashboard*, /v2/repository/*, /metrics (if configured)
+    catalog    GET /v1/models, GET /v2/models/stats: any key; the list shows only the
+               models it may use
+    control    /v2/repository/models/{m}/*: the operator role, on its own tenant's
+               models (another tenant's model is the same 404 as a missing one); admin:
+               any model
+    index      POST /v2/repository/index: the operator role; the index shows only its
+               tenant's models (admin: all)
+    admin      /v1/fleet*, /dashboard*: fleet-wide, every tenant's models in view
+    operator   the rest of /v2/repository, /metrics (if configured)
     any key    everything else (docs, /v2 server metadata, unknown paths)
 
 401 for no key or a bad one (``WWW-Authenticate: Bearer``, and Basic so that a browser
@@ -38,6 +45,7 @@ from modelfleet.settings import Settings
 from modelfleet.tenancy import Forbidden, RateLimited, TenancyStoreError, Unauthenticated
 from modelfleet.tenancy.access import CALLER, Principal
 from modelfleet.tenancy.identity import Authenticator
+from modelfleet.tenancy.keys import Role
 from modelfleet.tenancy.limits import Limits, open_limits
 from modelfleet.tenancy.plans import load_plans
 from modelfleet.tenancy.store import TenantStore, open_store, store_location
@@ -52,10 +60,13 @@ TENANT_REQUESTS = Counter("modelfleet_tenant_requests_total",
 AUTH_REFUSALS = Counter("modelfleet_gateway_auth_refusals_total",
                         "Requests refused by the auth layer, by status", ["status"])
 
-Kind = Literal["open", "model", "catalog", "operator", "key"]
+Kind = Literal["open", "model", "catalog", "control", "index", "admin", "operator", "key"]
 _MODEL_PATH = re.compile(r"^/v[12]/models/([^/]+)(/.*)?$")
+_CONTROL_PATH = re.compile(r"^/v2/repository/models/([^/]+)(/.*)?$")
 _OPEN = frozenset({"/livez", "/readyz", "/v2/health/live", "/v2/health/ready"})
-_OPERATOR_PREFIXES = ("/v1/fleet", "/dashboard", "/v2/repository")
+_ADMIN_PREFIXES = ("/v1/fleet", "/dashboard")
+_ROLE_NEEDED: dict[str, Role] = {"operator": "operator", "index": "operator",
+                                 "control": "operator", "admin": "admin"}
 
 
 @dataclass(frozen=True)
@@ -72,9 +83,16 @@ def classify(method: str, path: str, protect_metrics: bool = False) -> Route:
         return Route("open")
     if path == "/metrics":
         return Route("operator" if protect_metrics else "open")
-    if path.startswith(_OPERATOR_PREFIXES):
+    if path.startswith(_ADMIN_PREFIXES):
+        return Route("admin")
+    control = _CONTROL_PATH.match(path)
+    if control:
+        return Route("control", control.group(1))
+    if path == "/v2/repository/index":
+        return Route("index")
+    if path.startswith("/v2/repository"):
         return Route("operator")
-    if path == "/v1/models" and method == "GET":
+    if (path, method) in (("/v1/models", "GET"), ("/v2/models/stats", "GET")):
         return Route("catalog")
     match = _MODEL_PATH.match(path)
     if match:
@@ -209,7 +227,11 @@ class AuthMiddleware:
             await self._refuse(exc, scope, receive, send)
             return
         if route.kind == "catalog" and principal.role != "admin":
-            await self._filtered_catalog(principal, scope, receive, send)
+            await self._filtered(scope, receive, send, lambda name: principal.may_use(
+                name, self.gate.owner_of(name)))
+        elif route.kind == "index" and principal.role != "admin":
+            await self._filtered(scope, receive, send, lambda name: principal.may_control(
+                self.gate.owner_of(name)))
         elif route.infer:
             await self._metered(route.model, principal, scope, receive, send)
         else:
@@ -217,9 +239,14 @@ class AuthMiddleware:
 
     async def _admit(self, route: Route, authorization: str | None) -> Principal:
         principal = await self.gate.authenticator.principal(authorization)
-        if route.kind == "operator" and not principal.has_role("operator"):
-            raise Forbidden(f"this route needs the operator role; the key has role "
+        needed = _ROLE_NEEDED.get(route.kind)
+        if needed is not None and not principal.has_role(needed):
+            raise Forbidden(f"this route needs the {needed} role; the key has role "
                             f"'{principal.role}'")
+        if route.kind == "control" and not principal.may_control(
+                self.gate.owner_of(route.model)):
+            # Another tenant's model looks like none at all: its name does not leak.
+            raise ModelNotFound(f"no model named '{route.model}' (GET /v1/models lists them)")
         if route.kind == "model" and not principal.may_use(route.model,
                                                            self.gate.owner_of(route.model)):
             # The catalog's own words: a model of another tenant looks like none at all.
@@ -230,7 +257,7 @@ class AuthMiddleware:
                       send: Send) -> None:
         status, headers = _refusal(exc)
         AUTH_REFUSALS.labels(str(status)).inc()
-        response = error_body(status, exc.code, exc.message)
+        response = error_body(status, exc.code, exc.message, scope.get("path", ""))
         response.headers.update(headers)
         await response(scope, receive, send)
 
@@ -243,7 +270,8 @@ class AuthMiddleware:
             release = await self.gate.limits.admit(tenant, principal.plan, self.gate.lease_s)
         except RateLimited as exc:
             TENANT_REQUESTS.labels(label, "rate_limited").inc()
-            self.gate.meter.record(tenant, model, "rate_limited")
+            if self.gate.owner_of(model) is not None:
+                self.gate.meter.record(tenant, model, "rate_limited")
             await self._refuse(exc, scope, receive, send)
             return
         seen = _Seen()
@@ -255,12 +283,16 @@ class AuthMiddleware:
             await release()
             outcome = outcome_of(seen.status)
             TENANT_REQUESTS.labels(label, outcome).inc()
-            self.gate.meter.record(tenant, model, outcome, seen.timing_s("predict"),
-                                   seen.timing_s("model_load"), seen.bytes_in, seen.bytes_out)
+            if self.gate.owner_of(model) is not None:  # usage rows for real models only
+                self.gate.meter.record(tenant, model, outcome, seen.timing_s("predict"),
+                                       seen.timing_s("model_load"), seen.bytes_in,
+                                       seen.bytes_out)
 
-    async def _filtered_catalog(self, principal: Principal, scope: Scope, receive: Receive,
-                                send: Send) -> None:
-        """GET /v1/models with only the models this principal may use."""
+    async def _filtered(self, scope: Scope, receive: Receive, send: Send,
+                        keep: Callable[[str], bool]) -> None:
+        """A listing with only the models ``keep`` says yes to: the catalog
+        (``{"models": [{"name": ...}]}``), the statistics (``{"model_stats": [...]}``) or
+        the repository index (a list of ``{"name": ...}``)."""
         start: Message | None = None
         chunks: list[bytes] = []
 
@@ -275,15 +307,25 @@ class AuthMiddleware:
         assert start is not None
         body = b"".join(chunks)
         if start["status"] == 200:
-            listing: dict[str, Any] = json.loads(body)
-            owner_of = self.gate.owner_of
-            listing["models"] = [m for m in listing.get("models", [])
-                                 if principal.may_use(m["name"], owner_of(m["name"]))]
-            body = json.dumps(listing).encode()
+            listing: Any = json.loads(body)
+            body = json.dumps(_kept(listing, keep)).encode()
         headers = [(k, v) for k, v in start.get("headers", []) if k.lower() != b"content-length"]
         headers.append((b"content-length", str(len(body)).encode()))
         await send({**start, "headers": headers})
         await send({"type": "http.response.body", "body": body})
+
+
+def _kept(listing: Any, keep: Callable[[str], bool]) -> Any:
+    """``listing`` with only the rows whose model ``keep`` says yes to."""
+    def rows(items: list[Any]) -> list[Any]:
+        return [row for row in items if isinstance(row, dict) and keep(str(row.get("name")))]
+
+    if isinstance(listing, list):
+        return rows(listing)
+    if isinstance(listing, dict):
+        return {k: rows(v) if k in ("models", "model_stats") and isinstance(v, list) else v
+                for k, v in listing.items()}
+    return listing
 
 
 class _Seen:

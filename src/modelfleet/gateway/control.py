@@ -8,7 +8,10 @@
 
 ``load`` takes optional ``parameters`` in its JSON body (or the same names as query
 parameters): ``workers`` (warm on that many workers, default 1), ``version`` (warm that
-version and put it on the unversioned route once warm), ``pinned`` (pin it too).
+version and put it on the unversioned route once warm), ``pinned`` (pin it too), and
+``config`` (tritonclient's ``load_model(config=...)``: accepted where it says what the
+model's model.toml says; each field that differs is named in a 400, since a model's
+configuration is its model.toml in the repository; see oip/model_config.py).
 ``index`` takes ``ready`` (only models that take requests), and ``limit`` and
 ``cursor`` (gateway/pages.py), in its JSON body or as query parameters. Without
 either it answers the protocol's JSON array, bounded to the first ``DEFAULT_LIMIT``
@@ -29,6 +32,8 @@ from modelfleet.errors import ModelfleetError, RequestRejected
 from modelfleet.gateway.http import STATUS_BY_CODE
 from modelfleet.gateway.pages import decode_cursor, encode_cursor, page_limit
 from modelfleet.gateway.service import GatewayService
+from modelfleet.oip.model_config import config_conflicts, parse_config
+from modelfleet.repository import Catalog
 
 MAX_CONTROL_BODY_BYTES = 64 * 1024
 
@@ -63,17 +68,19 @@ def control_router(service: GatewayService) -> APIRouter:
     async def load(model: str, request: Request) -> Response:
         try:
             params = await _parameters(request)
-            unknown = sorted(set(params) - {"workers", "version", "pinned"})
-            if unknown:  # e.g. tritonclient's config= or files=: not how models are made here
+            unknown = sorted(set(params) - {"workers", "version", "pinned", "config"})
+            if unknown:  # e.g. tritonclient's files=: not how models are made here
                 raise RequestRejected(
-                    f"load takes the parameters workers, version and pinned; not "
-                    f"{', '.join(unknown)} (a model's configuration is its model.toml in the "
+                    f"load takes the parameters workers, version, pinned and config; not "
+                    f"{', '.join(unknown)} (a model's package is published to the "
                     "repository)")
-            workers = _positive_int(params.get("workers", 1), "workers")
+            if "config" in params:
+                check_config(service.catalog, model, params["config"], params.get("version"))
+            workers = positive_int(params.get("workers", 1), "workers")
             version = params.get("version")
             if version is not None and not isinstance(version, str | int):
                 raise RequestRejected(f"'version' must be a string, got {version!r}")
-            pinned = _flag(params.get("pinned", False), "pinned")
+            pinned = flag(params.get("pinned", False), "pinned")
             outcome = await plane.load(model, None if version is None else str(version),
                                        workers)
             if pinned:
@@ -112,6 +119,22 @@ def control_router(service: GatewayService) -> APIRouter:
     return router
 
 
+def check_config(catalog: Catalog, model: str, config: object, version: object) -> None:
+    """``RequestRejected`` unless a load's ``config`` says what the model's manifest says."""
+    given = parse_config(config)
+    if "name" in given and given["name"] != model:
+        raise RequestRejected(f"the config names model {given['name']!r}, not {model!r}")
+    entry = catalog.get(model)
+    manifest = entry.version(None if version is None else str(version))
+    differ = config_conflicts(given, manifest)
+    if differ:
+        raise RequestRejected(
+            f"the config's {', '.join(differ)} differ(s) from model '{model}' version "
+            f"{manifest.version}'s model.toml; modelfleet takes a model's configuration from "
+            f"its model.toml in the repository (GET /v2/models/{model}/config shows it): "
+            f"publish a new version to change it")
+
+
 def _error(exc: ModelfleetError) -> JSONResponse:
     status = STATUS_BY_CODE.get(exc.code, 500)
     headers = {"Retry-After": "1"} if status == 503 else {}
@@ -147,7 +170,7 @@ async def _parameters(request: Request) -> dict[str, Any]:
     return params
 
 
-def _positive_int(value: object, name: str) -> int:
+def positive_int(value: object, name: str) -> int:
     if isinstance(value, str) and value.isdigit():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -155,7 +178,7 @@ def _positive_int(value: object, name: str) -> int:
     return value
 
 
-def _flag(value: object, name: str) -> bool:
+def flag(value: object, name: str) -> bool:
     if isinstance(value, str) and value.lower() in ("true", "false", "1", "0"):
         return value.lower() in ("true", "1")
     if not isinstance(value, bool):

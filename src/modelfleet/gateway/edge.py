@@ -202,14 +202,27 @@ def edge_protocol(limits: EdgeLimits) -> type[EdgeProtocol]:
 class EdgeApp:
     """The outermost ASGI layer of the gateway (see the module docstring)."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, max_header_bytes: int = 16 * 1024,
+                 max_headers: int = 100) -> None:
         self._app = app
+        self._max_header_bytes = max_header_bytes
+        self._max_headers = max_headers
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self._app(scope, receive, send)
             return
-        names = {name for name, _ in scope["headers"]}
+        headers = scope["headers"]
+        size = sum(len(name) + len(value) + 4 for name, value in headers)  # ": " and CRLF
+        if len(headers) > self._max_headers or size > self._max_header_bytes:
+            # However the head arrived (in one read or many: uvicorn bounds only a head
+            # still incomplete), the same limit and the protocol's status for it.
+            await _send_json(send, 431, "request_header_fields_too_large",
+                             f"the request has {len(headers)} header fields of {size} bytes; "
+                             f"at most {self._max_headers} fields and "
+                             f"{self._max_header_bytes} bytes (gateway.max_header_bytes)")
+            return
+        names = {name for name, _ in headers}
         if b"transfer-encoding" in names and b"content-length" in names:
             await _send_json(send, 400, "bad_request",
                              "a request with both Content-Length and Transfer-Encoding is "

@@ -30,9 +30,11 @@ log = logging.getLogger("modelfleet.gateway")
 
 @dataclass
 class Routed:
-    """The version the request is served by, once the route has given it ('' before)."""
+    """The version the request is served by, once the route has given it ('' before), and
+    its batch size (a v2 request's first dimension; 1 otherwise) for the statistics."""
 
     version: str
+    batch_size: int = 1
 
 
 async def exchange(service: GatewayService, observer: RequestObserver, model: str,
@@ -68,7 +70,8 @@ async def exchange(service: GatewayService, observer: RequestObserver, model: st
         log.exception("%s for %s failed", what, model)
         return internal(f"internal error: {type(exc).__name__}")
     finally:
-        _record(service, observer, model, routed.version, status, outcome, reply, started)
+        record_exchange(service, observer, model, routed.version, status, outcome, reply, started,
+                routed.batch_size)
 
 
 def answer_headers(answer: Answer) -> dict[str, str]:
@@ -78,12 +81,17 @@ def answer_headers(answer: Answer) -> dict[str, str]:
             "Server-Timing": ", ".join(f"{k};dur={v:.2f}" for k, v in reply.timings_ms.items())}
 
 
-def _record(service: GatewayService, observer: RequestObserver, model: str, version: str,
-            status: int, outcome: str, reply: Reply | None, started: float) -> None:
+def record_exchange(service: GatewayService, observer: RequestObserver, model: str, version: str,
+            status: int, outcome: str, reply: Reply | None, started: float,
+            batch_size: int = 1) -> None:
     known = model if model in service.catalog else "(unknown)"
     label = observer.label(known)  # the first N models, then "other"
     seconds = time.perf_counter() - started
     metrics.REQUESTS.labels(label, str(status)).inc()
     metrics.REQUEST_SECONDS.labels(label).observe(seconds)
+    if known == model and version:  # the statistics extension: models the catalog has
+        service.statistics.record(model, version, status == 200, seconds,
+                                  dict(reply.timings_ms) if reply is not None else {},
+                                  batch_size)
     observer.record(RequestRecord(PARKED_REQUEST_ID.get(), known, version, status, outcome,
                                   seconds, reply))

@@ -1,4 +1,11 @@
-"""The one place where modelfleet errors become HTTP statuses."""
+"""The one place where modelfleet errors become HTTP statuses, and the two error shapes.
+
+/v1 answers ``{"error": {"code": ..., "message": ...}}``; every path under /v2 (the Open
+Inference Protocol's) answers ``{"error": "<message>"}``, the protocol's shape, which
+tritonclient and the KServe SDK read as the exception's message. ``error_body`` picks
+the shape by path, so routing errors (404, 405), the auth layer's refusals and bugs of
+ours are in the caller's dialect too.
+"""
 
 from __future__ import annotations
 
@@ -49,5 +56,13 @@ def error_response(error: ModelfleetError) -> JSONResponse:
                         status_code=status, headers=headers)
 
 
-def error_body(status: int, code: str, message: str) -> JSONResponse:
+def is_v2(path: str) -> bool:
+    """Is ``path`` under the Open Inference Protocol's /v2 prefix?"""
+    return path == "/v2" or path.startswith("/v2/")
+
+
+def error_body(status: int, code: str, message: str, path: str = "") -> JSONResponse:
+    """An error answer in the dialect of ``path``: /v2's ``{"error": message}``, else /v1's."""
+    if is_v2(path):
+        return JSONResponse({"error": message}, status_code=status)
     return JSONResponse({"error": {"code": code, "message": message}}, status_code=status)

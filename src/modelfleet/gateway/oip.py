@@ -5,6 +5,9 @@
     GET  /v2/models/{m}[/versions/{v}]          model metadata: versions, platform, tensors
     GET  /v2/models/{m}[/versions/{v}]/ready    200 when it can take v2 requests, else 400
     POST /v2/models/{m}[/versions/{v}]/infer    JSON tensors, or the binary tensor extension
+    GET  /v2/models[/{m}[/versions/{v}]]/stats  the statistics extension (gateway/statistics.py)
+    GET  /v2/models/{m}[/versions/{v}]/config   the model configuration extension
+                                                (oip/model_config.py)
 
 An infer request goes through ``GatewayService.infer`` like a /v1 request (held payload
 for a large body, parking, deadline, cancel on hang-up, every error case): its body is
@@ -18,15 +21,21 @@ the body limit. The deadline is the ``timeout`` request
 parameter (microseconds, as tritonclient sends it), else ``X-Request-Timeout``
 (seconds), else the model's.
 
+Outputs may ask for ``classification: k`` (the classification extension: the top k as
+``"value:index[:label]"`` BYTES, labels from the output's ``labels`` file in model.toml).
+A tensor parameter the server does not honour (shared memory, system or CUDA, or any
+other) is a 400 naming it, never ignored.
+
 Errors are ``{"error": "..."}``: 400 for a request the caller must change (the spec's
 status for a failed request), 404 for an unknown model or version, and the /v1 status
-of every other failure (413, 503 with Retry-After, 504, 500...).
+of every other failure (413, 503 with Retry-After, 504, 500...). Paths under /v2 with no
+route, and the auth layer's refusals there, answer in the same shape (gateway/http.py).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -41,17 +50,21 @@ from modelfleet.gateway.http import CLOSE_AFTER, STATUS_BY_CODE
 from modelfleet.gateway.inflight import RequestGuard
 from modelfleet.gateway.observe import RequestObserver
 from modelfleet.gateway.service import Answer, GatewayService
+from modelfleet.gateway.statistics import empty_stats, model_stats
 from modelfleet.oip import HEADER_LENGTH_PARAM, OIP_CONTENT_TYPE
 from modelfleet.oip.codec import InferenceRequest, parse_header_length, parse_request
+from modelfleet.oip.model_config import batched, model_config
 from modelfleet.oip.signature import TensorSpec, check_request
 from modelfleet.oip.transport import header_length_of
 from modelfleet.repository.manifest import Manifest
 
 log = logging.getLogger("modelfleet.gateway")
 
-# The extensions /v2 names, each one really served on this gateway: binary tensors here,
-# the model repository extension by gateway/control.py.
-EXTENSIONS: list[str] = ["binary_tensor_data", "model_repository"]
+# The extensions /v2 names, each one really served on this gateway: binary tensors,
+# classification, statistics and model configuration here, the model repository
+# extension by gateway/control.py. Not shared memory (its parameters are refused).
+EXTENSIONS: list[str] = ["binary_tensor_data", "classification", "model_configuration",
+                         "model_repository", "statistics"]
 PLATFORM = "modelfleet_python"
 HEADER_LENGTH = "Inference-Header-Content-Length"
 
@@ -96,6 +109,61 @@ def deadline_request(parsed: InferenceRequest, header: str | None) -> str | None
     return f"{timeout_us / 1e6:.6f}"
 
 
+def unready_reasons(service: GatewayService, readiness: list[ReadinessCheck]) -> list[str]:
+    """Why the gateway cannot take work now (the reasons /readyz gives)."""
+    reasons = ["shutting down"] if service.requests.draining else []
+    if not service.broker.connected:
+        reasons.append("broker not connected")
+    for check in readiness:
+        ok, why = check()
+        if not ok:
+            reasons.append(why)
+    return reasons
+
+
+def model_unready_reasons(service: GatewayService, readiness: list[ReadinessCheck],
+                          model: str, version: str | None) -> list[str]:
+    """Why ``model`` cannot take v2 requests now; ``ModelNotFound`` for no such model."""
+    manifest = service.catalog.get(model).version(service.control.route(model, version))
+    reasons = unready_reasons(service, readiness)
+    if not service.control.available(model):
+        reasons.append(f"model '{model}' was unloaded by an operator")
+    if not manifest.has_signature:
+        reasons.append(f"model '{model}' declares no tensor signature: only /v1 serves it")
+    return reasons
+
+
+def v2_manifest(service: GatewayService, model: str, version: str | None,
+                routed: Routed) -> Manifest:
+    """The manifest of the version this request will get (a rollout may move the route),
+    refused unless it declares tensors."""
+    manifest = service.catalog.get(model).version(service.control.route(model, version))
+    routed.version = manifest.version
+    if not manifest.has_signature:
+        raise RequestRejected(
+            f"model '{model}' declares no tensor signature ([[inputs]] and "
+            f"[[outputs]] in its model.toml), so /v2 cannot decode tensors for "
+            f"it: call POST /v1/models/{model}/infer")
+    return manifest
+
+
+async def infer_v2(service: GatewayService, manifest: Manifest, version: str | None,
+                   body: bytes, header_length: int | None, timeout_header: str | None,
+                   routed: Routed, disconnected: Callable[[], Awaitable[None]] | None
+                   ) -> Answer:
+    """A v2 request body checked against the model's signature, then through the fleet
+    (HTTP and gRPC alike)."""
+    parsed = parse_request(body, header_length)
+    check_request(parsed, manifest.inputs, manifest.outputs, manifest.name)
+    first = parsed.inputs[0].shape
+    routed.batch_size = first[0] if first and batched(manifest) else 1
+    deadline_ms = service.deadline_ms(manifest.timeout_s,
+                                      deadline_request(parsed, timeout_header))
+    params = {} if header_length is None else {HEADER_LENGTH_PARAM: str(header_length)}
+    return await service.infer(manifest.name, version, body, OIP_CONTENT_TYPE, deadline_ms,
+                               params, disconnected=disconnected)
+
+
 def oip_router(service: GatewayService, readiness: list[ReadinessCheck],
                liveness: list[Callable[[], bool]], observer: RequestObserver) -> APIRouter:
     router = APIRouter(tags=["Open Inference Protocol v2"])
@@ -103,15 +171,7 @@ def oip_router(service: GatewayService, readiness: list[ReadinessCheck],
     body_timeout_s = service.settings.gateway.body_read_timeout_s
 
     def not_ready() -> list[str]:
-        """Why the gateway cannot take work now (the reasons /readyz gives)."""
-        reasons = ["shutting down"] if service.requests.draining else []
-        if not service.broker.connected:
-            reasons.append("broker not connected")
-        for check in readiness:
-            ok, why = check()
-            if not ok:
-                reasons.append(why)
-        return reasons
+        return unready_reasons(service, readiness)
 
     @router.get("/v2")
     async def server_metadata() -> dict[str, Any]:
@@ -139,6 +199,44 @@ def oip_router(service: GatewayService, readiness: list[ReadinessCheck],
         versions = [m.version for m in entry.versions] if version is None else [version]
         return JSONResponse(model_metadata(manifest, versions))
 
+    # Before /v2/models/{model}: "stats" is this route's, not a model's name.
+    @router.get("/v2/models/stats")
+    async def all_stats() -> JSONResponse:
+        return JSONResponse(model_stats(service.statistics.fleet()))
+
+    def stats(model: str, version: str | None) -> JSONResponse:
+        try:
+            entry = service.catalog.get(model)
+            versions = [m.version for m in entry.versions] if version is None \
+                else [entry.version(version).version]
+        except ModelfleetError as exc:
+            return v2_error(exc)
+        counted = service.statistics.fleet(model, version)
+        return JSONResponse(model_stats({**empty_stats(model, versions), **counted}))
+
+    @router.get("/v2/models/{model}/stats")
+    async def get_model_stats(model: str) -> JSONResponse:
+        return stats(model, None)
+
+    @router.get("/v2/models/{model}/versions/{version}/stats")
+    async def get_version_stats(model: str, version: str) -> JSONResponse:
+        return stats(model, version)
+
+    def config(model: str, version: str | None) -> JSONResponse:
+        try:
+            manifest = service.catalog.get(model).version(service.control.route(model, version))
+        except ModelfleetError as exc:
+            return v2_error(exc)
+        return JSONResponse(model_config(manifest))
+
+    @router.get("/v2/models/{model}/config")
+    async def get_config(model: str) -> JSONResponse:
+        return config(model, None)
+
+    @router.get("/v2/models/{model}/versions/{version}/config")
+    async def get_version_config(model: str, version: str) -> JSONResponse:
+        return config(model, version)
+
     @router.get("/v2/models/{model}")
     async def get_model(model: str) -> JSONResponse:
         return metadata(model, None)
@@ -149,14 +247,9 @@ def oip_router(service: GatewayService, readiness: list[ReadinessCheck],
 
     def model_ready(model: str, version: str | None) -> JSONResponse:
         try:
-            manifest = service.catalog.get(model).version(service.control.route(model, version))
+            reasons = model_unready_reasons(service, readiness, model, version)
         except ModelfleetError as exc:
             return v2_error(exc)
-        reasons = not_ready()
-        if not service.control.available(model):
-            reasons.append(f"model '{model}' was unloaded by an operator")
-        if not manifest.has_signature:
-            reasons.append(f"model '{model}' declares no tensor signature: only /v1 serves it")
         if reasons:
             return JSONResponse({"name": model, "ready": False, "reasons": reasons},
                                 status_code=400)
@@ -180,26 +273,14 @@ def oip_router(service: GatewayService, readiness: list[ReadinessCheck],
 
     async def _infer(model: str, version: str | None, request: Request) -> Response:
         async def run(guard: RequestGuard, routed: Routed) -> Answer:
-            # The version this request will get (a rollout may move the route).
-            manifest = service.catalog.get(model).version(service.control.route(model, version))
-            routed.version = manifest.version
-            if not manifest.has_signature:
-                raise RequestRejected(
-                    f"model '{model}' declares no tensor signature ([[inputs]] and "
-                    f"[[outputs]] in its model.toml), so /v2 cannot decode tensors for "
-                    f"it: call POST /v1/models/{model}/infer")
             header_length = parse_header_length(request.headers.get(HEADER_LENGTH))
+            manifest = v2_manifest(service, model, version, routed)
             with guard.reading(body_timeout_s):
                 body = await read_body(request, limit)
             body = inflate(body, request.headers.get("content-encoding", ""), limit)
-            parsed = parse_request(body, header_length)
-            check_request(parsed, manifest.inputs, manifest.outputs, model)
-            deadline_ms = service.deadline_ms(
-                manifest.timeout_s,
-                deadline_request(parsed, request.headers.get("x-request-timeout")))
-            params = {} if header_length is None else {HEADER_LENGTH_PARAM: str(header_length)}
-            return await service.infer(model, version, body, OIP_CONTENT_TYPE, deadline_ms,
-                                       params, disconnected=disconnect_waiter(request))
+            return await infer_v2(service, manifest, version, body, header_length,
+                                  request.headers.get("x-request-timeout"), routed,
+                                  disconnect_waiter(request))
 
         def respond(answer: Answer) -> Response:
             headers = answer_headers(answer)

@@ -68,6 +68,10 @@ class ParkedRequests:
     def waiting_models(self) -> list[str]:
         return list(self._by_model)
 
+    def waiting(self, model_id: str) -> int:
+        """How many requests for ``model_id`` wait for an answer here."""
+        return self._by_model.get(model_id, 0)
+
     def oldest_waiting_s(self) -> dict[str, float]:
         """model id -> seconds its oldest still-unanswered request has waited."""
         now = self._clock()

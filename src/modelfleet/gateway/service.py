@@ -37,6 +37,7 @@ from modelfleet.gateway.fleet import FleetView
 from modelfleet.gateway.inflight import RequestsInFlight
 from modelfleet.gateway.parking import ParkedRequests
 from modelfleet.gateway.payloads import PayloadStore
+from modelfleet.gateway.statistics import PUBLISH_INTERVAL_S, InferenceStatistics
 from modelfleet.messages import PayloadRef, Reply, Task, now_ms
 from modelfleet.repository import Catalog
 from modelfleet.scheduling.demand import DemandPriority
@@ -110,6 +111,7 @@ class GatewayService:
         self.broker = broker
         self.catalog = catalog
         self.parked = ParkedRequests()
+        self._announcer = uuid.uuid4().hex[:16]  # names this gateway in its announcements
         self.payloads = PayloadStore(settings.gateway.payload_store_bytes, settings.secret)
         self.fleet = FleetView(settings.gateway.worker_stale_after_s)
         self.control = ControlPlane(settings, broker, catalog)  # unloads, pins, the route
@@ -121,6 +123,8 @@ class GatewayService:
         self._priority = DemandPriority(settings.gateway.max_timeout_s)
         self._loops: list[asyncio.Task[None]] = []
         self.public_url = public_url(settings, bound_port, runtimes_local)
+        # The statistics extension's counts, shared with the other gateways by event.
+        self.statistics = InferenceStatistics(uuid.uuid4().hex[:12])
 
     async def start(self) -> None:
         self._inbox = await self.broker.open_inbox()
@@ -128,6 +132,7 @@ class GatewayService:
             asyncio.create_task(self._receive_replies(self._inbox), name="gateway-replies"),
             asyncio.create_task(self._listen_events(), name="gateway-events"),
             asyncio.create_task(self._announce_waiting(), name="gateway-announce"),
+            asyncio.create_task(self._publish_statistics(), name="gateway-statistics"),
         ]
 
     async def stop(self) -> None:
@@ -246,9 +251,13 @@ class GatewayService:
             return
         self._announced[model_id] = now
         with contextlib.suppress(BrokerUnavailable):
+            # ``waiting`` and ``gateway``: workers estimate the queue's backlog from them
+            # instead of counting it on the broker (worker/announced.py).
             await self.broker.publish_event({"kind": "demand", "model_id": model_id,
                                              "at": time.time(),
-                                             "priority": self._priority.of(model_id, now)})
+                                             "priority": self._priority.of(model_id, now),
+                                             "waiting": self.parked.waiting(model_id),
+                                             "gateway": self._announcer})
 
     async def _announce_waiting(self) -> None:
         while True:
@@ -260,10 +269,22 @@ class GatewayService:
         async for reply in inbox:
             self.parked.deliver(reply)
 
+    async def _publish_statistics(self) -> None:
+        """This gateway's changed counts for the other gateways' /v2 statistics."""
+        while True:
+            await asyncio.sleep(PUBLISH_INTERVAL_S)
+            event = self.statistics.event()
+            if event is not None:
+                try:
+                    await self.broker.publish_event(event)
+                except BrokerUnavailable:
+                    self.statistics.unsent(event)
+
     async def _listen_events(self) -> None:
         while True:
             with contextlib.suppress(BrokerUnavailable):
                 async for event in self.broker.events():
                     self.fleet.observe(event)
                     self.control.observe(event)
+                    self.statistics.observe(event)
             await asyncio.sleep(1)

@@ -22,7 +22,8 @@ from typing import Any, Literal, Protocol
 
 from modelfleet.messages import EncodedReply
 
-Op = Literal["load", "unload", "unpin", "infer", "health", "stats", "shutdown"]
+Op = Literal["load", "unload", "unpin", "infer", "health", "stats", "shutdown", "set_budgets",
+            "budget"]
 
 # The runtime's settings, as JSON (``Settings.model_dump_json()``).
 SETTINGS_ENV = "MODELFLEET_RUNTIME_SETTINGS"
@@ -77,6 +78,20 @@ class RuntimeStats:
     resident_versions: tuple[str, ...] = ()  # on the device or in host memory
     pinned_versions: tuple[str, ...] = ()
     loading_versions: tuple[str, ...] = ()
+    # Memory (a runtime in a process of its own; 0 otherwise): RSS now and at start-up
+    # (before any model); the overhead (start-up + the models' framework imports); the
+    # budget RSS is held to (device + host budgets); the line (overhead + budget x
+    # (1 + rss_margin)); whether it is over and refusing loads; loads refused since the
+    # last ask; the CUDA allocator's reserved / allocated bytes.
+    rss_bytes: int = 0
+    rss_startup_bytes: int = 0
+    rss_overhead_bytes: int = 0
+    memory_budget_bytes: int = 0
+    rss_limit_bytes: int = 0
+    over_memory_budget: bool = False
+    loads_refused: int = 0
+    device_reserved_bytes: int = 0
+    device_allocated_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -85,6 +100,21 @@ class RuntimeHealth:
     loading: tuple[str, ...] = ()
     load_ages_s: Mapping[str, float] = field(default_factory=dict)
     frameworks: tuple[str, ...] = ()  # top-level modules its models imported
+
+
+@dataclass(frozen=True)
+class DeviceBudget:
+    """A runtime's device budget and what holds it, read without draining ``stats``.
+
+    A worker's shared runtimes split one budget (``worker/pool.py``): it moves their
+    budgets with ``set_budgets`` and reads them back with the ``budget`` op.
+    """
+
+    budget_bytes: int
+    used_bytes: int
+    reserved_bytes: int  # loads in flight
+    pinned_bytes: int
+    device: tuple[str, ...] = ()  # model ids resident on the device
 
 
 class Runtime(Protocol):
@@ -113,6 +143,16 @@ class Runtime(Protocol):
         ...
 
     async def stats(self, timeout_s: float | None = None) -> RuntimeStats: ...
+
+    async def set_budgets(self, device_budget_bytes: int, host_budget_bytes: int | None = None,
+                          timeout_s: float | None = None) -> None:
+        """Change the runtime's budgets now (``host_budget_bytes`` None: unchanged); what
+        no longer fits is evicted before this returns, and its memory line moves too."""
+        ...
+
+    async def budget(self, timeout_s: float | None = None) -> DeviceBudget:
+        """The device budget and what holds it (read without draining ``stats``)."""
+        ...
 
     async def health(self, timeout_s: float | None = None) -> RuntimeHealth:
         """Answered from the runtime's event loop, even while a long load runs."""
@@ -182,7 +222,14 @@ def stats_from_wire(data: Mapping[str, Any]) -> RuntimeStats:
         load_failures=data["load_failures"],
         resident_versions=tuple(data.get("resident_versions", ())),
         pinned_versions=tuple(data.get("pinned_versions", ())),
-        loading_versions=tuple(data.get("loading_versions", ())))
+        loading_versions=tuple(data.get("loading_versions", ())),
+        **{name: data[name] for name in _MEMORY_FIELDS if name in data})
+
+
+_MEMORY_FIELDS = ("rss_bytes", "rss_startup_bytes", "rss_overhead_bytes", "memory_budget_bytes",
+                  "rss_limit_bytes",
+                  "over_memory_budget", "loads_refused", "device_reserved_bytes",
+                  "device_allocated_bytes")
 
 
 def health_to_wire(health: RuntimeHealth) -> dict[str, Any]:
@@ -193,3 +240,12 @@ def health_from_wire(data: Mapping[str, Any]) -> RuntimeHealth:
     return RuntimeHealth(pid=data["pid"], loading=tuple(data["loading"]),
                          load_ages_s=dict(data["load_ages_s"]),
                          frameworks=tuple(data["frameworks"]))
+
+
+def budget_to_wire(budget: DeviceBudget) -> dict[str, Any]:
+    return asdict(budget)
+
+
+def budget_from_wire(data: Mapping[str, Any]) -> DeviceBudget:
+    return DeviceBudget(data["budget_bytes"], data["used_bytes"], data["reserved_bytes"],
+                        data["pinned_bytes"], tuple(data["device"]))

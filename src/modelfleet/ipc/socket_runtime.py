@@ -15,10 +15,12 @@ from typing import Any
 from modelfleet.errors import RuntimeCrashed, error_from_code
 from modelfleet.ipc.framing import Frame, pack_frame, read_frame
 from modelfleet.ipc.protocol import (
+    DeviceBudget,
     InferCall,
     Op,
     RuntimeHealth,
     RuntimeStats,
+    budget_from_wire,
     health_from_wire,
     stats_from_wire,
 )
@@ -69,6 +71,14 @@ class SocketRuntime:
 
     async def stats(self, timeout_s: float | None = None) -> RuntimeStats:
         return stats_from_wire((await self._call("stats", timeout_s)).header["result"])
+
+    async def set_budgets(self, device_budget_bytes: int, host_budget_bytes: int | None = None,
+                          timeout_s: float | None = None) -> None:
+        await self._call("set_budgets", timeout_s, args={
+            "device_budget_bytes": device_budget_bytes, "host_budget_bytes": host_budget_bytes})
+
+    async def budget(self, timeout_s: float | None = None) -> DeviceBudget:
+        return budget_from_wire((await self._call("budget", timeout_s)).header["result"])
 
     async def health(self, timeout_s: float | None = None) -> RuntimeHealth:
         return health_from_wire((await self._call("health", timeout_s)).header["result"])

@@ -15,9 +15,12 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from modelfleet.errors import InvalidInput
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,26 @@ class Context:
     def artifact(self, name: str) -> Path:
         """Path of an artifact shipped in (or built into) the package folder."""
         return self.package_dir / name
+
+    def map_array(self, name: str) -> np.ndarray:
+        """The ``.npy`` artifact ``name``, mapped read-only instead of read and copied.
+
+        No byte is read until used; the pages are the OS page cache's, shared with
+        every runtime that maps the same artifact, and leave with the array. The
+        package folder is always on local disk (the repository's disk cache), so this
+        maps the local copy. ``ModelLoadFailed`` for a missing file or an ``.npz``.
+        """
+        from modelfleet.model.mapped import map_npy  # numpy: only for models that map
+
+        return map_npy(self.artifact(name))
+
+    def map_tensors(self, name: str) -> dict[str, np.ndarray]:
+        """Every tensor of the safetensors artifact ``name`` by name, mapped read-only
+        (like ``map_array``; a ``TorchModel`` gets torch tensors on its device from
+        ``load_tensors``). ``ModelLoadFailed`` for a missing or malformed file."""
+        from modelfleet.model.mapped import map_safetensors
+
+        return map_safetensors(self.artifact(name))
 
 
 class Model:

@@ -15,7 +15,7 @@ one output) into the v2 response, with the outputs the caller asked for, each as
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -45,6 +45,26 @@ def handler_parameters(parameters: Mapping[str, Any]) -> dict[str, str]:
     strings as they are, any other JSON value as its JSON text (``true``, ``5``)."""
     return {name: value if isinstance(value, str) else json.dumps(value)
             for name, value in parameters.items() if name not in PROTOCOL_PARAMETERS}
+
+
+def classify(array: np.ndarray, top: int, labels: Sequence[str] = ()) -> np.ndarray:
+    """The classification extension: the ``top`` largest scores along the last axis, each
+    as ``b"value:index"`` (``b"value:index:label"`` where ``labels`` names the index), best
+    first; shape ``[..., min(top, classes)]``. Ties keep the lower index first."""
+    if array.ndim == 0:
+        raise ModelFailed("classification needs an output with a class axis, got a scalar")
+    scores = array.astype(np.float64, copy=False)
+    k = min(top, scores.shape[-1])
+    order = np.argsort(-scores, axis=-1, kind="stable")[..., :k]
+    best = np.take_along_axis(scores, order, axis=-1)
+    out = np.empty(order.shape, dtype=object)
+    for at in np.ndindex(order.shape):
+        index = int(order[at])
+        text = f"{best[at]:f}:{index}"
+        if index < len(labels):
+            text += f":{labels[index]}"
+        out[at] = text.encode()
+    return out
 
 
 @dataclass(frozen=True)
@@ -84,11 +104,22 @@ class TensorCall:
                 raise ModelFailed(f"model '{self.manifest.name}' returned output '{name}' of "
                                   f"shape {list(array.shape)}; model.toml declares "
                                   f"{list(spec.shape)}")
+            top = self._classification(name)
+            if top is not None:
+                outputs.append(OutputTensor(name, classify(array, top, spec.label_names),
+                                            "BYTES", self.request.output_is_binary(name)))
+                continue
             outputs.append(OutputTensor(name, array, spec.datatype,
                                         self.request.output_is_binary(name)))
         body, header_length = encode_response(self.manifest.name, self.manifest.version,
                                               outputs, self.request.id)
         return Output(body, response_content_type(header_length))
+
+    def _classification(self, name: str) -> int | None:
+        for wanted in self.request.outputs or ():
+            if wanted.name == name:
+                return wanted.classification
+        return None
 
     def _named(self, result: Any) -> Mapping[str, Any]:
         specs = self.manifest.outputs

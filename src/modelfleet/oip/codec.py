@@ -37,6 +37,27 @@ from modelfleet.oip.tensor import (
 )
 
 MAX_RANK = 32  # dimensions of a tensor (numpy's own limit is 64)
+MAX_CLASSIFICATION = 1000  # the largest top-k the classification extension answers
+
+# The tensor parameters this server honours; any other is refused, never ignored (a client
+# that asked for shared memory would otherwise read a region nobody wrote).
+INPUT_PARAMETERS = frozenset({"binary_data_size"})
+OUTPUT_PARAMETERS = frozenset({"binary_data", "classification"})
+SHARED_MEMORY_PARAMETERS = frozenset({"shared_memory_region", "shared_memory_byte_size",
+                                      "shared_memory_offset"})
+
+
+def _honoured(parameters: Mapping[str, Any], allowed: frozenset[str], where: str) -> None:
+    """``RequestRejected`` for a tensor parameter this server does not act on."""
+    shared = sorted(set(parameters) & SHARED_MEMORY_PARAMETERS)
+    if shared:
+        raise RequestRejected(f"{where}: shared memory ({', '.join(shared)}) is not supported "
+                              f"by this server (system or CUDA): send the tensor's data in "
+                              f"the request body")
+    unknown = sorted(set(parameters) - allowed)
+    if unknown:
+        raise RequestRejected(f"{where}: parameter(s) {unknown} are not supported; this server "
+                              f"honours {', '.join(sorted(allowed))}")
 
 
 @dataclass(frozen=True)
@@ -44,6 +65,7 @@ class RequestedOutput:
     name: str
     binary: bool | None = None  # its ``binary_data`` parameter; None: the request's default
     parameters: Mapping[str, Any] = field(default_factory=dict)
+    classification: int | None = None  # top-k classes instead of the raw tensor
 
 
 @dataclass(frozen=True)
@@ -162,6 +184,7 @@ def _input(value: Any, index: int, has_binary: bool) -> TensorHeader:
                               f"got {datatype!r}")
     shape = _shape(value.get("shape"), where)
     parameters = _parameters(value.get("parameters"), where)
+    _honoured(parameters, INPUT_PARAMETERS, where)
     size = parameters.get("binary_data_size")
     if size is None:
         if "data" not in value:
@@ -186,11 +209,19 @@ def _output(value: Any, index: int) -> RequestedOutput:
     unknown = sorted(set(value) - {"name", "parameters"})
     if unknown:
         raise RequestRejected(f"output '{value['name']}': unknown field(s) {unknown}")
-    parameters = _parameters(value.get("parameters"), f"output '{value['name']}'")
+    where = f"output '{value['name']}'"
+    parameters = _parameters(value.get("parameters"), where)
+    _honoured(parameters, OUTPUT_PARAMETERS, where)
     binary = parameters.get("binary_data")
     if binary is not None and not isinstance(binary, bool):
-        raise RequestRejected(f"output '{value['name']}': 'binary_data' must be true or false")
-    return RequestedOutput(value["name"], binary, parameters)
+        raise RequestRejected(f"{where}: 'binary_data' must be true or false")
+    top = parameters.get("classification")
+    if top is not None and (isinstance(top, bool) or not isinstance(top, int)
+                            or not 1 <= top <= MAX_CLASSIFICATION):
+        raise RequestRejected(f"{where}: 'classification' is the number of top classes to "
+                              f"return, a whole number from 1 to {MAX_CLASSIFICATION}; got "
+                              f"{top!r}")
+    return RequestedOutput(value["name"], binary, parameters, top)
 
 
 def parse_request(body: bytes | memoryview, header_length: int | None = None

@@ -53,8 +53,14 @@ def check_request(request: InferenceRequest, inputs: Sequence[TensorSpec],
             raise RequestRejected(f"input '{name}' of model '{model}' has shape "
                                   f"{list(spec.shape)} (-1: any size), got "
                                   f"{list(tensor.shape)}")
-    names = {spec.name for spec in outputs}
+    by_name = {spec.name: spec for spec in outputs}
     for wanted in request.outputs or ():
-        if wanted.name not in names:
+        out = by_name.get(wanted.name)
+        if out is None:
             raise RequestRejected(f"model '{model}' has no output '{wanted.name}'; its "
-                                  f"outputs are {sorted(names)}")
+                                  f"outputs are {sorted(by_name)}")
+        if wanted.classification is not None and (out.datatype in ("BYTES", "BOOL")
+                                                  or not out.shape):
+            raise RequestRejected(f"output '{wanted.name}' of model '{model}' is "
+                                  f"{out.datatype} of shape {list(out.shape)}: "
+                                  f"classification needs numeric scores with a class axis")

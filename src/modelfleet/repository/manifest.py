@@ -87,6 +87,17 @@ class TensorSpec(_Strict):
     name: str = Field(min_length=1, max_length=256)
     datatype: Datatype
     shape: tuple[int, ...] = Field(strict=False)  # TOML arrays are lists; -1: any size
+    # An output's class labels, one per line, in a file of the package (the classification
+    # extension answers "value:index:label"); read by ``load_manifest``, beside the package.
+    labels: str | None = Field(default=None, min_length=1, max_length=256)
+    label_names: tuple[str, ...] = Field(default=(), strict=False, exclude=True)
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, value: str | None) -> str | None:
+        if value is not None and (value.startswith("/") or ".." in value.split("/")):
+            raise ValueError("labels names a file inside the package folder")
+        return value
 
     @field_validator("shape")
     @classmethod
@@ -216,8 +227,29 @@ def parse_manifest(text: str, path: str) -> Manifest:
 
 
 def load_manifest(path: Path) -> Manifest:
+    """The manifest of a package on disk, with its outputs' label files read."""
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ManifestError(str(path), "(file)", f"cannot read: {exc.strerror}") from exc
-    return parse_manifest(text, str(path))
+    return with_label_names(parse_manifest(text, str(path)), path.parent)
+
+
+def with_label_names(manifest: Manifest, package_dir: Path) -> Manifest:
+    """``manifest`` with each output's ``labels`` file read into its ``label_names``."""
+    if not any(spec.labels for spec in manifest.outputs):
+        return manifest
+    outputs = []
+    for index, spec in enumerate(manifest.outputs):
+        if spec.labels is None:
+            outputs.append(spec)
+            continue
+        where = package_dir / spec.labels
+        try:
+            lines = where.read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ManifestError(str(package_dir / "model.toml"), f"outputs.{index}.labels",
+                                f"cannot read {spec.labels}: {exc}") from exc
+        outputs.append(spec.model_copy(update={"label_names": tuple(
+            line.strip() for line in lines)}))
+    return manifest.model_copy(update={"outputs": tuple(outputs)})

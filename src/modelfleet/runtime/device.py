@@ -11,6 +11,11 @@ and on CPU at least the artifact bytes. Tier moves call the handler's optional
 ``to_host()`` / ``to_device()`` hooks (``TorchModel`` implements them with
 ``module.to("cpu")`` into pinned memory and back); a plain CPU model has nothing to
 move, and the cache still accounts its bytes the same way.
+
+``device_memory`` reads what the CUDA caching allocator holds (reserved and allocated
+bytes): the runtime holds its device tier to the budget by that, the memory the device
+really gave this process, not by the bytes of the tensors reachable from handlers
+(``runtime.memory``).
 """
 
 from __future__ import annotations
@@ -142,6 +147,31 @@ def move(handler: Any, tier: str) -> None:
         handler.to_host()
     else:
         handler.to_device()
+
+
+@dataclass(frozen=True)
+class DeviceMemory:
+    """The CUDA caching allocator's bytes: reserved (what the device gives this process)
+    and allocated (what live tensors use). Zero without torch or CUDA."""
+
+    reserved_bytes: int = 0
+    allocated_bytes: int = 0
+
+
+def device_memory() -> DeviceMemory:
+    """What the CUDA allocator holds in this process, where a model imported torch and
+    CUDA is initialised; never imports torch or initialises CUDA itself."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return DeviceMemory()
+    try:
+        if not torch.cuda.is_initialized():
+            return DeviceMemory()
+        devices = range(torch.cuda.device_count())
+        return DeviceMemory(sum(int(torch.cuda.memory_reserved(i)) for i in devices),
+                            sum(int(torch.cuda.memory_allocated(i)) for i in devices))
+    except (AttributeError, RuntimeError):
+        return DeviceMemory()
 
 
 def release_device_memory(device: str) -> None:

@@ -12,7 +12,14 @@ on a thread, demotes and drops models, and keeps the invariants:
   demotion still under way), and never while a request or a predict runs on it;
 - at most ``max_concurrent_loads`` loads at once in this runtime;
 - a failed load leaves nothing behind, so the next request tries again;
-- a model larger than the whole device budget fails at once (``ModelTooLarge``).
+- a model larger than the whole device budget fails at once (``ModelTooLarge``);
+- in a runtime process of its own (``memory`` given), its memory is its budget: an
+  eviction gives the model's memory back to the system (``runtime.memory``: the
+  allocator set up at start-up, ``malloc_trim`` after evictions), and while RSS is over
+  start-up RSS + budgets x (1 + ``rss_margin``) no load starts (``NoCapacity``) and
+  models are shed, lowest-ranked first, until it is back under;
+- the budgets can change at run time (``set_budgets``: a worker's pooled budget moved);
+  what no longer fits is evicted at once.
 """
 
 from __future__ import annotations
@@ -25,10 +32,11 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from modelfleet.cache import POLICIES, Eviction, ModelCache
-from modelfleet.errors import ModelfleetError, ModelLoadFailed, NoCapacity
-from modelfleet.ipc.protocol import Load, RuntimeStats
+from modelfleet.errors import ConfigError, ModelfleetError, ModelLoadFailed, NoCapacity
+from modelfleet.ipc.protocol import DeviceBudget, Load, RuntimeStats
 from modelfleet.model.api import Context, Model
 from modelfleet.model.importer import import_handler
 from modelfleet.model.pipeline import Batcher
@@ -41,6 +49,7 @@ from modelfleet.runtime.device import (
     release_device_memory,
     resolve_device,
 )
+from modelfleet.runtime.memory import MemoryGuard, trim
 from modelfleet.settings import RuntimeSettings
 
 log = logging.getLogger("modelfleet.runtime")
@@ -94,11 +103,15 @@ class HostEvents:
     loads: list[Load] = field(default_factory=list)
     evictions: list[tuple[str, str]] = field(default_factory=list)  # (action, model id)
     load_failures: int = 0
+    loads_refused: int = 0  # refused while over the memory budget
 
 
 class ModelHost:
     def __init__(self, settings: RuntimeSettings, store: ModelStore,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 memory: Callable[[ModelCache], MemoryGuard] | None = None) -> None:
+        """``memory``: builds the guard of this process's memory over the cache (only a
+        runtime in a process of its own: in-process runtimes share the coordinator's RSS)."""
         self._settings = settings
         self._store = store
         policy = POLICIES.get(settings.eviction_policy)
@@ -118,6 +131,9 @@ class ModelHost:
         # imports them ahead, so that a crash does not also cost their import.
         self.frameworks: set[str] = set()
         self.events = HostEvents()
+        self.memory = memory(self.cache) if memory is not None else None
+        self._shedding: asyncio.Task[None] | None = None
+        self._stuck_episode = 0  # the episode whose "nothing left to shed" was logged
 
     @property
     def loading(self) -> list[str]:
@@ -190,6 +206,7 @@ class ModelHost:
         current = self._models.get(key)
         if current is not None and self.cache.tier_of(key) == "device":
             return current  # a promotion or a reload raced us here and won
+        self._admit(model_id)
         if current is not None and self.cache.tier_of(key) == "host":
             return await self._promote(key, current, pinned)
 
@@ -214,6 +231,7 @@ class ModelHost:
                 return handlers[0]
 
             before = set(sys.modules)
+            rss_before = self.memory.rss() if self.memory is not None else 0
             try:
                 measured = await asyncio.to_thread(measure_load, device, package_dir, prepare,
                                                    lambda: handlers[0].load(ctx))
@@ -223,8 +241,10 @@ class ModelHost:
                 raise ModelLoadFailed(f"model '{model_id}' failed to load: {exc!r}") from exc
             handler = handlers.pop()
             own = handler.__class__.__module__.split(".")[0]
-            self.frameworks |= {name for name in set(sys.modules) - before
-                                if not name.startswith(("modelfleet", "_", own))}
+            imported = {name for name in set(sys.modules) - before
+                        if not name.startswith(("modelfleet", "_", own))}
+            new_frameworks = bool(imported - self.frameworks)
+            self.frameworks |= imported
         except BaseException:
             self.cache.release(key)
             raise
@@ -247,9 +267,64 @@ class ModelHost:
             raise NoCapacity(f"model '{model_id}' measured {measured.size_bytes} bytes at load, "
                              "more than this runtime can hold next to its pinned models and "
                              "loads in flight; it was unloaded again")
+        if new_frameworks and self.memory is not None:  # an import is overhead, not a model
+            self.memory.count_imports(rss_before, measured.size_bytes)
         log.info("loaded %s v%s from %s in %.2fs (%d bytes)", model_id, version, source,
                  measured.seconds, measured.size_bytes)
         return loaded
+
+    def _admit(self, model_id: str) -> None:
+        """Refuse the load (``NoCapacity``) while over the memory budget; start shedding."""
+        if self.memory is None:
+            return
+        try:
+            self.memory.admit(model_id)
+        except NoCapacity:
+            self.events.loads_refused += 1
+            self._start_shedding()
+            raise
+
+    def watch_memory(self) -> None:
+        """Shed models if RSS is over its line without any load asking (a handler grew)."""
+        if self.memory is not None and self.memory.check() is not None:
+            self._start_shedding()
+
+    def _start_shedding(self) -> None:
+        if self._shedding is None or self._shedding.done():
+            self._shedding = asyncio.create_task(self._shed(), name="shed-memory")
+
+    async def _shed(self) -> None:
+        """Drop models, lowest-ranked first, until RSS is back under its line."""
+        memory = self.memory
+        if memory is None:
+            return
+        shed = 0
+        while memory.reclaim() is not None:
+            eviction = self.cache.shed()
+            if eviction is None:
+                if self._stuck_episode != memory.episodes:  # once per episode
+                    self._stuck_episode = memory.episodes
+                    log.warning("runtime still over its memory budget with nothing left to "
+                                "shed (%s): memory is held outside the models' books (a "
+                                "handler's allocations, or a leak); loads stay refused until "
+                                "it falls", memory.exceeded())
+                return
+            await self._carry_out([eviction])
+            shed += 1
+        if shed:
+            log.info("shed %d model(s) to come back under the memory budget", shed)
+        memory.back_under()
+
+    async def set_budgets(self, device_budget_bytes: int,
+                          host_budget_bytes: int | None = None) -> None:
+        """Change the budgets now; what no longer fits is evicted before this returns."""
+        try:
+            evictions = self.cache.set_budgets(device_budget_bytes, host_budget_bytes)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
+        await self._carry_out(evictions)
+        log.info("budgets set: device %d bytes, host %d bytes", self.cache.device_budget_bytes,
+                 self.cache.host_budget_bytes)
 
     async def _reserve(self, key: str, size: int, pinned: bool) -> list[Eviction]:
         """Reserve device room, waiting for loads in flight when only they stand in the way.
@@ -347,6 +422,8 @@ class ModelHost:
         del loaded
         self._collect_cycles()
         release_device_memory(device)
+        if self.memory is not None and self._settings.trim_after_eviction:
+            await asyncio.to_thread(trim)  # the heap pages it freed go back to the system
 
     def _collect_cycles(self) -> None:
         """Free models caught in reference cycles, at most once a second.
@@ -366,8 +443,15 @@ class ModelHost:
         """The version may be evicted again (its route moved on, or an operator unpinned)."""
         self.cache.unpin(residency_key(model_id, version))
 
+    def device_budget(self) -> DeviceBudget:
+        snap = self.cache.snapshot()
+        return DeviceBudget(snap.device_budget_bytes, snap.device_used_bytes,
+                            snap.device_reserved_bytes, self.cache.pinned_device_bytes,
+                            tuple(sorted({model_of(key) for key in snap.device})))
+
     def stats(self) -> RuntimeStats:
         """Residency by model id (versions folded), and what happened since the last ask."""
+        self.watch_memory()
         snap = self.cache.snapshot()
         events, self.events = self.events, HostEvents()
         device = {model_of(key) for key in snap.device}
@@ -386,8 +470,22 @@ class ModelHost:
             resident_versions=tuple(sorted({*snap.device, *snap.host})),
             pinned_versions=tuple(sorted(snap.pinned)),
             loading_versions=tuple(sorted(self._loading)),
+            **self._memory_stats(events.loads_refused),
         )
 
+    def _memory_stats(self, refused: int) -> dict[str, Any]:
+        if self.memory is None:
+            return {}
+        state = self.memory.state()
+        return {"rss_bytes": state.rss_bytes, "rss_startup_bytes": state.startup_bytes,
+                "rss_overhead_bytes": state.overhead_bytes,
+                "memory_budget_bytes": state.budget_bytes, "rss_limit_bytes": state.limit_bytes,
+                "over_memory_budget": state.over, "loads_refused": refused,
+                "device_reserved_bytes": state.device.reserved_bytes,
+                "device_allocated_bytes": state.device.allocated_bytes}
+
     async def close(self) -> None:
+        if self._shedding is not None:
+            self._shedding.cancel()
         for key in list(self._models):
             await self._unload(key)

@@ -18,7 +18,13 @@ from collections.abc import Awaitable, Mapping
 from typing import TypeVar
 
 from modelfleet.errors import RuntimeCrashed
-from modelfleet.ipc.protocol import SETTINGS_ENV, InferCall, RuntimeHealth, RuntimeStats
+from modelfleet.ipc.protocol import (
+    SETTINGS_ENV,
+    DeviceBudget,
+    InferCall,
+    RuntimeHealth,
+    RuntimeStats,
+)
 from modelfleet.messages import EncodedReply
 from modelfleet.runtime.server import RuntimeService
 from modelfleet.settings import Settings
@@ -58,6 +64,15 @@ class InProcessRuntime:
     async def stats(self, timeout_s: float | None = None) -> RuntimeStats:
         self._check()
         return self._service.stats()
+
+    async def set_budgets(self, device_budget_bytes: int, host_budget_bytes: int | None = None,
+                          timeout_s: float | None = None) -> None:
+        await self._call(self._service.set_budgets(device_budget_bytes, host_budget_bytes),
+                         timeout_s)
+
+    async def budget(self, timeout_s: float | None = None) -> DeviceBudget:
+        self._check()
+        return self._service.budget()
 
     async def health(self, timeout_s: float | None = None) -> RuntimeHealth:
         self._check()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import logging
 import socket
 import ssl
 from dataclasses import dataclass, field
@@ -34,6 +35,8 @@ from modelfleet.errors import (
 )
 from modelfleet.messages import PayloadRef
 from modelfleet.settings import RuntimeSettings, fetch_allow_entry
+
+log = logging.getLogger("modelfleet.runtime")
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -180,9 +183,14 @@ class PayloadFetcher:
                 addresses.append(address)
         for address in addresses:
             if not self._allowed(host, address, port) and not is_public(address):
+                # The caller reads this: which private address a name resolves to would
+                # map the fleet's network for them. The operator's log keeps it (DEBUG).
+                log.debug("payload URL host %r resolves to non-public address %s",
+                          host, address)
                 raise PayloadFetchForbidden(
-                    f"payload URL host {host!r} resolves to non-public address {address}; "
-                    f"list '{host}:{port}' in runtime.url_fetch_allow to permit it")
+                    f"payload URL host {host!r} is not allowed: it does not resolve to a "
+                    f"public address (an operator may list '{host}:{port}' in "
+                    f"runtime.url_fetch_allow)")
         if not addresses:
             raise PayloadUnavailable(f"cannot resolve payload host {host!r}: no address")
         is_name = not _is_ip_literal(host)

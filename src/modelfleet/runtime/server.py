@@ -29,8 +29,10 @@ from modelfleet.ipc.framing import Frame, error_header, pack_frame, read_frame
 from modelfleet.ipc.protocol import (
     PRELOAD_ENV,
     SETTINGS_ENV,
+    DeviceBudget,
     RuntimeHealth,
     RuntimeStats,
+    budget_to_wire,
     health_to_wire,
     stats_to_wire,
 )
@@ -41,6 +43,7 @@ from modelfleet.model.pipeline import handle_request
 from modelfleet.redaction import secure_logging
 from modelfleet.repository import open_store
 from modelfleet.runtime.host import ModelHost
+from modelfleet.runtime.memory import MemoryGuard, configure_allocator
 from modelfleet.runtime.payload import PayloadFetcher
 from modelfleet.settings import Settings
 
@@ -71,10 +74,16 @@ def encode_result(result: Any) -> tuple[bytes, str]:
 class RuntimeService:
     """The runtime's ops, typed: what both ``SocketServer`` and ``InProcessRuntime`` call."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, own_process: bool = False) -> None:
+        """``own_process``: this is a runtime process of its own, so its RSS is its models'
+        (the memory guard is on); an in-process runtime shares the coordinator's."""
         store = open_store(settings.repo, settings.state_dir / "disk-cache",
                            settings.runtime.disk_cache_bytes)
-        self.host = ModelHost(settings.runtime, store)
+        margin = settings.runtime.rss_margin
+        guard = (None if not own_process else lambda cache: MemoryGuard(
+            lambda: cache.device_budget_bytes + cache.host_budget_bytes, margin,
+            lambda: cache.device_budget_bytes))
+        self.host = ModelHost(settings.runtime, store, memory=guard)
         self._fetcher = PayloadFetcher(settings.runtime)
         self.stopping = asyncio.Event()
 
@@ -88,6 +97,12 @@ class RuntimeService:
 
     def stats(self) -> RuntimeStats:
         return self.host.stats()
+
+    async def set_budgets(self, device_budget_bytes: int, host_budget_bytes: int | None) -> None:
+        await self.host.set_budgets(device_budget_bytes, host_budget_bytes)
+
+    def budget(self) -> DeviceBudget:
+        return self.host.device_budget()
 
     async def load(self, model_id: str, version: str, pinned: bool) -> None:
         await self.host.ensure(model_id, version, pinned)
@@ -224,6 +239,8 @@ class SocketServer:
             return health_to_wire(service.health()), b""
         if op == "stats":
             return stats_to_wire(service.stats()), b""
+        if op == "budget":
+            return budget_to_wire(service.budget()), b""
         if op == "load":
             await service.load(args["model_id"], args["version"], args.get("pinned", False))
             return True, b""
@@ -231,6 +248,9 @@ class SocketServer:
             return await service.unload(args["model_id"], args.get("version")), b""
         if op == "unpin":
             service.unpin(args["model_id"], args["version"])
+            return True, b""
+        if op == "set_budgets":
+            await service.set_budgets(args["device_budget_bytes"], args.get("host_budget_bytes"))
             return True, b""
         if op == "shutdown":
             service.shutdown()
@@ -250,13 +270,16 @@ def main(argv: list[str] | None = None) -> int:
                       text_format=f"%(asctime)s %(levelname)s [{args.name}] %(message)s",
                       static={"runtime": args.name})
     secure_logging()  # payload URLs are signed: no URL is logged whole, at any level
+    allocator = configure_allocator(settings.runtime.malloc_mmap_threshold_bytes)
+    log.info("allocator: %s; malloc_trim after evictions: %s", allocator,
+             "on" if settings.runtime.trim_after_eviction else "off")
     preload(os.environ.get(PRELOAD_ENV, ""))
     asyncio.run(_serve(settings, args.name, args.socket))
     return 0
 
 
 async def _serve(settings: Settings, name: str, socket_path: str) -> None:
-    await SocketServer(RuntimeService(settings), name).serve(socket_path)
+    await SocketServer(RuntimeService(settings, own_process=True), name).serve(socket_path)
 
 
 def preload(modules: str) -> None:

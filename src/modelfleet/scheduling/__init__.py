@@ -2,10 +2,19 @@
 
     from modelfleet.scheduling import Snapshot, decide, ScoringSettings, QueueView, WorkerView
 
-The worker coordinator and the fleet simulator (``modelfleet.sim``) build the same
-``Snapshot`` and run the same ``decide``; time and randomness come in as arguments.
+The worker coordinator and the fleet simulator (``modelfleet.sim``) share all three
+steps: ``snapshot_of`` (observe), ``decide``, ``actions_for`` (act); time and
+randomness come in as arguments.
 """
 
+from modelfleet.scheduling.act import Action, actions_for
+from modelfleet.scheduling.observe import (
+    Observation,
+    QueueFacts,
+    candidates,
+    cannot_matter,
+    snapshot_of,
+)
 from modelfleet.scheduling.scoring import (
     QueueScorer,
     choose_queues,
@@ -20,13 +29,19 @@ from modelfleet.scheduling.step import Snapshot, decide, prefetch_window, work_w
 from modelfleet.scheduling.views import Decision, QueueView, Reason, WorkerView
 
 __all__ = [
+    "Action",
     "Decision",
+    "Observation",
+    "QueueFacts",
     "QueueScorer",
     "QueueView",
     "Reason",
     "ScoringSettings",
     "Snapshot",
     "WorkerView",
+    "actions_for",
+    "candidates",
+    "cannot_matter",
     "choose_queues",
     "cold_budget",
     "decide",
@@ -35,5 +50,6 @@ __all__ = [
     "noise",
     "prefetch_window",
     "score_queue",
+    "snapshot_of",
     "work_waiting",
 ]

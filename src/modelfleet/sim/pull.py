@@ -30,17 +30,17 @@ Three parties, each modelled on the code it stands for:
   reached meanwhile; each subscription costs the broker's ``subscribe_s``.
   ``Decision.prefetch`` sets the consumers' windows.
 
-The decision's inputs are built as the coordinator builds them: candidates are the
-models announced within ``demand_window_s``, those consumed, resident or pinned;
-``loader_room`` per runtime counts models loading there (and models with a task
-running here that are not on the device). Queues that cannot change the decision
-(not held, not resident, no backlog counted) are left out of the snapshot, which
-changes only ``Decision.scores`` and ``reasons``, not what is decided.
+Observe and act are the coordinator's own code: the simulator gathers a
+``scheduling.Observation`` (candidates from ``scheduling.candidates``: the models
+announced within ``demand_window_s``, those consumed, resident or pinned; counts as
+last counted; each runtime's loads, and models with a task running here that are not
+on the device), turns it into the snapshot with ``scheduling.snapshot_of`` and
+carries the decision out step by step with ``scheduling.actions_for``. Simulated
+callers all have priority 0; a queue's plan still gives it its plan's priority.
 """
 
 from __future__ import annotations
 
-import itertools
 import random
 import zlib
 from collections import deque
@@ -48,12 +48,14 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from modelfleet.scheduling import (
-    QueueScorer,
-    QueueView,
+    Action,
+    Observation,
+    QueueFacts,
     ScoringSettings,
-    Snapshot,
-    WorkerView,
+    actions_for,
+    candidates,
     decide,
+    snapshot_of,
 )
 from modelfleet.scheduling import work_waiting as scheduling_work_waiting
 from modelfleet.scheduling.scoring import COLD_WINDOW_S
@@ -128,6 +130,7 @@ class PullAffinity:
         self._demand_log: deque[tuple[float, int]] = deque()
         self._heard_log: list[int] = []  # every announcement heard, in order
         self._names: tuple[str, ...] = ()
+        self._facts: list[QueueFacts] = []  # per model: what its queue view carries
 
     @property
     def sim(self) -> Simulation:
@@ -147,6 +150,12 @@ class PullAffinity:
         self._queues = [deque() for _ in range(models)]
         self._consumers = [[] for _ in range(models)]
         self._turn = [0] * models
+        cat = sim.catalog
+        batch = max(1, cfg.batch_size)
+        # Simulated callers all have the default priority (0); a queue's plan still
+        # gives it its plan's priority (ScoringSettings.plan_priority), as on a worker.
+        self._facts = [QueueFacts(cat.fanout_max_workers[m], cat.plans[m], m in cat.pinned,
+                                  batch, f"runtime-{cat.runtime[m]}") for m in range(models)]
         for worker in sim.workers:
             rng = random.Random(zlib.crc32(f"{self.rng_seed}/{worker.name}".encode()))
             coord = Coordinator(worker, rng, meter_since=cfg.warmup_s, meter_free=worker.permits)
@@ -364,174 +373,140 @@ class PullAffinity:
 
     def _observed(self, coord: Coordinator, full: bool) -> None:
         sim = self.sim
-        worker = coord.worker
-        cat = sim.catalog
-        names = self._names
         self._expire_demand()
-        held = set(coord.consumers)
-        index_of = sim.index_of
-        device, host, seen_loading = coord.residency
-        if not seen_loading:  # never asked yet
-            self._refresh(coord)
-            device, host, seen_loading = coord.residency
-        loading_by_runtime = [set(models) for models in seen_loading]
-        for model in worker.running:
-            if model not in device:
-                loading_by_runtime[cat.runtime[model]].add(model)
-        loading = set().union(*loading_by_runtime)
-        pinned = cat.pinned
-        resident = held | device | host | loading | set(pinned)
-        demand = self._demand
-        # Counts: every candidate at a tick, else only what was announced since. (Left
-        # out: candidates with nothing waiting that are not held or warm here; they
-        # cannot change the decision.)
+        self._count(coord, full)
+        snapshot = snapshot_of(self.observation(coord), self.settings, self.rng_seed)
+        decision = decide(snapshot, self.settings, self.rng_seed)
+        self._meter(coord)
+        coord.waiting = scheduling_work_waiting(snapshot, self.settings, True)
+        coord.untaken = coord.waiting if sim.config.wake_on_held_backlog else \
+            scheduling_work_waiting(snapshot, self.settings, False)
         counts = coord.counts
+        coord.held_backlog = {m for m in coord.consumers if counts.get(m, (0, 0))[0] > 0} \
+            if sim.config.recount_held_backlog else set()
+        coord.meter_free = coord.worker.free_permits
+        now = sim.now
+        if sim.config.warmup_s <= now <= sim.config.duration_s:
+            coord.rescores += 1
+        coord.worker.scores = dict(decision.scores)
+        # The coordinator builds and scores a view of every candidate, not just these.
+        cpu_s = sim.config.decide_cpu_s + sim.config.decide_cpu_per_queue_s * len(
+            self._candidates(coord))
+        steps = deque(actions_for(decision, snapshot, self.settings))
+        sim.work(coord.worker, cpu_s, lambda: self._act(coord, steps), "serve")
+
+    def _candidates(self, coord: Coordinator) -> set[int]:
+        """``scheduling.candidates``, as the coordinator takes them (every runtime here
+        takes work)."""
+        device, host, _ = coord.residency
+        return candidates(self._demand, coord.consumers, device, host, self.sim.catalog.pinned)
+
+    def _count(self, coord: Coordinator, full: bool) -> None:
+        """The broker's counts, as the coordinator asks for them: every candidate at a
+        tick (but an empty queue in demand only, which cannot change the decision), else
+        what was announced since and the held queues last seen with a backlog."""
+        if not coord.residency[2]:  # never asked yet
+            self._refresh(coord)
+        device, host, _ = coord.residency
+        demand = self._demand
         if full:
-            counts = coord.counts = {m: self._live_count(m) for m in resident}
+            own = candidates((), coord.consumers, device, host, self.sim.catalog.pinned)
+            coord.counts = {m: self._live_count(m) for m in own}
             for model in self._nonempty:
-                if model in demand and model not in counts:
-                    counts[model] = self._live_count(model)
-        else:
-            self._fold_heard(coord)  # what was heard while the stats were asked, too
-            for model in coord.dirty:
-                if model in demand:
-                    counts[model] = self._live_count(model)
-            for model in coord.held_backlog:  # held, with a backlog when last counted
-                if model in coord.consumers:
-                    counts[model] = self._live_count(model)
+                if model in demand and model not in coord.counts:
+                    coord.counts[model] = self._live_count(model)
+            coord.dirty.clear()
+            return
+        counts = coord.counts
+        self._fold_heard(coord)  # what was heard while the stats were asked, too
+        for model in coord.dirty:
+            if model in demand:
+                counts[model] = self._live_count(model)
+        for model in coord.held_backlog:  # held, with a backlog when last counted
+            if model in coord.consumers:
+                counts[model] = self._live_count(model)
         coord.dirty.clear()
+
+    def observation(self, coord: Coordinator) -> Observation:
+        """What this worker's coordinator knows now (``scheduling.Observation``): the
+        counts of its candidates as last counted (one never counted is counted now, as
+        the coordinator does), its runtimes' last stats, its tasks."""
+        sim = self.sim
+        worker = coord.worker
+        names = self._names
+        device, host, seen_loading = coord.residency
+        counts = coord.counts
+        counted: dict[str, tuple[int, int]] = {}
+        facts: dict[str, QueueFacts] = {}
+        for model in self._candidates(coord):
+            count = counts.get(model)
+            if count is None:
+                if model in self._demand:
+                    continue  # in demand, never counted: an empty queue (see _count)
+                count = counts[model] = self._live_count(model)
+            name = names[model]
+            counted[name] = count
+            facts[name] = self._facts[model]
         now = sim.now
         while worker.recent_cold and now - worker.recent_cold[0] >= COLD_WINDOW_S:
             worker.recent_cold.popleft()
-        room = [r.loaders - len(models)
-                for r, models in zip(worker.runtimes, loading_by_runtime, strict=True)]
-        view = WorkerView(
-            worker_id=worker.name,
-            subscriptions=frozenset(names[m] for m in held),
+        runtimes = worker.runtimes
+        return Observation(
+            now, worker.name, counted, facts,
+            subscriptions=frozenset(names[m] for m in coord.consumers),
             resident_device=frozenset(names[m] for m in device),
             resident_host=frozenset(names[m] for m in host),
+            load_slots={r.name: r.loaders for r in runtimes},
+            loading={r.name: frozenset(names[m] for m in models)
+                     for r, models in zip(runtimes, seen_loading, strict=True)},
+            loading_for_tasks={names[m]: self._facts[m].runtime for m in worker.running
+                               if m not in device},
+            running={names[m]: n for m, n in worker.running.items()},
             last_served=worker.last_served,
             recent_cold_subscribes=tuple(worker.recent_cold),
-            free_permits=worker.free_permits,
-            permits_cap=worker.permits,
-            loading=frozenset(names[m] for m in loading),
-            loader_room={r.name: slots for r, slots in zip(worker.runtimes, room, strict=True)},
-            running={names[m]: n for m, n in worker.running.items()},
-            prefetch={names[m]: c.window for m, c in coord.consumers.items()},
-        )
-        batch = max(1, sim.config.batch_size)
-
-        def view_of(model: int) -> QueueView:
-            counted = counts.get(model)
-            if counted is None:
-                counted = counts[model] = self._live_count(model)
-            return QueueView(names[model], counted[0], counted[1],
-                             cat.fanout_max_workers[model], cat.plans[model],
-                             model in pinned, batch, f"runtime-{cat.runtime[model]}")
-
-        # A queue neither held nor warm here is taken only with a free load slot on its
-        # runtime (scoring's rules 1, 5, 6), and starved ones strictly best score first,
-        # one per free slot: the others cannot change the decision and are left out
-        # (they still count for work_waiting, below).
-        relevant = [view_of(m) for m in resident]
-        starving: list[list[QueueView]] = [[] for _ in worker.runtimes]
-        left_out: list[QueueView] = []
-        no_room: list[int] = []  # found lazily when every runtime's loader is full
-        if max(room) > 0:
-            for model, (backlog, consumers) in counts.items():
-                if backlog <= 0 or model in resident:
-                    continue
-                runtime = cat.runtime[model]
-                if room[runtime] <= 0:
-                    no_room.append(model)
-                elif consumers == 0:
-                    starving[runtime].append(view_of(model))
-                else:
-                    relevant.append(view_of(model))
-            full_room = False
-        else:
-            full_room = True
-        scorer: QueueScorer | None = None
-        for runtime, queued in enumerate(starving):
-            if len(queued) > room[runtime]:
-                scorer = scorer or QueueScorer(view, self.settings, now, self.rng_seed)
-                queued.sort(key=partial(_rank, scorer))
-                left_out.extend(queued[room[runtime]:])
-                del queued[room[runtime]:]
-            relevant.extend(queued)
-        queues = sorted(relevant, key=lambda q: q.model_id)
-        snapshot = Snapshot(now, tuple(queues), view)
-        decision = decide(snapshot, self.settings, self.rng_seed)
-        self._meter(coord)
-        def waits(held_too: bool) -> bool:
-            if scheduling_work_waiting(snapshot, self.settings, held_too):
-                return True
-            unseen = (m for m, (backlog, _) in counts.items()
-                      if backlog > 0 and m not in resident) if full_room else iter(no_room)
-            others = itertools.chain(left_out, (view_of(m) for m in unseen))
-            return any(scheduling_work_waiting(Snapshot(now, (q,), view), self.settings,
-                                               held_too) for q in others)
-
-        coord.waiting = waits(True)
-        coord.untaken = coord.waiting if sim.config.wake_on_held_backlog else waits(False)
-        coord.held_backlog = {m for m in held if counts.get(m, (0, 0))[0] > 0} \
-            if sim.config.recount_held_backlog else set()
-        coord.meter_free = worker.free_permits
-        if sim.config.warmup_s <= now <= sim.config.duration_s:
-            coord.rescores += 1
-        worker.scores = dict(decision.scores)
-        # The coordinator builds and scores a view of every candidate, not just these.
-        candidates = len(demand) + sum(1 for m in resident if m not in demand)
-        cpu_s = sim.config.decide_cpu_s + sim.config.decide_cpu_per_queue_s * candidates
-        steps: deque[tuple[str, int, int]] = deque()
-        for name in sorted(decision.unsubscribe):
-            steps.append(("unsubscribe", index_of[name], 0))
-        for name in sorted(decision.subscribe):
-            steps.append(("cold" if name in decision.cold else "warm", index_of[name],
-                          decision.prefetch.get(name, 1)))
-        for name, window in decision.prefetch.items():
-            steps.append(("prefetch", index_of[name], window))
-        sim.work(worker, cpu_s, lambda: self._act(coord, steps), "serve")
+            free_permits=worker.free_permits, permits_cap=worker.permits,
+            prefetch={names[m]: c.window for m, c in coord.consumers.items()})
 
     def _live_count(self, model: int) -> tuple[int, int]:
         return len(self._queues[model]), len(self._consumers[model])
 
-    def _act(self, coord: Coordinator, steps: deque[tuple[str, int, int]]) -> None:
-        """Carry the decision out step by step, each after what it waits for."""
+    def _act(self, coord: Coordinator, steps: deque[Action]) -> None:
+        """Carry ``scheduling.actions_for`` out step by step, each after what it waits for."""
         sim = self.sim
         costs = sim.config.broker_costs
+        index_of = sim.index_of
         while steps:
-            kind, model, value = steps.popleft()
-            if kind == "unsubscribe":
+            action = steps.popleft()
+            model = index_of[action.model_id]
+            if action.kind == "unsubscribe":
                 self._unsubscribe(coord, model)
-            elif kind == "prefetch":
+            elif action.kind == "prefetch":
                 consumer = coord.consumers.get(model)
-                if consumer is not None and consumer.window != value:
-                    consumer.window = value
+                if consumer is not None and consumer.window != action.window:
+                    consumer.window = action.window
                     self._dispatch(model)
-            elif kind == "cold":
+            elif action.cold:
                 # A fresh count first: another worker may have taken it since the snapshot.
-                sim.after(costs.count_s, partial(self._cold, coord, model, value, steps))
+                sim.after(costs.count_s, partial(self._cold, coord, model, action, steps))
                 return
             else:
-                sim.after(costs.subscribe_s, partial(self._subscribed, coord, model, value, steps))
+                sim.after(costs.subscribe_s, partial(self._subscribed, coord, model,
+                                                     action.window, steps))
                 return
         self._rescored(coord)
 
-    def _cold(self, coord: Coordinator, model: int, window: int,
-              steps: deque[tuple[str, int, int]]) -> None:
+    def _cold(self, coord: Coordinator, model: int, action: Action,
+              steps: deque[Action]) -> None:
         sim = self.sim
-        cat = sim.catalog
-        cap = self.settings.fanout_cap(cat.fanout_max_workers[model], cat.plans[model])
-        if model in cat.pinned or len(self._consumers[model]) < cap:
+        if action.still_open(len(self._consumers[model])):
             coord.worker.recent_cold.append(sim.now)
             sim.after(sim.config.broker_costs.subscribe_s,
-                      lambda: self._subscribed(coord, model, window, steps))
+                      lambda: self._subscribed(coord, model, action.window, steps))
         else:
             self._act(coord, steps)
 
     def _subscribed(self, coord: Coordinator, model: int, window: int,
-                    steps: deque[tuple[str, int, int]]) -> None:
+                    steps: deque[Action]) -> None:
         if model not in coord.consumers:
             consumer = Consumer(model, max(1, window), coord.worker.index)
             coord.consumers[model] = consumer
@@ -575,7 +550,3 @@ class PullAffinity:
         sim.after(sim.config.rescore_s * coord.rng.uniform(0.75, 1.25),
                   lambda: self._timeout(coord, generation))
 
-
-def _rank(scorer: QueueScorer, queue: QueueView) -> tuple[float, str]:
-    """The order in which scoring admits starved cold queues: best score first."""
-    return -scorer.score(queue, 0.0), queue.model_id

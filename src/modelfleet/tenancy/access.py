@@ -1,8 +1,9 @@
 """Who may reach what: a key's principal, its role, and the models its tenant may use.
 
 Pure: the gateway classifies a route and asks here. Roles are ordered: ``caller`` (its
-tenant's models and those granted to it), ``operator`` (also the fleet, the control
-API, the dashboard and, if configured, metrics), ``admin`` (also every tenant's models).
+tenant's models and those granted to it), ``operator`` (also the control API for its
+own tenant's models: the repository index, load, unload, pin; and, if configured,
+metrics), ``admin`` (fleet-wide: every tenant's models, the fleet and the dashboard).
 """
 
 from __future__ import annotations
@@ -34,6 +35,15 @@ class Principal:
             return self.role == "admin"
         return (self.role == "admin" or owner == self.tenant.name
                 or model in self.tenant.grants)
+
+
+    def may_control(self, owner: str | None) -> bool:
+        """May this principal load, unload or pin a model owned by tenant ``owner`` (None:
+        no such model)? An operator acts on its own tenant's models only (a grant lets a
+        tenant use a model, not control it); an administrator on every model."""
+        if self.role == "admin":
+            return True
+        return owner is not None and self.role == "operator" and owner == self.tenant.name
 
 
 # Who sent the request being handled (set by the gateway's auth layer around the route):

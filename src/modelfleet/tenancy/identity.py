@@ -13,6 +13,7 @@ import asyncio
 import base64
 import binascii
 import logging
+import re
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -32,7 +33,9 @@ def token_of(authorization: str | None) -> str:
     if not authorization:
         raise Unauthenticated("an API key is needed: send 'Authorization: Bearer <key>' "
                               "(make one with 'modelfleet keys create')")
-    scheme, _, value = authorization.strip().partition(" ")
+    # Any whitespace ends the scheme ("Bearer\tKEY" too), and an unsupported scheme is
+    # named only when it looks like one: the rest of a header may be the key itself.
+    scheme, value = [*re.split(r"\s+", authorization.strip(), maxsplit=1), ""][:2]
     if scheme.lower() == "bearer":
         return value.strip()
     if scheme.lower() == "basic":
@@ -42,8 +45,12 @@ def token_of(authorization: str | None) -> str:
         except (binascii.Error, UnicodeDecodeError):
             raise Unauthenticated("the Basic credentials are not valid base64") from None
         return user if user.startswith(keys.PREFIX) else password
-    raise Unauthenticated(f"the Authorization scheme {scheme!r} is not supported: use "
+    named = f" {scheme!r}" if _SCHEME.fullmatch(scheme) else ""
+    raise Unauthenticated(f"the Authorization scheme{named} is not supported: use "
                           "'Bearer <key>'")
+
+
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9-]{0,19}")  # Bearer, Basic, Digest, Negotiate...
 
 
 class _Cached:

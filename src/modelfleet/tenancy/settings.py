@@ -26,6 +26,8 @@ class TenancySettings(BaseModel):
     # working within this long, with no restart.
     cache_ttl_s: float = Field(default=2.0, gt=0, le=60)
     usage_flush_s: float = Field(default=10.0, gt=0)  # usage buffered this long at most
-    protect_metrics: bool = False  # /metrics needs the operator role too
+    # With auth on, /metrics needs the operator role (it names tenants and models); an
+    # operator who scrapes from a trusted network opens it with false.
+    protect_metrics: bool = True
     # Tenants named in metric labels, the first ones seen; the rest count as "(other)".
     metric_tenants_max: int = Field(default=50, ge=0)

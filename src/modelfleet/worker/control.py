@@ -38,6 +38,7 @@ from modelfleet.control import (
     plan,
     route,
 )
+from modelfleet.control.pins import PinnedIndex
 from modelfleet.control.versions import Versions, newest_good, pin_versions
 from modelfleet.errors import BrokerUnavailable, ModelfleetError, ModelUnavailable
 from modelfleet.repository import Catalog
@@ -81,6 +82,7 @@ class ControlAgent:
         self._ready = ready
         self._clock = clock
         self.state = ControlState()
+        self._pins = PinnedIndex(catalog, self.state)
         self._others: dict[str, tuple[float, Holdings]] = {}
         self._failed: dict[str, dict[str, str]] = {}  # model -> version -> why it failed here
         self._retry_at: dict[tuple[str, str], float] = {}  # (model, version) -> after when
@@ -113,9 +115,12 @@ class ControlAgent:
 
     def pinned(self, model_id: str) -> bool:
         """Pinned by its manifest or an operator, and not unloaded."""
-        if model_id not in self._catalog or not self.state.loaded(model_id):
-            return False
-        return self.state.pinned(model_id, self._catalog.get(model_id).manifest.fanout.pinned)
+        return self._pins.pinned(model_id)
+
+    def pinned_ids(self) -> frozenset[str]:
+        """Every model :meth:`pinned` says yes of; rebuilt only when the catalog or the
+        orders change (``control.pins``), so a re-score does not walk the catalog."""
+        return self._pins.ids()
 
     def pin_versions(self, model_id: str) -> list[str]:
         """The versions of a pinned model to keep loaded: its route's, and the newest."""

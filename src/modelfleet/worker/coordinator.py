@@ -5,10 +5,11 @@ One asyncio process per worker. Its loops:
 - *events*: gateways announce demand per model (``{"kind": "demand"}``); that set,
   plus this worker's subscriptions, resident and pinned models, is the candidate list.
 - *rescore* (every ``rescore_interval_s``, and at once when a runtime changes state):
-  exact backlog and consumer counts for the candidates (``Broker.queue_stats``), the
-  runtimes' residency, then ``scheduling.choose_queues`` (pure) decides what to
-  subscribe to and drop. Queues whose runtime is down are dropped at once: a worker
-  whose backend is down must not keep pulling.
+  backlog and consumer counts for the candidates, the runtimes' residency, then
+  ``scheduling``: ``snapshot_of`` (observe), ``decide`` (what to subscribe to and
+  drop), ``actions_for`` (the steps), the same code the simulator runs. Queues whose
+  runtime is down are dropped at once: a worker whose backend is down must not keep
+  pulling. A re-score costs O(candidates): nothing in it walks the catalog.
 - *state*: publishes this worker's state (``{"kind": "worker_state"}``) for
   gateways' ``/v1/fleet`` and for the other workers.
 - one *consume* task per subscription: take a delivery, take a permit, run it.
@@ -18,11 +19,14 @@ RabbitMQ management API is off by default on Debian's package, lists 2,000 queue
 0.2-0.5 s and reports counts several seconds stale; the event-exchange plugin is off
 by default too and says a queue exists, not what is waiting in it. Gateways already
 know exactly which models have requests waiting, so they announce it on a fanout
-event (once per model per second while requests wait, so a worker that starts late
-learns of a backlog within a second), and workers ask for exact counts for just those
-candidates (a passive declare, ~0.6 ms each, on a channel of its own because a
-missing queue closes the channel). It works identically on the embedded broker, and
-its cost grows with the models in demand, not with the catalog.
+event (once per model per interval while requests wait, so a worker that starts late
+learns of a backlog within a second), with how many wait there. Workers estimate the
+queues they do not hold from that and from each other's announced subscriptions
+(``worker/announced.py``), and ask for exact counts (a passive declare, ~0.6 ms each,
+on a channel of its own because a missing queue closes the channel) only for what they
+hold, is resident or pinned here, has no fresh announced count, or is about to be
+taken. It works identically on the embedded broker, and its cost grows with the
+candidates, not with the catalog.
 
 What happens to one delivered task (settlement, deadlines, the suspect gate, the
 crash hand-back) is ``worker/tasks.py``.
@@ -38,7 +42,7 @@ import random
 import socket
 import time
 import zlib
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import Any
 
@@ -46,9 +50,22 @@ from modelfleet import metrics
 from modelfleet.broker import Broker, QueueStats, Subscription
 from modelfleet.errors import BrokerUnavailable
 from modelfleet.repository import Catalog
-from modelfleet.scheduling import Decision, QueueView, Snapshot, WorkerView, decide, work_waiting
+from modelfleet.scheduling import (
+    Action,
+    Decision,
+    Observation,
+    QueueFacts,
+    Snapshot,
+    actions_for,
+    candidates,
+    cannot_matter,
+    decide,
+    snapshot_of,
+    work_waiting,
+)
 from modelfleet.scheduling.demand import DemandPriority
 from modelfleet.settings import Settings
+from modelfleet.worker.announced import AnnouncedCounts
 from modelfleet.worker.control import ControlAgent
 from modelfleet.worker.idle import IdleMeter
 from modelfleet.worker.pinning import PinKeeper
@@ -61,6 +78,9 @@ from modelfleet.worker.tasks import TaskRunner
 log = logging.getLogger("modelfleet.worker")
 
 RESIDENCY_MAX_AGE_S = 0.02
+# Every candidate is counted on the broker at least this often, announced or not (a
+# lost announcement costs at most this long); in between, announcements stand in.
+EXACT_EVERY_S = 10.0
 
 
 def default_worker_id() -> str:
@@ -87,7 +107,9 @@ class Coordinator:
         self._permits = asyncio.Semaphore(self._cap)
         self._in_flight: set[asyncio.Task[None]] = set()
         self._consumers: dict[str, _Consumer] = {}
-        self._demand: dict[str, float] = {}
+        # model id -> when its demand was last heard, oldest first: expiry pops the front
+        # instead of scanning every model in demand at every re-score.
+        self._demand: OrderedDict[str, float] = OrderedDict()
         self._demand_priority = DemandPriority(settings.worker.demand_window_s)  # issue 14
         self._cold_subscribes: deque[float] = deque(maxlen=256)
         self._pinning: asyncio.Task[None] | None = None
@@ -102,6 +124,19 @@ class Coordinator:
                                  self.control, TaskLog(self.worker_id, settings.log_format),
                                  self._stop_pulling, clock)
         self._counts: dict[str, QueueStats] = {}  # candidate queues as last counted
+        # Counts from the fleet's announcements (worker/announced.py), and the candidates
+        # whose entry in _counts is such an estimate rather than the broker's count.
+        self._announced = AnnouncedCounts(3 * settings.gateway.demand_announce_interval_s,
+                                          settings.worker.demand_window_s,
+                                          3 * settings.worker.state_interval_s,
+                                          self.worker_id)
+        self._exact_at = -1e9  # the last periodic re-score that counted every candidate
+        self._estimated: set[str] = set()
+        self._gauged: set[str] = set()  # models with a modelfleet_queue_backlog gauge
+        # The last observation (now, candidates, device, host, pinned or loading here),
+        # for a second decision on exact counts.
+        self._observed: tuple[float, set[str], frozenset[str], frozenset[str],
+                              frozenset[str]] | None = None
         self._dirty: set[str] = set()  # queues to count afresh at the next re-score
         self._idle = IdleMeter(self._cap, time.monotonic)
         self._untaken_work = False  # it saw tasks waiting in queues this worker does not pull
@@ -206,6 +241,7 @@ class Coordinator:
         while True:
             try:
                 async for event in self._broker.events():
+                    self._announced.observe(event, self._clock())
                     if event.get("kind") == "cancel":
                         self._cancel(event.get("request_id"))
                         continue
@@ -213,7 +249,7 @@ class Coordinator:
                     if event.get("kind") != "demand" or not isinstance(model_id, str) \
                             or model_id not in self._catalog:
                         continue
-                    self._demand[model_id] = self._clock()
+                    self._note_demand(model_id)
                     self._demand_priority.note(model_id, event.get("priority"), self._clock())
                     if model_id not in self._consumers and model_id not in self._dirty \
                             and not self._at_cap(model_id):
@@ -228,6 +264,20 @@ class Coordinator:
             except BrokerUnavailable:
                 pass
             await asyncio.sleep(self._settings.broker.reconnect_max_backoff_s / 5)
+
+    def _note_demand(self, model_id: str) -> None:
+        self._demand[model_id] = self._clock()
+        self._demand.move_to_end(model_id)
+
+    def _expire_demand(self, now: float) -> None:
+        """Forget demand older than the window: O(what expires), oldest first."""
+        horizon = now - self._settings.worker.demand_window_s
+        demand = self._demand
+        while demand:
+            model_id, seen = next(iter(demand.items()))
+            if seen >= horizon:
+                break
+            del demand[model_id]
 
     def _at_cap(self, model_id: str) -> bool:
         """Did the last count see this queue with as many consumers as its fan-out cap?"""
@@ -288,14 +338,31 @@ class Coordinator:
         if snapshot is None:
             return
         decision = decide(snapshot, self._settings.scheduling, self._seed)
+        recount = self._estimated & decision.subscribe
+        if recount:
+            # Taken on announced counts: count them exactly and decide again, so that
+            # what is taken is taken on the broker's word.
+            await self._count_exactly(recount)
+            snapshot = self._snapshot()
+            decision = decide(snapshot, self._settings.scheduling, self._seed)
         await self._act(decision, snapshot)
+
+    async def _count_exactly(self, model_ids: set[str]) -> None:
+        exact = await self._broker.queue_stats(sorted(model_ids))
+        self._counted(exact)
+        for model_id in model_ids - exact.keys():
+            self._counts.pop(model_id, None)  # no such queue
+        self._estimated -= model_ids
 
     async def _observe(self, full: bool) -> Snapshot | None:
         """The snapshot ``decide`` needs: the candidate queues' counts and this worker.
 
-        ``full``: exact counts for every candidate (each tick). Otherwise (woken by an
-        event) only for queues newly in demand and those never counted, the rest as
-        counted at the last tick: a wake must be cheap, since it comes with demand.
+        ``full``: counts for every candidate (each tick). Otherwise (woken by an event)
+        only for queues newly in demand and those never counted, the rest as counted at
+        the last tick: a wake must be cheap, since it comes with demand. Either way a
+        queue the fleet's announcements say enough of is estimated, not asked of the
+        broker (``_estimate``), and one announced with nothing waiting, not held and not
+        warm here, is no candidate at all (it cannot change the decision).
         """
         if full or time.monotonic() - self._refreshed_at >= RESIDENCY_MAX_AGE_S:
             # Residency takes a stats call to every runtime: woken re-scores (many a
@@ -303,94 +370,155 @@ class Coordinator:
             await self._residency.refresh(self._supervisor.all())
             self._refreshed_at = time.monotonic()
         now = self._clock()
-        window = self._settings.worker.demand_window_s
-        for model_id, seen in list(self._demand.items()):
-            if now - seen > window:
-                del self._demand[model_id]
+        self._expire_demand(now)
+        self._announced.expire_peers(now)
         device = self._residency.models("device")
         host = self._residency.models("host")
-        if self._pins.pinned and not (self._pinning and not self._pinning.done()):
+        pinned = self._pins.pinned
+        if pinned and not (self._pinning and not self._pinning.done()):
             # A restarted runtime comes back empty: pinned models go back on it.
             self._pinning = asyncio.create_task(self._pins.keep(self._residency.versions()[1]))
-        serviceable = {m for m in self._catalog_ids() if self._runtime_accepting(m)}
-        candidates = (set(self._demand) | set(self._consumers) | device | host
-                      | set(self._pins.pinned)) & serviceable
-        for model_id in set(self._counts) - candidates:
+        loading = frozenset().union(*(self._residency.loading(r.name)
+                                      for r in self._supervisor.all()))
+        here = device | host | pinned | loading
+        exact = full and time.monotonic() - self._exact_at >= EXACT_EVERY_S
+        if exact:
+            self._exact_at = time.monotonic()
+        # O(candidates): each is looked up by itself, never the whole catalog.
+        wanted = {m for m in candidates(self._demand, self._consumers, device, host, pinned)
+                  if (exact or not self._announced_idle(m, now, here))
+                  and self._runtime_accepting(m)}
+        for model_id in [m for m in self._counts if m not in wanted]:
             del self._counts[model_id]
-            with contextlib.suppress(KeyError):  # a gauge nobody updates would go stale
-                metrics.QUEUE_BACKLOG.remove(model_id)
+            self._ungauge(model_id)  # a gauge nobody updates would go stale
+        self._estimated &= wanted
         # Woken: count afresh what was announced, never counted, or held with a backlog
         # (its window is sized to what waits there).
-        ask = candidates if full else (self._dirty | self._held_backlog
-                                       | (candidates - set(self._counts)))
+        ask = set(wanted) if full else ((self._dirty | self._held_backlog) & wanted) | {
+            m for m in wanted if m not in self._counts}
         self._dirty.clear()
+        if not exact:
+            ask -= self._estimate(ask, now, here)
         if ask:
-            self._counts.update(await self._broker.queue_stats(sorted(ask & candidates)))
-        queues = []
-        runtime_of: dict[str, SupervisedRuntime] = {}
-        for model_id in sorted(candidates):
-            qs = self._counts.get(model_id)
-            if qs is None or model_id not in self._catalog:  # gone while we asked
-                continue
-            manifest = self._catalog.get(model_id).manifest
-            runtime = runtime_of[model_id] = self._supervisor.runtime_for(model_id)
+            self._counted(await self._broker.queue_stats(sorted(ask)))
+            self._estimated -= ask
+        self._observed = (now, wanted, device, host, pinned | loading)
+        return self._snapshot()
+
+    def _counted(self, stats: dict[str, QueueStats]) -> None:
+        """Take the broker's exact counts (and show them as the backlog gauge)."""
+        self._counts.update(stats)
+        for model_id, qs in stats.items():
             metrics.QUEUE_BACKLOG.labels(model_id).set(qs.backlog)
-            queues.append(QueueView(model_id, qs.backlog, qs.consumers,
-                                    manifest.fanout.max_workers, manifest.plan,
-                                    self.control.pinned(model_id),
-                                    manifest.batching.max_batch_size, runtime.name,
-                                    self._demand_priority.of(model_id, now)))
-        # A model with a task running here but not resident yet is being loaded for it.
-        loading = {r.name: set(self._residency.loading(r.name)) for r in self._supervisor.all()}
-        for model_id in set(self._tasks.running) - device:
-            if model_id in runtime_of:
-                loading.setdefault(runtime_of[model_id].name, set()).add(model_id)
-        slots = self._settings.runtime.max_concurrent_loads
-        worker = WorkerView(
-            self.worker_id, frozenset(self._consumers), device, host,
-            dict(self._tasks.last_served), tuple(self._cold_subscribes),
-            self._cap - len(self._in_flight), self._cap,
-            frozenset().union(*loading.values()),
-            loader_room={name: slots - len(models) for name, models in loading.items()},
-            running=dict(self._tasks.running),
-            prefetch={m: c.prefetch for m, c in self._consumers.items()})
-        snapshot = Snapshot(now, tuple(queues), worker)
-        self._idle.observe(free_permits=worker.free_permits,
+            self._gauged.add(model_id)
+
+    def _ungauge(self, model_id: str) -> None:
+        if model_id in self._gauged:
+            self._gauged.discard(model_id)
+            with contextlib.suppress(KeyError):
+                metrics.QUEUE_BACKLOG.remove(model_id)
+
+    def _announced_idle(self, model_id: str, now: float, here: frozenset[str]) -> bool:
+        """Announced lately with nothing waiting, and neither held nor warm here."""
+        if model_id in self._consumers or model_id in here or model_id in self._tasks.running:
+            return False
+        said = self._announced.estimate(model_id, now)
+        return said is not None and said[0] == 0
+
+    def _estimate(self, ask: set[str], now: float, here: frozenset[str]) -> set[str]:
+        """Of the queues to count, those the fleet's announcements say enough of: not
+        held, resident, pinned or loading here (those are counted exactly), with a fresh
+        announced count. Their estimates go into ``_counts``; returns them."""
+        estimated = set()
+        for model_id in ask:
+            if model_id in self._consumers or model_id in here \
+                    or model_id in self._tasks.running:
+                continue
+            said = self._announced.estimate(model_id, now)
+            if said is not None:
+                self._counts[model_id] = QueueStats(model_id, *said)
+                self._ungauge(model_id)  # the gauge shows the broker's counts only
+                estimated.add(model_id)
+        self._estimated |= estimated
+        return estimated
+
+    def _snapshot(self) -> Snapshot:
+        """The snapshot of the last observation, with the counts as they are now."""
+        assert self._observed is not None
+        snapshot = snapshot_of(self._observation(*self._observed),
+                               self._settings.scheduling, self._seed)
+        self._idle.observe(free_permits=snapshot.worker.free_permits,
                            waiting=work_waiting(snapshot, self._settings.scheduling))
         self._untaken_work = work_waiting(snapshot, self._settings.scheduling, held_too=False)
-        self._held_backlog = {q.model_id for q in queues
+        self._held_backlog = {q.model_id for q in snapshot.queues
                               if q.backlog > 0 and q.model_id in self._consumers}
         return snapshot
 
-    async def _act(self, decision: Decision, snapshot: Snapshot) -> None:
-        now = snapshot.now
-        device = snapshot.worker.resident_device
-        for model_id in decision.unsubscribe:
-            metrics.SUBSCRIBE_EVENTS.labels("unsubscribe", "warm" if model_id in device
-                                            else "cold").inc()
-            await self._unsubscribe(model_id)
-        for model_id in sorted(decision.subscribe):
-            cold = model_id in decision.cold
-            if cold and model_id not in await self._still_open(frozenset({model_id}),
-                                                               list(snapshot.queues)):
+    def _observation(self, now: float, wanted: set[str], device: frozenset[str],
+                     host: frozenset[str], also_warm: frozenset[str]) -> Observation:
+        """What this worker knows now, for ``scheduling.snapshot_of``: O(candidates)."""
+        counts: dict[str, tuple[int, int]] = {}
+        facts: dict[str, QueueFacts] = {}
+        running = self._tasks.running
+        for model_id in wanted:
+            qs = self._counts.get(model_id)
+            if qs is None or model_id not in self._catalog:  # gone while we asked
                 continue
-            if cold:
-                self._cold_subscribes.append(now)
-            metrics.SUBSCRIBE_EVENTS.labels("subscribe", "cold" if cold else "warm").inc()
-            await self._subscribe(model_id, decision.prefetch.get(model_id, 1))
-        for model_id, window in decision.prefetch.items():
-            consumer = self._consumers.get(model_id)
-            if consumer is not None and consumer.prefetch != window:
-                with contextlib.suppress(BrokerUnavailable):
-                    await consumer.subscription.set_prefetch(window)
-                    consumer.prefetch = window
+            if cannot_matter(qs.backlog, model_id in self._consumers,
+                             model_id in device or model_id in host or model_id in also_warm
+                             or model_id in running):
+                continue  # snapshot_of would leave it out: its facts are not needed
+            manifest = self._catalog.get(model_id).manifest
+            counts[model_id] = (qs.backlog, qs.consumers)
+            facts[model_id] = QueueFacts(
+                manifest.fanout.max_workers, manifest.plan, self.control.pinned(model_id),
+                manifest.batching.max_batch_size,
+                self._supervisor.runtime_for(model_id).name,
+                self._demand_priority.of(model_id, now))
+        slots = self._settings.runtime.max_concurrent_loads
+        runtimes = self._supervisor.all()
+        return Observation(
+            now, self.worker_id, counts, facts, frozenset(self._consumers), device, host,
+            load_slots={r.name: slots for r in runtimes},
+            loading={r.name: self._residency.loading(r.name) for r in runtimes},
+            # A model with a task running here but not resident yet is being loaded for it.
+            loading_for_tasks={m: self._supervisor.runtime_for(m).name
+                               for m in self._tasks.running if m not in device},
+            running=dict(self._tasks.running), last_served=dict(self._tasks.last_served),
+            recent_cold_subscribes=tuple(self._cold_subscribes),
+            free_permits=self._cap - len(self._in_flight), permits_cap=self._cap,
+            prefetch={m: c.prefetch for m, c in self._consumers.items()})
+
+    async def _act(self, decision: Decision, snapshot: Snapshot) -> None:
+        """Carry out ``scheduling.actions_for``: the steps the simulator takes too."""
+        now = snapshot.now
+        for action in actions_for(decision, snapshot, self._settings.scheduling):
+            model_id = action.model_id
+            if action.kind == "unsubscribe":
+                metrics.SUBSCRIBE_EVENTS.labels("unsubscribe", "cold" if action.cold
+                                                else "warm").inc()
+                await self._unsubscribe(model_id)
+            elif action.kind == "subscribe":
+                if action.cold and not await self._still_open(action):
+                    continue
+                if action.cold:
+                    self._cold_subscribes.append(now)
+                metrics.SUBSCRIBE_EVENTS.labels("subscribe", "cold" if action.cold
+                                                else "warm").inc()
+                await self._subscribe(model_id, action.window)
+            else:
+                consumer = self._consumers.get(model_id)
+                if consumer is not None and consumer.prefetch != action.window:
+                    with contextlib.suppress(BrokerUnavailable):
+                        await consumer.subscription.set_prefetch(action.window)
+                        consumer.prefetch = action.window
         await self._retire_idle_runtimes(now)
         metrics.SUBSCRIPTIONS.set(len(self._consumers))
 
     async def _retire_idle_runtimes(self, now: float) -> None:
         """An isolated model's own runtime holds a process and its memory: stop it when idle."""
         idle_s = self._settings.worker.isolated_idle_stop_s
-        pinned = set(self._pins.pinned)
+        pinned = self._pins.pinned
         for model_id, runtime in self._supervisor.dedicated().items():
             if model_id in pinned or model_id in self._tasks.running or model_id in runtime.loading:
                 continue
@@ -406,35 +534,30 @@ class Coordinator:
             await self._supervisor.retire(model_id)
             self._isolated_since.pop(model_id, None)
 
-    async def _still_open(self, cold: frozenset[str], queues: list[QueueView]) -> set[str]:
-        """Cold queues that still have room under their fan-out cap, by a fresh count.
+    async def _still_open(self, action: Action) -> bool:
+        """Is a cold queue still under its fan-out cap, by a fresh count (~1 ms)?
 
         Another worker may have taken the queue since the snapshot; a cold load is
-        expensive enough to be worth one more exact count (~1 ms) first.
+        expensive enough to be worth one more exact count first.
         """
-        if not cold:
-            return set()
-        fresh = await self._broker.queue_stats(sorted(cold))
-        views = {q.model_id: q for q in queues}
-        open_ = set()
-        for model_id in cold:
-            view, stats = views.get(model_id), fresh.get(model_id)
-            if view is None or stats is None:
-                continue
-            cap = self._settings.scheduling.fanout_cap(view.fanout_max_workers, view.plan)
-            if view.pinned or stats.consumers < cap:
-                open_.add(model_id)
-        return open_
+        model_id = action.model_id
+        stats = (await self._broker.queue_stats([model_id])).get(model_id)
+        if model_id in self._estimated:  # taken on announced counts: nothing may wait now
+            self._estimated.discard(model_id)
+            if stats is not None:
+                self._counted({model_id: stats})
+            if stats is None or stats.backlog == 0:
+                return False
+        return stats is not None and action.still_open(stats.consumers)
 
     def _runtime_accepting(self, model_id: str) -> bool:
         """Pull this model's queue? Isolated models' runtimes start only once in demand."""
+        if model_id not in self._catalog:
+            return False
         if self._catalog.get(model_id).manifest.isolated and model_id not in self._demand \
                 and model_id not in self._consumers:
             return False
         return self._supervisor.runtime_for(model_id).accepting
-
-    def _catalog_ids(self) -> list[str]:
-        return [entry.model_id for entry in self._catalog]
 
     async def _subscribe(self, model_id: str, prefetch: int) -> None:
         if model_id in self._consumers or self._stopping:

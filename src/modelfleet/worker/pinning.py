@@ -20,6 +20,7 @@ import logging
 from collections.abc import Callable
 from typing import Protocol
 
+from modelfleet.control.pins import PinnedIndex
 from modelfleet.control.versions import Versions
 from modelfleet.errors import ModelfleetError
 from modelfleet.repository import Catalog
@@ -34,6 +35,10 @@ class PinPolicy(Protocol):
 
     def pinned(self, model_id: str) -> bool: ...
 
+    def pinned_ids(self) -> frozenset[str]:
+        """Every pinned model; cheap to ask often (kept, not walked for)."""
+        ...
+
     def pin_versions(self, model_id: str) -> list[str]: ...
 
     def load_failed(self, model_id: str, version: str, error: ModelfleetError) -> None: ...
@@ -46,9 +51,13 @@ class ManifestPins:
 
     def __init__(self, catalog: Catalog) -> None:
         self._catalog = catalog
+        self._index = PinnedIndex(catalog)
 
     def pinned(self, model_id: str) -> bool:
         return self._catalog.get(model_id).manifest.fanout.pinned
+
+    def pinned_ids(self) -> frozenset[str]:
+        return self._index.by_manifest()
 
     def pin_versions(self, model_id: str) -> list[str]:
         return [self._catalog.get(model_id).manifest.version]
@@ -71,8 +80,10 @@ class PinKeeper:
         self._retry_at: dict[_Attempt, float] = {}
 
     @property
-    def pinned(self) -> list[str]:
-        return [e.model_id for e in self._catalog if self._policy.pinned(e.model_id)]
+    def pinned(self) -> frozenset[str]:
+        """The pinned models: kept by the policy as the catalog and the orders change,
+        so asking at every re-score costs nothing like a walk of the catalog."""
+        return self._policy.pinned_ids()
 
     async def keep(self, pinned_here: Versions | None = None) -> None:
         """Load each pinned version, pinned, onto its ready runtime where it is not.
@@ -80,7 +91,7 @@ class PinKeeper:
         ``pinned_here``: the versions this worker's runtimes hold pinned, by model.
         """
         held = pinned_here or {}
-        for model_id in self.pinned:
+        for model_id in sorted(self.pinned):
             runtime = self._supervisor.runtime_for(model_id)
             target = runtime.runtime
             if target is None or not runtime.ready or model_id in runtime.loading:
@@ -92,6 +103,7 @@ class PinKeeper:
                 if self._clock() < self._retry_at.get(attempt, 0.0):
                     continue
                 try:
+                    await self._supervisor.prepare(runtime, model_id)  # the pool's room
                     await target.load(model_id, version, pinned=True)
                 except ModelfleetError as exc:
                     self._policy.load_failed(model_id, version, exc)

@@ -1,6 +1,7 @@
 """``RuntimePlacement``: the control agent's hands on this worker's runtimes.
 
-Loads, unloads and unpins one model version on the runtime that runs the model, and
+Loads one model version on the runtime that holds the model first (unloads and unpins
+on every runtime that may hold it: a hot model has copies, ``worker/spread.py``), and
 reads which versions are resident from the coordinator's last ``Residency`` refresh
 (the runtimes' ``stats`` are asked once per re-score, by the coordinator only: a
 second reader would take the load and eviction counts away from the metrics).
@@ -32,23 +33,30 @@ class RuntimePlacement:
     async def load(self, model_id: str, version: str, pinned: bool) -> None:
         runtime = self._supervisor.runtime_for(model_id)  # starts an isolated model's own
         target = await self._up(runtime)
+        await self._supervisor.prepare(runtime, model_id)  # the pool's free bytes go there
         await target.load(model_id, version, pinned=pinned, timeout_s=self._load_timeout_s)
 
     async def unload(self, model_id: str, version: str | None) -> None:
-        runtime = self._existing(model_id)
-        if runtime is not None and runtime.ready and runtime.runtime is not None:
-            await runtime.runtime.unload(model_id, version=version)
+        self._supervisor.pool.unloaded(model_id)
+        for runtime in self._existing(model_id):
+            if runtime.ready and runtime.runtime is not None:
+                await runtime.runtime.unload(model_id, version=version)
 
     async def unpin(self, model_id: str, version: str) -> None:
-        runtime = self._existing(model_id)
-        if runtime is not None and runtime.ready and runtime.runtime is not None:
-            await runtime.runtime.unpin(model_id, version)
+        for runtime in self._existing(model_id):
+            if runtime.ready and runtime.runtime is not None:
+                await runtime.runtime.unpin(model_id, version)
 
-    def _existing(self, model_id: str) -> SupervisedRuntime | None:
-        """The runtime holding the model, without starting an isolated model's own."""
+    def _existing(self, model_id: str) -> list[SupervisedRuntime]:
+        """Every runtime that may hold the model, without starting an isolated model's own.
+
+        A shared model may have been on any shared runtime (a replica, or a home placed
+        again after it was evicted): each is asked; one that does not hold it says so.
+        """
         if model_id in self._catalog and self._catalog.get(model_id).manifest.isolated:
-            return self._supervisor.dedicated().get(model_id)
-        return self._supervisor.runtime_for(model_id)
+            own = self._supervisor.dedicated().get(model_id)
+            return [] if own is None else [own]
+        return list(self._supervisor.shared)
 
     async def _up(self, runtime: SupervisedRuntime) -> Runtime:
         await runtime.wait_settled(self._start_timeout_s)

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from modelfleet import metrics
 from modelfleet.errors import ModelfleetError
 from modelfleet.ipc.protocol import RuntimeStats
+from modelfleet.worker import runtime_memory
 from modelfleet.worker.cachestats import CacheTally
 from modelfleet.worker.supervisor import SupervisedRuntime
 
@@ -41,12 +42,14 @@ class Residency:
             del self._by_runtime[gone]  # retired: what it held is gone with it
             self._loading.pop(gone, None)
             self.tally.forget(gone)
+            runtime_memory.forget(gone)
         for runtime in runtimes:
             target = runtime.runtime
             if not runtime.ready or target is None:
                 self._by_runtime.pop(runtime.name, None)
                 self._loading.pop(runtime.name, None)
                 self.tally.forget(runtime.name)
+                runtime_memory.forget(runtime.name)
                 continue
             try:
                 stats = await target.stats(timeout_s=5)
@@ -63,6 +66,7 @@ class Residency:
             totals["host_bytes"] += stats.host_used_bytes
             self._count_events(stats)
             self.tally.observe(runtime.name, stats)
+            runtime_memory.publish(runtime.name, stats)
         metrics.RESIDENT_MODELS.labels("device").set(totals["device"])
         metrics.RESIDENT_MODELS.labels("host").set(totals["host"])
         metrics.RESIDENT_BYTES.labels("device").set(totals["device_bytes"])

@@ -14,6 +14,11 @@ When a runtime goes down its socket closes, so every call in flight on it raises
 ``changed`` is set on every state change so the coordinator can stop pulling the
 affected queues without polling.
 
+Which shared runtime holds a model, and how the worker's one device budget is split
+among the shared runtimes, is decided by ``worker/spread.py`` and carried out by
+``worker/pool.py``: ``take`` gives a task the least-loaded runtime holding its model,
+``prepare`` makes room in the pool before a miss.
+
 Models with their own requirements or a memory limit (``Manifest.isolated``) get a
 runtime process of their own, started the first time the model is needed: on the
 interpreter of a virtual environment built for their requirements (uv, once per
@@ -33,7 +38,7 @@ import os
 import sys
 import tempfile
 import threading
-import zlib
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,7 +67,9 @@ from modelfleet.worker.isolation.limits import (
     choose_limiter,
     runtime_env,
 )
+from modelfleet.worker.pool import BudgetPool, pool_bytes, replica_at
 from modelfleet.worker.process_launcher import ProcessLauncher
+from modelfleet.worker.spread import RuntimeView, Spread
 
 log = logging.getLogger("modelfleet.worker")
 State = Literal["starting", "ready", "down", "failed", "stopped"]
@@ -79,12 +86,17 @@ class Isolation:
     limiter: MemoryLimiter | None
 
 
-def runtime_settings(settings: Settings) -> Settings:
+def runtime_settings(settings: Settings, device_budget_bytes: int | None = None) -> Settings:
     """What a runtime is told: no broker credentials, no payload-signing secret.
 
     Runtimes run model code and its dependencies; they need neither to do their work.
+    ``device_budget_bytes``: a shared runtime's starting part of the worker's pool.
     """
-    return settings.model_copy(update={"secret": "", "broker": BrokerSettings()})
+    update: dict[str, object] = {"secret": "", "broker": BrokerSettings()}
+    if device_budget_bytes is not None:
+        update["runtime"] = settings.runtime.model_copy(
+            update={"device_budget_bytes": max(1, device_budget_bytes)})
+    return settings.model_copy(update=update)
 
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
@@ -115,8 +127,10 @@ class SupervisedRuntime:
 
     def __init__(self, name: str, settings: Settings, launcher: Launcher,
                  on_change: Callable[[], None],
-                 isolation: Callable[[], Isolation] | None = None) -> None:
+                 isolation: Callable[[], Isolation] | None = None,
+                 device_budget_bytes: int | None = None) -> None:
         self.name = name
+        self._device_budget_bytes = device_budget_bytes  # a shared one's starting part
         self._settings = settings
         self._launcher = launcher
         # A started spare runtime, kept for a while after a crash (see _adopt_standby).
@@ -329,7 +343,8 @@ class SupervisedRuntime:
                     lambda line: log.info("runtime %s: %s", self.name, line)))
                 env = venv_process_env(os.environ)
         env = {k: v for k, v in env.items() if not _is_secret(k)}
-        env.update({SETTINGS_ENV: runtime_settings(self._settings).model_dump_json(),
+        env.update({SETTINGS_ENV: runtime_settings(
+            self._settings, self._device_budget_bytes).model_dump_json(),
                     **runtime_env(limit)})
         env.update(compute_thread_env(env, self._settings))
         env.update(extra_env or {})
@@ -420,10 +435,17 @@ class RuntimeSupervisor:
         self._launcher = launcher or ProcessLauncher(
             self._socket_dir, settings.runtime.start_timeout_s, settings.runtime.ping_timeout_s)
         self.changed = asyncio.Event()
+        share = pool_bytes(settings) // settings.worker.shared_runtimes
         self.shared = [
-            SupervisedRuntime(f"runtime-{i}", settings, self._launcher, self._changed)
+            SupervisedRuntime(f"runtime-{i}", settings, self._launcher, self._changed,
+                              device_budget_bytes=share)
             for i in range(settings.worker.shared_runtimes)
         ]
+        # Which shared runtimes hold each model, and one device budget split among them.
+        self.spread = Spread(replica_at(settings), settings.worker.replica_keep_s, self._size_of)
+        self.pool = BudgetPool(settings, self.spread, time.monotonic)
+        self._placing: asyncio.Task[None] | None = None
+        self._stopping = False
         self._dedicated: dict[str, SupervisedRuntime] = {}
         self._builder: EnvironmentBuilder | None = None
         self._limiter: MemoryLimiter | None = None
@@ -440,14 +462,90 @@ class RuntimeSupervisor:
         for runtime in self.shared:
             runtime.start()
         await asyncio.gather(*(r.wait_started() for r in self.shared))
+        self._placing = asyncio.create_task(self._keep_placement(), name="placement")
+
+    def _isolated(self, model_id: str) -> bool:
+        return bool(self._catalog and model_id in self._catalog
+                    and self._catalog.get(model_id).manifest.isolated)
+
+    def _size_of(self, model_id: str) -> int:
+        if self._catalog is None or model_id not in self._catalog:
+            return 0
+        return self._catalog.get(model_id).manifest.memory_estimate_bytes
+
+    def _views(self) -> list[RuntimeView]:
+        ready = {r.name for r in self.shared if r.ready}
+        return self.pool.views([r.name for r in self.shared], lambda name: name in ready)
+
+    def _shared_named(self, name: str) -> SupervisedRuntime:
+        return next(r for r in self.shared if r.name == name)
 
     def runtime_for(self, model_id: str) -> SupervisedRuntime:
-        """The runtime that runs ``model_id``; an isolated model's own is started on first use."""
-        entry = self._catalog.get(model_id) if self._catalog and model_id in self._catalog \
-            else None
-        if entry is None or not entry.manifest.isolated:
-            # A stable choice per model keeps its residency in one place.
-            return self.shared[zlib.crc32(model_id.encode()) % len(self.shared)]
+        """The runtime that holds ``model_id`` first (its home, placed by memory and load,
+        ``worker/spread.py``); an isolated model's own is started on first use."""
+        if not self._isolated(model_id):
+            held = self.spread.holders(model_id)  # asked per candidate per re-score: cheap
+            return self._shared_named(held[0] if held else self.spread.home(
+                model_id, self._views(), self.pool.pool_bytes))
+        return self._own(model_id)
+
+    def take(self, model_id: str) -> SupervisedRuntime:
+        """The runtime a task for the model runs on, counted there until ``done``: the
+        least-loaded one holding it. A model this makes hot gets one more runtime."""
+        if self._isolated(model_id):
+            return self._own(model_id)
+        views = self._views()
+        chosen = self._shared_named(self.spread.route(model_id, views, self.pool.pool_bytes))
+        self.spread.started(model_id, chosen.name)
+        change = self.spread.review(model_id, views, self.pool.pool_bytes, time.monotonic())
+        if change is not None:  # an add: the next task routed there loads the copy
+            log.info("model %s is hot (%d tasks in flight): also on %s", model_id,
+                     self.spread.running(model_id), change.runtime)
+        return chosen
+
+    def done(self, model_id: str, runtime: SupervisedRuntime) -> None:
+        if runtime in self.shared:
+            self.spread.finished(model_id, runtime.name)
+            if not self.spread.running_at(model_id, runtime.name):
+                self.pool.release(runtime.name, model_id)
+
+    async def prepare(self, runtime: SupervisedRuntime, model_id: str) -> None:
+        """Before a task runs: if its model is not resident there, the pool's free bytes
+        go to that runtime first (the room for a miss is kept once, for the pool)."""
+        if runtime in self.shared:
+            await self.pool.make_room(self.shared, runtime.name, model_id,
+                                      self._size_of(model_id))
+
+    async def _keep_placement(self) -> None:
+        """Keep the pool's budgets and the placement book current; drop cooled replicas."""
+        while not self._stopping:
+            await asyncio.sleep(self._settings.worker.rescore_interval_s)
+            try:
+                for change in await self.pool.resync(self.shared):
+                    if change.action == "add":
+                        log.info("model %s is hot (%d tasks in flight): also on %s",
+                                 change.model_id, self.spread.running(change.model_id),
+                                 change.runtime)
+                    else:
+                        await self._carry_out(change.model_id,
+                                              self._shared_named(change.runtime))
+            except Exception:
+                log.exception("placement review failed")
+
+    async def _carry_out(self, model_id: str, runtime: SupervisedRuntime) -> None:
+        """A replica dropped: unload that copy, so that its bytes go back to the pool."""
+        log.info("model %s cooled down: off %s again", model_id, runtime.name)
+        self.pool.unloaded(model_id, runtime.name)
+        target = runtime.runtime
+        if runtime.ready and target is not None:
+            try:
+                await target.unload(model_id, timeout_s=self._settings.runtime.ping_timeout_s)
+            except (ModelfleetError, TimeoutError) as exc:
+                if self._stopping:
+                    return
+                log.info("unloading the replica of %s from %s: %s", model_id, runtime.name, exc)
+
+    def _own(self, model_id: str) -> SupervisedRuntime:
         runtime = self._dedicated.get(model_id)
         if runtime is None:
             runtime = SupervisedRuntime(f"model-{model_id}", self._settings, self._launcher,
@@ -485,6 +583,10 @@ class RuntimeSupervisor:
         return Isolation(requirements, limit, self._builder, self._limiter)
 
     async def stop(self) -> None:
+        self._stopping = True
+        if self._placing is not None:
+            self._placing.cancel()
+            await asyncio.wait({self._placing})
         results = await asyncio.gather(*(r.stop() for r in self.all()), return_exceptions=True)
         for runtime, result in zip(self.all(), results, strict=True):
             if isinstance(result, BaseException):

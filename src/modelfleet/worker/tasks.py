@@ -80,6 +80,7 @@ class TaskRunner:
         task = delivery.task
         received_ms = now_ms()
         self.running[task.model_id] += 1
+        runtime: SupervisedRuntime | None = None
         try:
             if task.expired(received_ms) or task.request_id in self._cancelled:
                 self._count_dropped(task)
@@ -89,7 +90,8 @@ class TaskRunner:
             if refusal is not None:  # queued before an operator unloaded it
                 await self._settle_with_failure(delivery, refusal)
                 return
-            runtime = self._supervisor.runtime_for(task.model_id)
+            # The least-loaded runtime holding the model (worker/spread.py), counted there.
+            runtime = self._supervisor.take(task.model_id)
             if not await runtime.wait_settled((task.deadline_ms - now_ms()) / 1000):
                 # Its runtime is (re)starting and the deadline passed meanwhile: nobody waits.
                 metrics.EXPIRED_TASKS.labels(task.model_id).inc()
@@ -148,6 +150,8 @@ class TaskRunner:
                 await delivery.reject(requeue=True)  # drained past the timeout: hand it back
             raise
         finally:
+            if runtime is not None:
+                self._supervisor.done(task.model_id, runtime)
             self._deadlines.pop(task.request_id, None)
             self.running[task.model_id] -= 1
             if not self.running[task.model_id]:
@@ -247,6 +251,7 @@ class TaskRunner:
         remaining_s = max(0.0, (task.deadline_ms - now_ms()) / 1000)
         call = InferCall(delivery.body, task.delivery_count, tuple(manifest.accepts),
                          self.worker_id, queue_wait_ms)
+        await self._supervisor.prepare(runtime, task.model_id)  # a miss: the pool makes room
         try:
             return await target.infer(
                 call, timeout_s=remaining_s + self._settings.runtime.ping_timeout_s)

@@ -226,21 +226,35 @@ def load_or_build(path: Path) -> dict[str, Any]:
 
 
 class DigitClassifier(Model):
-    """PNG or JPEG of one digit -> ``{"digit": d, "probabilities": [10 floats]}``."""
+    """PNG or JPEG of one digit -> ``{"digit": d, "probabilities": [10 floats]}`` on /v1;
+    on /v2, rows of 8x8 pixels (0-16, scikit-learn's digits format) -> probabilities, with
+    labels for the classification extension (``labels.txt``)."""
 
     def load(self, ctx: Context) -> None:
         self.clf = load_or_build(ctx.artifact(ARTIFACT))["classifier"]
 
     async def preprocess(self, request: Request) -> np.ndarray:
+        if request.tensors is not None:  # /v2: already pixels, [rows, 64]
+            return np.asarray(request.tensors["pixels"], dtype=np.float64)
         # Decoding is CPU work; a thread keeps this event loop free for other requests.
         return await asyncio.to_thread(features_of, request.body)
 
     def predict(self, batch: list[np.ndarray]) -> list[np.ndarray]:
-        return list(self.clf.predict_proba(np.stack(batch)))
+        # One image (a row) from /v1, rows from /v2: one predict_proba over all of them.
+        rows = [item.reshape(-1, 64) for item in batch]
+        scores = self._probabilities(np.vstack(rows))
+        cuts = np.cumsum([len(r) for r in rows])[:-1]
+        return [part if item.ndim == 2 else part[0]
+                for item, part in zip(batch, np.split(scores, cuts), strict=True)]
 
-    async def postprocess(self, output: np.ndarray, request: Request) -> dict[str, Any]:
-        classes = [int(c) for c in self.clf.classes_]
-        probabilities = [0.0] * 10
-        for cls, p in zip(classes, output, strict=True):
-            probabilities[cls] = round(float(p), 6)
-        return {"digit": classes[int(np.argmax(output))], "probabilities": probabilities}
+    def _probabilities(self, features: np.ndarray) -> np.ndarray:
+        """[rows, 10]: a probability for every digit, classes the classifier never saw 0."""
+        out = np.zeros((len(features), 10))
+        out[:, [int(c) for c in self.clf.classes_]] = self.clf.predict_proba(features)
+        return out
+
+    async def postprocess(self, output: np.ndarray, request: Request) -> Any:
+        if request.tensors is not None:
+            return {"probabilities": output}
+        probabilities = [round(float(p), 6) for p in output]
+        return {"digit": int(np.argmax(output)), "probabilities": probabilities}

@@ -1,0 +1,111 @@
+"""Queue counts from what the fleet announces, so that counting does not cost a broker
+round trip per queue (issue 23).
+
+Gateways announce each model with requests waiting (``{"kind": "demand"}``) every
+``gateway.demand_announce_interval_s`` while they wait, with how many wait there
+(``waiting``) and which gateway says so (``gateway``); workers announce what they
+consume (``{"kind": "worker_state"}``, ``subscriptions``) every
+``worker.state_interval_s``. From those a worker estimates a queue's backlog (what
+the gateways say waits: an upper bound, since it counts tasks already running) and
+its consumers (the workers that said they consume it) without asking the broker, on
+RabbitMQ one passive declare (~0.6 ms) per queue.
+
+A gateway re-announces every model with requests waiting at each interval, so one
+that has not announced a model for ``fresh_s`` has nothing waiting for it: its word
+counts as 0 until ``forget_s`` (the demand window) has passed, and then as nothing.
+
+An estimate is only a filter: the coordinator counts exactly what it holds, what is
+resident or pinned here, every queue it is about to take (before taking it), and
+every candidate now and then (``EXACT_EVERY_S`` in the coordinator), in case an
+announcement was lost. A model no gateway announced a count for (a gateway that does
+not send one) has no estimate and is counted exactly.
+
+Cost: O(1) per event (a worker's state costs what changed in its subscriptions),
+O(gateways announcing it) per estimate.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from typing import Any
+
+
+class AnnouncedCounts:
+    def __init__(self, fresh_s: float, forget_s: float, peer_stale_s: float,
+                 worker_id: str) -> None:
+        self._fresh_s = fresh_s  # a gateway silent this long has nothing waiting
+        self._forget_s = forget_s  # ... and after this long says nothing at all
+        self._peer_stale_s = peer_stale_s
+        self._worker_id = worker_id
+        self._waiting: dict[str, dict[str, tuple[int, float]]] = {}  # model -> gateway ->
+        self._peers: dict[str, tuple[float, frozenset[str]]] = {}  # worker -> (at, subs)
+        self._consumers: Counter[str] = Counter()  # model -> peers that consume it
+
+    def observe(self, event: dict[str, Any], now: float) -> None:
+        """Take one fleet event (any kind; those that say nothing of counts are ignored)."""
+        kind = event.get("kind")
+        if kind == "demand":
+            model_id, waiting, gateway = (event.get("model_id"), event.get("waiting"),
+                                          event.get("gateway"))
+            if isinstance(model_id, str) and isinstance(gateway, str) \
+                    and isinstance(waiting, int) and not isinstance(waiting, bool) \
+                    and waiting >= 0:
+                self._waiting.setdefault(model_id, {})[gateway] = (waiting, now)
+        elif kind == "worker_state":
+            worker_id, subscriptions = event.get("worker_id"), event.get("subscriptions")
+            if isinstance(worker_id, str) and worker_id != self._worker_id \
+                    and isinstance(subscriptions, list):
+                self._set_peer(worker_id, now,
+                               frozenset(s for s in subscriptions if isinstance(s, str)))
+        elif kind == "worker_gone":
+            worker_id = event.get("worker_id")
+            if isinstance(worker_id, str):
+                self._drop_peer(worker_id)
+
+    def estimate(self, model_id: str, now: float) -> tuple[int, int] | None:
+        """(backlog, consumers) as announced, this worker not consuming it; None: no
+        gateway announced a count for it lately (count it exactly)."""
+        said = self._waiting.get(model_id)
+        if not said:
+            return None
+        waiting = 0
+        for gateway, (count, at) in list(said.items()):
+            age = now - at
+            if age > self._forget_s:
+                del said[gateway]
+            elif age <= self._fresh_s:
+                waiting += count
+        if not said:
+            del self._waiting[model_id]
+            return None
+        return waiting, self._consumers[model_id]
+
+    def expire_peers(self, now: float) -> None:
+        """Forget workers not heard from lately (O(workers), once per re-score)."""
+        for worker_id in [w for w, (at, _) in self._peers.items()
+                          if now - at > self._peer_stale_s]:
+            self._drop_peer(worker_id)
+
+    def forget(self, model_ids: Iterable[str]) -> None:
+        for model_id in model_ids:
+            self._waiting.pop(model_id, None)
+
+    def _set_peer(self, worker_id: str, now: float, subscriptions: frozenset[str]) -> None:
+        _, before = self._peers.get(worker_id, (now, frozenset()))
+        for model_id in before - subscriptions:
+            self._discount(model_id)
+        self._consumers.update(subscriptions - before)
+        self._peers[worker_id] = (now, subscriptions)
+
+    def _drop_peer(self, worker_id: str) -> None:
+        _, before = self._peers.pop(worker_id, (0.0, frozenset()))
+        for model_id in before:
+            self._discount(model_id)
+
+    def _discount(self, model_id: str) -> None:
+        left = self._consumers[model_id] - 1
+        if left > 0:
+            self._consumers[model_id] = left
+        else:
+            del self._consumers[model_id]

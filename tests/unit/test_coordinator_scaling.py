@@ -1,0 +1,193 @@
+"""A re-score's cost follows the candidates, not the catalog (issue 23).
+
+Nothing here is timed: an instrumented catalog counts the entries a re-score walks
+and looks up, an instrumented broker counts the queues it asks to count, and one
+re-score of the same candidate set must touch exactly as much with 100 models in the
+catalog as with 10,000 (and walk the catalog not at all). The coordinator is the real
+one, over the embedded broker and in-process runtimes; the models it serves are real
+packages, the rest of the catalog is entries that are never asked for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+from modelfleet.broker import QueueStats
+from modelfleet.broker.embedded import MemoryBroker
+from modelfleet.control import Command, ControlState, Revision
+from modelfleet.control.pins import PinnedIndex
+from modelfleet.launch import open_repository
+from modelfleet.messages import PayloadRef, Reply, Task, now_ms
+from modelfleet.repository import Catalog, CatalogEntry
+from modelfleet.repository.manifest import Fanout, Manifest
+from modelfleet.runtime.inprocess import InProcessLauncher
+from modelfleet.settings import Settings
+from modelfleet.worker.coordinator import Coordinator
+from modelfleet.worker.supervisor import RuntimeSupervisor
+from tests.procs import write_package
+
+MODEL = '''
+    from modelfleet import Model, Request
+
+    class Echo(Model):
+        async def preprocess(self, request: Request) -> str:
+            return request.text()
+
+        def predict(self, batch):
+            return [{"echo": text} for text in batch]
+'''
+SERVED = ("alpha", "beta", "gamma")  # real packages, with tasks
+ANNOUNCED = ("filler-00001", "filler-00002")  # in demand, no queue
+
+
+def manifest(name: str, pinned: bool = False) -> str:
+    return f'''
+        name = "{name}"
+        version = "1"
+        entrypoint = "handler:Echo"
+        accepts = ["text/plain"]
+        [fanout]
+        pinned = {"true" if pinned else "false"}
+    '''
+
+
+class CountingCatalog(Catalog):
+    """A real catalog that counts what is asked of it."""
+
+    def __init__(self, entries: dict[str, CatalogEntry]) -> None:
+        super().__init__(entries)
+        self.touches: Counter[str] = Counter()
+
+    def __iter__(self) -> Iterator[CatalogEntry]:
+        self.touches["iter"] += 1
+        return super().__iter__()
+
+    def get(self, model_id: str) -> CatalogEntry:
+        self.touches["get"] += 1
+        return super().get(model_id)
+
+    def __contains__(self, model_id: object) -> bool:
+        self.touches["contains"] += 1
+        return super().__contains__(model_id)
+
+
+class CountingBroker(MemoryBroker):
+    """The embedded broker, counting the queues it is asked to count."""
+
+    counted = 0
+
+    async def queue_stats(self, model_ids: list[str]) -> dict[str, QueueStats]:
+        self.counted += len(model_ids)
+        return await super().queue_stats(model_ids)
+
+
+def filler(count: int) -> dict[str, CatalogEntry]:
+    """Catalog entries nobody asks for: what a big repository mostly is."""
+    base = Manifest(name="filler", entrypoint="handler:Echo")
+    return {f"filler-{i:05d}": CatalogEntry((base.model_copy(update={"name": f"filler-{i:05d}"}),))
+            for i in range(count)}
+
+
+def task(model: str, inbox: str) -> Task:
+    return Task(uuid.uuid4().hex, model, "1", now_ms() + 60_000, inbox,
+                PayloadRef("inline", data=b"hi", size_bytes=2), "text/plain", now_ms())
+
+
+async def one_rescore(tmp_path: Path, catalog_size: int) -> tuple[Counter[str], int, set[str]]:
+    """What the second of two re-scores touched, with the same candidates each time."""
+    repo = tmp_path / f"repo-{catalog_size}"
+    for name in SERVED:
+        write_package(repo, name, manifest(name), MODEL)
+    write_package(repo, "pinned", manifest("pinned", pinned=True), MODEL)
+    settings = Settings(repo=str(repo), state_dir=tmp_path / f"state-{catalog_size}",
+                        broker={"url": "memory"}, worker={"worker_id": "w-scale", "permits": 4})
+    store, real = open_repository(settings)
+    catalog = CountingCatalog({**filler(catalog_size - len(real)),
+                               **{e.model_id: e for e in real}})
+    assert len(catalog) == catalog_size
+    broker = CountingBroker(settings.broker)
+    await broker.connect()
+    launcher = InProcessLauncher()
+    supervisor = RuntimeSupervisor(settings, catalog, store, launcher=launcher)
+    await supervisor.start()
+    coordinator = Coordinator(settings, broker, catalog, supervisor)
+    inbox = await broker.open_inbox()
+    replies: asyncio.Queue[Reply] = asyncio.Queue()
+
+    async def collect() -> None:
+        async for reply in inbox:
+            replies.put_nowait(reply)
+
+    collector = asyncio.create_task(collect())
+    try:
+        sent = {}
+        for name in SERVED:
+            sent[(published := task(name, inbox.address)).request_id] = name
+            await broker.publish_task(published)
+        for name in (*SERVED, *ANNOUNCED):
+            coordinator._note_demand(name)
+        await coordinator._pins.keep()  # what start() does: the pinned model goes on
+        answered: set[str] = set()
+        deadline = time.monotonic() + 20
+        while answered != set(SERVED):  # re-score as its loop would, until all are answered
+            await coordinator._rescore(full=True)
+            with contextlib.suppress(TimeoutError):
+                reply = await asyncio.wait_for(replies.get(), 0.1)
+                assert reply.status == "ok", reply
+                answered.add(sent[reply.request_id])
+            assert time.monotonic() < deadline, f"answered only {answered}"
+        await coordinator._rescore(full=True)  # settles on the state after the tasks
+        catalog.touches.clear()
+        broker.counted = 0
+        await coordinator._rescore(full=True)
+        return Counter(catalog.touches), broker.counted, set(coordinator._consumers)
+    finally:
+        await coordinator.stop()
+        await inbox.close()
+        await collector
+        await launcher.close()
+        await broker.close()
+
+
+async def test_one_rescore_touches_as_much_at_10000_models_as_at_100(tmp_path: Path) -> None:
+    small = await one_rescore(tmp_path, 100)
+    large = await one_rescore(tmp_path, 10_000)
+    touches, counted, held = small
+    assert large == small
+    assert touches["iter"] == 0  # never a walk of the catalog
+    assert held == set(SERVED)  # it did serve them, and holds them warm
+    candidates = len(SERVED) + len(ANNOUNCED) + 1  # + the pinned model (no queue yet)
+    assert counted == candidates  # one count per candidate at a full re-score
+    assert touches["get"] + touches["contains"] <= 8 * candidates
+
+
+def test_the_pinned_set_follows_catalog_changes_and_operators_orders() -> None:
+    def entry(name: str, pinned: bool) -> CatalogEntry:
+        return CatalogEntry((Manifest(name=name, entrypoint="h:M", fanout=Fanout(pinned=pinned)),))
+
+    catalog = Catalog({"a": entry("a", True), "b": entry("b", False), "c": entry("c", False)})
+    state = ControlState()
+    pins = PinnedIndex(catalog, state)
+    assert pins.ids() == {"a"}
+
+    def order(action: str, model_id: str, at: float) -> None:
+        Command(f"c{at}", model_id, action, Revision(at, "g")).apply(state)  # type: ignore[arg-type]
+
+    order("pin", "b", 1.0)
+    assert pins.ids() == {"a", "b"}
+    order("unload", "a", 2.0)  # an unloaded model is not kept loaded, pinned or not
+    assert pins.ids() == {"b"}
+    order("load", "a", 3.0)
+    order("unpin", "b", 4.0)
+    assert pins.ids() == {"a"}
+    # A refresh: "a" loses its pin in model.toml, "d" comes pinned, "c" goes.
+    catalog.replace_with(Catalog({"a": entry("a", False), "b": entry("b", False),
+                                  "d": entry("d", True)}))
+    assert pins.ids() == {"d"}
+    assert all(pins.pinned(m) == (m in pins.ids()) for m in ("a", "b", "c", "d"))

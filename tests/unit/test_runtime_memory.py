@@ -1,0 +1,225 @@
+"""The memory rule a runtime keeps, and the cache operations it drives it with.
+
+``MemoryGuard`` is given its RSS here (the real process is tested in
+tests/e2e/test_runtime_memory.py); the cache is the real ``ModelCache``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from modelfleet.cache import LruPolicy, ModelCache
+from modelfleet.errors import NoCapacity
+from modelfleet.repository import LocalStore
+from modelfleet.runtime.device import DeviceMemory
+from modelfleet.runtime.host import ModelHost
+from modelfleet.runtime.inprocess import InProcessRuntime
+from modelfleet.runtime.memory import MemoryGuard, configure_allocator, rss_bytes, trim
+from modelfleet.runtime.server import RuntimeService
+from modelfleet.settings import RuntimeSettings, Settings
+from tests.procs import write_package
+
+MB = 1_000_000
+
+
+class Rss:
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+    def __call__(self) -> int:
+        return self.value
+
+
+def guard(rss: Rss, budget: list[int], device: list[DeviceMemory] | None = None
+          ) -> MemoryGuard:
+    devices = device if device is not None else [DeviceMemory()]
+    return MemoryGuard(lambda: budget[0], 0.25, lambda: budget[0], rss=rss,
+                       device=lambda: devices[0])
+
+
+def test_loads_are_refused_over_the_line_with_one_warning_per_episode(
+        caplog: pytest.LogCaptureFixture) -> None:
+    rss, budget = Rss(50 * MB), [100 * MB]
+    memory = guard(rss, budget)
+    assert memory.limit_bytes() == 50 * MB + 125 * MB
+    memory.admit("a")  # under: admitted
+    rss.value = 176 * MB
+    with caplog.at_level(logging.INFO, logger="modelfleet.runtime"):
+        for model in ("b", "c", "d"):
+            with pytest.raises(NoCapacity, match=f"over its memory budget.*'{model}'"):
+                memory.admit(model)
+        assert memory.over and memory.refused == 3 and memory.episodes == 1
+        rss.value = 120 * MB
+        memory.admit("e")  # back under: the episode ends
+        assert not memory.over
+        rss.value = 200 * MB
+        assert memory.check() is not None  # a second episode
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 2 and "RSS 176000000 bytes" in warnings[0].getMessage()
+    assert memory.episodes == 2
+    assert any("back under" in r.getMessage() for r in caplog.records)
+
+
+def test_the_line_follows_the_budget_and_the_first_imports() -> None:
+    rss, budget = Rss(50 * MB), [100 * MB]
+    memory = guard(rss, budget)
+    budget[0] = 40 * MB  # set_budgets moved it
+    assert memory.limit_bytes() == 50 * MB + 50 * MB
+    rss.value = 80 * MB  # a load of a 20 MB model that imported a framework of 10 MB
+    memory.count_imports(rss_before=50 * MB, model_bytes=20 * MB)
+    assert memory.overhead_bytes == 60 * MB and memory.startup_bytes == 50 * MB
+    memory.count_imports(rss_before=80 * MB, model_bytes=30 * MB)  # grew less than its model
+    assert memory.overhead_bytes == 60 * MB
+
+
+def test_cuda_reserved_bytes_are_held_to_the_device_budget() -> None:
+    device = [DeviceMemory()]  # nothing reserved at start-up
+    memory = guard(Rss(10 * MB), [100 * MB], device)
+    device[0] = DeviceMemory(reserved_bytes=120 * MB, allocated_bytes=90 * MB)
+    assert memory.exceeded() is None  # within 100 MB x 1.25
+    device[0] = DeviceMemory(reserved_bytes=130 * MB, allocated_bytes=90 * MB)
+    over = memory.exceeded()
+    assert over is not None and "CUDA reserved 130000000 bytes" in over
+    assert memory.state().device == device[0]
+
+
+def test_allocator_settings_are_applied_or_said_to_be_left_alone() -> None:
+    assert "glibc defaults" in configure_allocator(0)
+    assert configure_allocator(1 << 20) in ("mmap threshold fixed at 1048576 bytes",
+                                            "not glibc: allocator left as it is")
+    assert isinstance(trim(), bool) and rss_bytes() > 0
+
+
+def loaded(cache: ModelCache, model_id: str, size: int, pinned: bool = False) -> None:
+    cache.reserve(model_id, size, pinned=pinned)
+    cache.commit(model_id, size, 1.0, "disk")
+
+
+def test_a_lower_budget_evicts_what_no_longer_fits_but_never_a_pin() -> None:
+    cache = ModelCache(100 * MB, 50 * MB, LruPolicy(), host_policy=LruPolicy())
+    for name in ("old", "mid", "new"):
+        loaded(cache, name, 30 * MB)
+    loaded(cache, "pin", 10 * MB, pinned=True)
+    actions = cache.set_budgets(45 * MB)
+    assert [(a.action, a.model_id) for a in actions] == [
+        ("demote", "old"), ("drop", "old"), ("demote", "mid")]  # host tier: room for one
+    snap = cache.snapshot()
+    assert set(snap.device) == {"new", "pin"} and set(snap.host) == {"mid"}
+    actions = cache.set_budgets(5 * MB, host_budget_bytes=20 * MB)
+    assert ("drop", "mid") in [(a.action, a.model_id) for a in actions]  # host shrank
+    snap = cache.snapshot()
+    assert set(snap.device) == {"pin"} and snap.host_used_bytes <= 20 * MB
+    assert snap.device_budget_bytes == 5 * MB  # over it by the pin, which stays
+    with pytest.raises(ValueError, match="budgets must be >= 0"):
+        cache.set_budgets(-1)
+
+
+def test_shedding_drops_host_residents_first_then_the_device_never_a_pin() -> None:
+    cache = ModelCache(60 * MB, 30 * MB, LruPolicy(), host_policy=LruPolicy())
+    loaded(cache, "pin", 10 * MB, pinned=True)
+    for name in ("a", "b", "c"):
+        loaded(cache, name, 25 * MB)  # "a" is demoted to the host tier by "c"
+    assert cache.tier_of("a") == "host"
+    shed = [cache.shed() for _ in range(4)]
+    assert [(e.model_id, e.from_tier) for e in shed if e is not None] == [
+        ("a", "host"), ("b", "device"), ("c", "device")]
+    assert shed[3] is None and cache.tier_of("pin") == "device"
+
+
+BLOB = '''
+    import numpy as np
+    from modelfleet import Model
+
+    class Blob(Model):
+        def load(self, ctx):
+            self.w = np.fromfile(ctx.artifact("weights.bin"), dtype=np.uint8)
+
+        async def preprocess(self, request):
+            return 0
+
+        def predict(self, batch):
+            return [int(self.w[0]) for _ in batch]
+'''
+
+
+def blob_host(root: Path, extra: list[int]) -> ModelHost:
+    """A host over 10 MB models whose "RSS" is 100 MB + its books + ``extra``."""
+    for name in ("a", "b", "c", "d"):
+        folder = write_package(root, name, f'name = "{name}"\nentrypoint = "handler:Blob"\n'
+                               'memory_estimate_mb = 10\n', BLOB)
+        np.full(10 * MB, 1, dtype=np.uint8).tofile(folder / "weights.bin")
+
+    def guard_of(cache: ModelCache) -> MemoryGuard:
+        return MemoryGuard(lambda: cache.device_budget_bytes, 0.25,
+                           lambda: cache.device_budget_bytes,
+                           rss=lambda: 100 * MB + cache.snapshot().device_used_bytes + extra[0])
+
+    settings = RuntimeSettings(device_budget_bytes=40 * MB, host_budget_bytes=0)
+    return ModelHost(settings, LocalStore(root), memory=guard_of)
+
+
+async def until_shed(host: ModelHost) -> None:
+    for _ in range(200):
+        if host.memory is not None and not host.memory.over:
+            return
+        await asyncio.sleep(0.01)
+
+
+async def test_a_host_over_its_line_refuses_loads_and_sheds_back_under(tmp_path: Path) -> None:
+    extra = [0]
+    host = blob_host(tmp_path, extra)
+    for name in ("a", "b", "c"):
+        await host.ensure(name, "1")
+    extra[0] = 35 * MB  # a handler grew outside the books: 100 + 30 + 35 > 100 + 50
+    with pytest.raises(NoCapacity, match=r"over its memory budget.*'d'"):
+        await host.ensure("d", "1")
+    await until_shed(host)
+    stats = host.stats()
+    assert len(stats.device) == 1 and stats.loads_refused == 1  # two shed, lowest first
+    assert not stats.over_memory_budget and stats.rss_bytes <= stats.rss_limit_bytes
+    await host.ensure("d", "1")  # admitted again
+    await host.close()
+
+
+async def test_memory_outside_the_models_keeps_loads_refused_with_one_warning(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    extra = [0]
+    host = blob_host(tmp_path, extra)
+    await host.ensure("a", "1")
+    extra[0] = 80 * MB  # more than the whole budget and its margin: shedding cannot help
+    with caplog.at_level(logging.WARNING, logger="modelfleet.runtime"):
+        for _ in range(3):
+            with pytest.raises(NoCapacity):
+                await host.ensure("b", "1")
+            await asyncio.sleep(0.05)  # the shedding task runs and gives up
+            host.stats()  # the re-score's ask: watches memory too
+    assert host.stats().device == ()  # everything evictable was shed
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum("nothing left to shed" in m for m in messages) == 1
+    assert sum("refusing loads" in m for m in messages) == 1  # one episode, one warning
+    extra[0] = 0
+    await host.ensure("b", "1")  # it fell: admitted, the episode over
+    assert host.memory is not None and not host.memory.over
+    await host.close()
+
+
+async def test_an_in_process_runtime_takes_new_budgets_and_reports_no_rss_of_its_own(
+        tmp_path: Path) -> None:
+    blob_host(tmp_path / "repo", [0])  # writes the packages
+    service = RuntimeService(Settings(repo=str(tmp_path / "repo"),
+                                      state_dir=str(tmp_path / "state"),
+                                      runtime={"device_budget_bytes": 40 * MB,
+                                               "host_budget_bytes": 0}))
+    runtime = InProcessRuntime(service, "in-process")
+    for name in ("a", "b", "c"):
+        await runtime.load(name, "1")
+    await runtime.set_budgets(15 * MB)
+    stats = await runtime.stats()
+    assert stats.device_budget_bytes == 15 * MB and len(stats.device) == 1
+    assert stats.rss_bytes == 0  # the coordinator's RSS is not this runtime's to report
+    await service.close()
