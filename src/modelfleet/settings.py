@@ -89,6 +89,9 @@ class GatewaySettings(_Section):
     # is in use when the backlog is served (the KEDA ScaledObject scales on it).
     target_permit_utilization: float = Field(default=0.8, gt=0, le=1)
     fleet_metrics_models: int = Field(default=20, ge=1)  # top-N models labelled, rest "other"
+    # /v1/fleet/summary and the dashboard: the N most active queues, and per worker the
+    # first N names of each model list; the rest as counts (a bounded page at any size).
+    fleet_summary_models: int = Field(default=50, ge=1)
     # After SIGTERM: readiness says 503 and new work is refused at once; requests in
     # flight get this long to be answered, then a 503 shutting_down (with Retry-After).
     drain_timeout_s: float = Field(default=5, gt=0)
@@ -208,6 +211,9 @@ class Settings(BaseSettings):
     scheduling: ScoringSettings = ScoringSettings()
     tenancy: TenancySettings = TenancySettings()  # API keys, plans, limits, usage
     control: ControlSettings = ControlSettings()
+    # Per-model counters and histograms (gateway and worker): the first N models seen
+    # get their own ``model`` label, every later one counts as model="other".
+    metrics_models: int = Field(default=20, ge=1)
     log_level: str = "info"
     # "json": one JSON object per log line, and one line per request (gateway) and per
     # task (worker) with its ids, status and phase timings (MODELFLEET_LOG_FORMAT=json).

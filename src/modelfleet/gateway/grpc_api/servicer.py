@@ -196,7 +196,8 @@ class InferenceServicer:
     async def repository_index(self, request: pb.RepositoryIndexRequest, context: Any
                                ) -> pb.RepositoryIndexResponse:
         principal = await self._operator(context)
-        rows = self._service.control.index(ready_only=request.ready)
+        # The whole index: the protocol has no paging fields (HTTP pages it: gateway/pages.py).
+        rows, _ = self._service.control.index(ready_only=request.ready)
         if principal is not None and self._gate is not None:
             owner_of = self._gate.owner_of
             rows = [row for row in rows if principal.may_control(owner_of(row["name"]))]
