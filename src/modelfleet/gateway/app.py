@@ -33,10 +33,10 @@ from modelfleet.gateway.dashboard import dashboard_router
 from modelfleet.gateway.encoding import inflate
 from modelfleet.gateway.exchange import Routed, answer_headers, exchange
 from modelfleet.gateway.fleet_summary import FleetSummary
-from modelfleet.gateway.http import error_body, error_response, is_v2
+from modelfleet.gateway.http import error_body, error_response, is_v2, v2_error
 from modelfleet.gateway.inflight import RequestGuard
 from modelfleet.gateway.observe import RequestObserver
-from modelfleet.gateway.oip import oip_router, v2_error
+from modelfleet.gateway.oip import oip_router
 from modelfleet.gateway.pages import decode_cursor, encode_cursor, page_limit
 from modelfleet.gateway.service import Answer, GatewayService
 from modelfleet.labels import ModelLabels

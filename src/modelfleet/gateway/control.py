@@ -29,7 +29,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from modelfleet.errors import ModelfleetError, RequestRejected
-from modelfleet.gateway.http import STATUS_BY_CODE
+from modelfleet.gateway.http import v2_error
 from modelfleet.gateway.pages import decode_cursor, encode_cursor, page_limit
 from modelfleet.gateway.service import GatewayService
 from modelfleet.oip.model_config import config_conflicts, parse_config
@@ -62,7 +62,7 @@ def control_router(service: GatewayService) -> APIRouter:
                 return JSONResponse({"models": rows, "next_cursor": cursor})
             return JSONResponse(rows, headers={"X-Next-Cursor": cursor} if cursor else {})
         except ModelfleetError as exc:
-            return _error(exc)
+            return v2_error(exc)
 
     @router.post("/models/{model}/load")
     async def load(model: str, request: Request) -> Response:
@@ -88,7 +88,7 @@ def control_router(service: GatewayService) -> APIRouter:
             return JSONResponse({"name": outcome.model_id, "version": outcome.version,
                                  "warm_on": list(outcome.workers), "pinned": pinned})
         except ModelfleetError as exc:
-            return _error(exc)
+            return v2_error(exc)
 
     @router.post("/models/{model}/unload")
     async def unload(model: str, request: Request) -> Response:
@@ -98,7 +98,7 @@ def control_router(service: GatewayService) -> APIRouter:
             return JSONResponse({"name": outcome.model_id,
                                  "unloaded_on": list(outcome.workers)})
         except ModelfleetError as exc:
-            return _error(exc)
+            return v2_error(exc)
 
     @router.post("/models/{model}/pin")
     async def pin(model: str) -> Response:
@@ -114,7 +114,7 @@ def control_router(service: GatewayService) -> APIRouter:
             return JSONResponse({"name": outcome.model_id, "version": outcome.version,
                                  "pinned": pinned, "workers": list(outcome.workers)})
         except ModelfleetError as exc:
-            return _error(exc)
+            return v2_error(exc)
 
     return router
 
@@ -133,12 +133,6 @@ def check_config(catalog: Catalog, model: str, config: object, version: object) 
             f"{manifest.version}'s model.toml; modelfleet takes a model's configuration from "
             f"its model.toml in the repository (GET /v2/models/{model}/config shows it): "
             f"publish a new version to change it")
-
-
-def _error(exc: ModelfleetError) -> JSONResponse:
-    status = STATUS_BY_CODE.get(exc.code, 500)
-    headers = {"Retry-After": "1"} if status == 503 else {}
-    return JSONResponse({"error": exc.message}, status_code=status, headers=headers)
 
 
 async def _json_body(request: Request) -> dict[str, Any]:
