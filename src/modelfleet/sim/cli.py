@@ -57,13 +57,14 @@ def build_parser() -> argparse.ArgumentParser:
         flag = "--" + field.name.replace("_", "-")
         flags = [flag, "--duration"] if field.name == "duration_s" else [flag]
         default = field.default
+        # argparse %-formats help strings: a literal % must be doubled.
+        text = f"{HELP.get(field.name, '')} (default: {default})".strip().replace("%", "%%")
         if isinstance(default, bool):
             parser.add_argument(*flags, action=argparse.BooleanOptionalAction, default=None,
-                                help=f"{HELP.get(field.name, '')} (default: {default})".strip())
+                                help=text)
             continue
         kind: Callable[[str], object] = float if default is None else type(default)
-        parser.add_argument(*flags, dest=field.name, type=kind, default=None,
-                            help=f"{HELP.get(field.name, '')} (default: {default})".strip())
+        parser.add_argument(*flags, dest=field.name, type=kind, default=None, help=text)
     parser.add_argument("--routers", default=None,
                         help=f"comma-separated, from: {', '.join(ROUTER_NAMES + ABLATIONS)} "
                              "(default: all four; pull-affinity alone with one worker)")
