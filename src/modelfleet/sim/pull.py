@@ -40,7 +40,6 @@ changes only ``Decision.scores`` and ``reasons``, not what is decided.
 
 from __future__ import annotations
 
-import itertools
 import random
 import zlib
 from collections import deque
@@ -436,21 +435,17 @@ class PullAffinity:
         relevant = [view_of(m) for m in resident]
         starving: list[list[QueueView]] = [[] for _ in worker.runtimes]
         left_out: list[QueueView] = []
-        no_room: list[int] = []  # found lazily when every runtime's loader is full
         if max(room) > 0:
             for model, (backlog, consumers) in counts.items():
                 if backlog <= 0 or model in resident:
                     continue
                 runtime = cat.runtime[model]
                 if room[runtime] <= 0:
-                    no_room.append(model)
-                elif consumers == 0:
+                    continue
+                if consumers == 0:
                     starving[runtime].append(view_of(model))
                 else:
                     relevant.append(view_of(model))
-            full_room = False
-        else:
-            full_room = True
         scorer: QueueScorer | None = None
         for runtime, queued in enumerate(starving):
             if len(queued) > room[runtime]:
@@ -464,13 +459,11 @@ class PullAffinity:
         decision = decide(snapshot, self.settings, self.rng_seed)
         self._meter(coord)
         def waits(held_too: bool) -> bool:
-            if scheduling_work_waiting(snapshot, self.settings, held_too):
-                return True
-            unseen = (m for m, (backlog, _) in counts.items()
-                      if backlog > 0 and m not in resident) if full_room else iter(no_room)
-            others = itertools.chain(left_out, (view_of(m) for m in unseen))
-            return any(scheduling_work_waiting(Snapshot(now, (q,), view), self.settings,
-                                               held_too) for q in others)
+            # Of the queues left out of the snapshot, those whose runtime's loader is full
+            # never count (work_waiting skips a cold queue whose loader is full); the
+            # starved ones left out for want of slots always do (starved, loader room).
+            return bool(left_out) or scheduling_work_waiting(snapshot, self.settings,
+                                                             held_too)
 
         coord.waiting = waits(True)
         coord.untaken = coord.waiting if sim.config.wake_on_held_backlog else waits(False)
