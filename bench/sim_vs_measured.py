@@ -664,6 +664,17 @@ def main(argv: list[str] | None = None) -> int:
                                                              "loads")}
     print(f"\nsim run with the measured build's settings: {json.dumps(overrides)}")
     print("sim also: " + ", ".join(f"{k} {v}" for k, v in extra.items()))
+    scale = measured.get("scale_5000")
+    if scale and not args.set:
+        from modelfleet.sim.report import peers_row
+        from modelfleet.sim.scenario import scenario
+
+        started = time.perf_counter()
+        simulated = peers_row(scenario(scale["sim_scenario"]))
+        wall = time.perf_counter() - started
+        print(f"\n# 5,000 models (`modelfleet sim --scenario {scale['sim_scenario']}`; sim "
+              f"{wall:.1f} s wall) against {scale['source']}, measured {scale['build']}\n")
+        print(compare_rows(scale["zipf"], simulated))
     probe_row = measured.get("probe", {}).get("zipf")
     if probe_row and not args.set:
         window = {"warmup_s": probe_row["warmup_s"],

@@ -475,7 +475,8 @@ class PullAffinity:
         worker.scores = dict(decision.scores)
         # The coordinator builds and scores a view of every candidate, not just these.
         candidates = len(demand) + sum(1 for m in resident if m not in demand)
-        cpu_s = sim.config.decide_cpu_s + sim.config.decide_cpu_per_queue_s * candidates
+        cpu_s = (sim.config.decide_cpu_s + sim.config.decide_cpu_per_queue_s * candidates
+                 + sim.config.rescore_cpu_per_model_s * len(names))
         steps: deque[tuple[str, int, int]] = deque()
         for name in sorted(decision.unsubscribe):
             steps.append(("unsubscribe", index_of[name], 0))
