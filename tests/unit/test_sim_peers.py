@@ -298,3 +298,13 @@ def test_fleet_defaults_are_unchanged_by_the_peers_preset() -> None:
     assert scenario("fleet") == ScenarioConfig()
     with pytest.raises(ValueError, match="unknown scenario field"):
         scenario("peers", no_such_field=1)
+
+
+def test_peers_5000_with_the_old_builds_catalog_wide_rescore_predicts_its_row() -> None:
+    # The measured row is of the build before issue 23's fixes, whose re-score loop did
+    # O(catalog) work; the stored overrides put that cost back (fitted: 10 us a model).
+    row = json.loads(MEASURED.read_text())["scale_5000"]
+    assert row["sim_scenario"] == "peers-5000" and "BEFORE" in row["build"]
+    simulated = peers_row(scenario("peers-5000", **row["sim_overrides"]))
+    for key in ("req_per_s", "p50_ms", "p99_ms"):
+        assert simulated[key] == pytest.approx(row["zipf"][key], rel=0.25), key
