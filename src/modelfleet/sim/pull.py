@@ -127,6 +127,7 @@ class PullAffinity:
         self._demand_log: deque[tuple[float, int]] = deque()
         self._heard_log: list[int] = []  # every announcement heard, in order
         self._names: tuple[str, ...] = ()
+        self._views: dict[int, tuple[tuple[int, int], QueueView]] = {}  # model -> last built
 
     @property
     def sim(self) -> Simulation:
@@ -420,13 +421,20 @@ class PullAffinity:
         )
         batch = max(1, sim.config.batch_size)
 
+        views = self._views
+
         def view_of(model: int) -> QueueView:
             counted = counts.get(model)
             if counted is None:
                 counted = counts[model] = self._live_count(model)
-            return QueueView(names[model], counted[0], counted[1],
+            cached = views.get(model)
+            if cached is not None and cached[0] == counted:
+                return cached[1]  # the same counts make the same (immutable) view
+            view = QueueView(names[model], counted[0], counted[1],
                              cat.fanout_max_workers[model], cat.plans[model],
                              model in pinned, batch, f"runtime-{cat.runtime[model]}")
+            views[model] = (counted, view)
+            return view
 
         # A queue neither held nor warm here is taken only with a free load slot on its
         # runtime (scoring's rules 1, 5, 6), and starved ones strictly best score first,
