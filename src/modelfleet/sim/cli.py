@@ -4,6 +4,7 @@
     python -m modelfleet.sim --json --no-plot
     python -m modelfleet.sim --scoring noise_amplitude=0 --routers pull-affinity,round-robin
     python -m modelfleet.sim --scenario peers     # bench/peers: 1 worker, 32 clients
+    python -m modelfleet.sim --scenario peers-5000  # the same over 5,000 small models
 
 Every field of ``ScenarioConfig`` is an option (``--duration-s`` has the
 shorter alias ``--duration``). The table goes to stdout (or the JSON form with
@@ -44,6 +45,10 @@ HELP = {
     "clients": "closed-loop clients instead of the Poisson trace (0: open loop)",
     "cores": "CPUs per worker machine shared by all its work (0: not modelled)",
     "runtimes_per_worker": "runtime processes per worker; a model runs on crc32(id) % this",
+    "artifact_min_bytes": "peers catalog: smallest artifact (sizes log-uniform up to the max)",
+    "artifact_max_bytes": "peers catalog: largest artifact",
+    "rescore_cpu_per_model_s": "coordinator CPU per catalog model per re-score (an O(catalog) "
+                               "loop, as before issue 23; 0: none)",
 }
 
 
