@@ -83,6 +83,7 @@ class Coordinator:
     consumers: dict[int, Consumer] = field(default_factory=dict)
     waiters: deque[Consumer] = field(default_factory=deque)  # the permit semaphore's FIFO
     counts: dict[int, tuple[int, int]] = field(default_factory=dict)  # as last counted
+    backlogged: set[int] = field(default_factory=set)  # those of counts with a backlog
     dirty: set[int] = field(default_factory=set)
     heard_upto: int = 0  # announcements (PullAffinity._heard_log) folded into dirty so far
     held_backlog: set[int] = field(default_factory=set)  # held queues last seen with backlog
@@ -386,19 +387,32 @@ class PullAffinity:
         # out: candidates with nothing waiting that are not held or warm here; they
         # cannot change the decision.)
         counts = coord.counts
+        backlogged = coord.backlogged  # the models in counts counted with a backlog
+
+        def count(model: int) -> tuple[int, int]:
+            counted = counts[model] = self._live_count(model)
+            if counted[0] > 0:
+                backlogged.add(model)
+            else:
+                backlogged.discard(model)
+            return counted
+
         if full:
-            counts = coord.counts = {m: self._live_count(m) for m in resident}
+            counts = coord.counts = {}
+            backlogged.clear()
+            for model in resident:
+                count(model)
             for model in self._nonempty:
                 if model in demand and model not in counts:
-                    counts[model] = self._live_count(model)
+                    count(model)
         else:
             self._fold_heard(coord)  # what was heard while the stats were asked, too
             for model in coord.dirty:
                 if model in demand:
-                    counts[model] = self._live_count(model)
+                    count(model)
             for model in coord.held_backlog:  # held, with a backlog when last counted
                 if model in coord.consumers:
-                    counts[model] = self._live_count(model)
+                    count(model)
         coord.dirty.clear()
         now = sim.now
         while worker.recent_cold and now - worker.recent_cold[0] >= COLD_WINDOW_S:
@@ -426,7 +440,7 @@ class PullAffinity:
         def view_of(model: int) -> QueueView:
             counted = counts.get(model)
             if counted is None:
-                counted = counts[model] = self._live_count(model)
+                counted = count(model)
             cached = views.get(model)
             if cached is not None and cached[0] == counted:
                 return cached[1]  # the same counts make the same (immutable) view
@@ -444,8 +458,11 @@ class PullAffinity:
         starving: list[list[QueueView]] = [[] for _ in worker.runtimes]
         left_out: list[QueueView] = []
         if max(room) > 0:
-            for model, (backlog, consumers) in counts.items():
-                if backlog <= 0 or model in resident:
+            # Only queues counted with a backlog matter here: an index, not a scan of
+            # every count (the order is immaterial: what is kept is sorted below).
+            for model in list(backlogged):
+                consumers = counts[model][1]
+                if model in resident:
                     continue
                 runtime = cat.runtime[model]
                 if room[runtime] <= 0:
