@@ -127,10 +127,13 @@ class RuntimeSettings(_Section):
     load_timeout_s: float = Field(default=600, gt=0)  # a load running longer is hung
     # Memory (README "Memory: the budget is the RSS"): glibc's mmap threshold fixed at this
     # many bytes in each runtime process (0: glibc's dynamic default), malloc_trim after
-    # evictions, and loads refused while RSS > start-up RSS + budgets x (1 + rss_margin).
+    # evictions, and loads refused while RSS > start-up RSS + budgets + the larger of
+    # budgets x rss_margin and rss_margin_floor_bytes (a small or pooled budget, even 0,
+    # still leaves room for what a runtime allocates besides models).
     malloc_mmap_threshold_bytes: int = Field(default=1 * MiB, ge=0)
     trim_after_eviction: bool = True
     rss_margin: float = Field(default=0.25, ge=0)
+    rss_margin_floor_bytes: int = Field(default=32 * MiB, ge=0)
 
     @field_validator("url_fetch_allow")
     @classmethod

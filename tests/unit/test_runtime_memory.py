@@ -65,6 +65,24 @@ def test_loads_are_refused_over_the_line_with_one_warning_per_episode(
     assert any("back under" in r.getMessage() for r in caplog.records)
 
 
+def test_a_runtime_whose_pooled_budget_is_zero_still_admits_its_next_load() -> None:
+    """Between loads a runtime of the pooled budget may hold a budget of 0, and its RSS
+    moves by a few MB anyway (buffers, sockets): the floor of the slack keeps it admitting
+    the load the pool is about to give it room for, instead of refusing every one."""
+    rss, budget = Rss(50 * MB), [0]
+    memory = MemoryGuard(lambda: budget[0], 0.25, lambda: budget[0], rss=rss,
+                         device=lambda: DeviceMemory(), margin_floor_bytes=32 * MB)
+    rss.value = 54 * MB
+    memory.admit("a")
+    assert memory.limit_bytes() == 50 * MB + 32 * MB
+    budget[0] = 400 * MB  # a large budget: the margin, not the floor, is the slack
+    assert memory.limit_bytes() == 50 * MB + 400 * MB + 100 * MB
+    rss.value = 83 * MB
+    budget[0] = 0
+    with pytest.raises(NoCapacity):  # past the floor: refused as before
+        memory.admit("b")
+
+
 def test_the_line_follows_the_budget_and_the_first_imports() -> None:
     rss, budget = Rss(50 * MB), [100 * MB]
     memory = guard(rss, budget)

@@ -26,7 +26,9 @@ unloaded. The options, measured:
 ``configure_allocator`` runs once at the runtime process's start-up (glibc only; a no-op
 elsewhere, and in the coordinator's process, which ``InProcessRuntime`` shares).
 
-``MemoryGuard`` holds the rule the runtime keeps: RSS <= overhead + budget x (1 + margin),
+``MemoryGuard`` holds the rule the runtime keeps: RSS <= overhead + budget + slack, the
+slack being the larger of budget x margin and a floor (a runtime of the pooled budget
+may hold a budget of 0 between loads, and its RSS still moves by a few MB),
 where the overhead is the RSS measured at start-up, after imports and before any model,
 plus what the first import of each framework a model needs added (``count_imports``),
 and the budget is the cache's device plus host budgets (both are bytes in this process
@@ -108,7 +110,7 @@ class MemoryState:
     startup_bytes: int  # RSS at start-up, after imports and before any model
     overhead_bytes: int  # start-up + what importing the models' frameworks added
     budget_bytes: int  # the cache's device + host budgets
-    limit_bytes: int  # overhead + budget x (1 + margin)
+    limit_bytes: int  # overhead + budget + max(budget x margin, floor)
     over: bool  # in an over-budget episode: loads are refused
     device: DeviceMemory
 
@@ -122,8 +124,10 @@ class MemoryGuard:
 
     def __init__(self, budget: Callable[[], int], margin: float, device_budget: Callable[[], int],
                  rss: Callable[[], int] = rss_bytes,
-                 device: Callable[[], DeviceMemory] = device_memory) -> None:
+                 device: Callable[[], DeviceMemory] = device_memory,
+                 margin_floor_bytes: int = 0) -> None:
         self._budget = budget
+        self._floor = margin_floor_bytes
         self._device_budget = device_budget
         self._margin = margin
         self._rss = rss
@@ -148,7 +152,8 @@ class MemoryGuard:
         self.overhead_bytes += max(0, self._rss() - rss_before - model_bytes)
 
     def limit_bytes(self) -> int:
-        return self.overhead_bytes + int(self._budget() * (1 + self._margin))
+        budget = self._budget()
+        return self.overhead_bytes + budget + max(int(budget * self._margin), self._floor)
 
     def _device_limit_bytes(self) -> int:
         return self._device_overhead + int(self._device_budget() * (1 + self._margin))
@@ -163,7 +168,8 @@ class MemoryGuard:
         rss = self._rss()
         if rss > self.limit_bytes():
             return (f"RSS {rss} bytes > {self.limit_bytes()} (overhead {self.overhead_bytes} "
-                    f"+ budget {self._budget()} x {1 + self._margin:g})")
+                    f"+ budget {self._budget()} + the larger of x {self._margin:g} and "
+                    f"{self._floor} bytes)")
         reserved = self._device().reserved_bytes
         if reserved and reserved > self._device_limit_bytes():
             return (f"CUDA reserved {reserved} bytes > {self._device_limit_bytes()} "

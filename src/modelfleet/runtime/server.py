@@ -80,9 +80,10 @@ class RuntimeService:
         store = open_store(settings.repo, settings.state_dir / "disk-cache",
                            settings.runtime.disk_cache_bytes)
         margin = settings.runtime.rss_margin
+        floor = settings.runtime.rss_margin_floor_bytes
         guard = (None if not own_process else lambda cache: MemoryGuard(
             lambda: cache.device_budget_bytes + cache.host_budget_bytes, margin,
-            lambda: cache.device_budget_bytes))
+            lambda: cache.device_budget_bytes, margin_floor_bytes=floor))
         self.host = ModelHost(settings.runtime, store, memory=guard)
         self._fetcher = PayloadFetcher(settings.runtime)
         self.stopping = asyncio.Event()
