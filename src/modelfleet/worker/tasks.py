@@ -5,7 +5,8 @@ cancelled tasks are acked and dropped unrun, and a reply that comes back after t
 task's deadline is dropped too: its caller has its 504 already. A task whose runtime
 crashed under it goes back to the broker as a new message carrying its crash evidence,
 or to the dead-letter queue once it crashed its runtime alone too often
-(``hand_back``). A redelivered task runs alone on its runtime (the suspect gate).
+(``hand_back``). A redelivered task runs on the quarantine runtime, alone (the suspect
+gate), where its crash costs the healthy models on the shared runtimes nothing.
 
 The coordinator decides which queues to pull and holds the permits; this runs what
 they deliver. The reply crosses here as the runtime's bytes (``EncodedReply``).
@@ -51,6 +52,7 @@ class TaskRunner:
         self._stop_pulling = stop_pulling
         self._clock = clock
         self.running: Counter[str] = Counter()  # model id -> tasks in flight here
+        self.quarantined: Counter[str] = Counter()  # ... of them on the quarantine runtime
         self.last_served: dict[str, float] = {}  # model id -> when a task of it last ended
         self._gates: dict[str, SuspectGate] = {}  # runtime name -> its gate
         self._witnesses: dict[str, CrashWitness] = {}  # runtime name -> who ran alone
@@ -91,7 +93,10 @@ class TaskRunner:
                 await self._settle_with_failure(delivery, refusal)
                 return
             # The least-loaded runtime holding the model (worker/spread.py), counted there.
-            runtime = self._supervisor.take(task.model_id)
+            # Suspect work goes to the quarantine runtime instead (worker/supervisor.py).
+            runtime = self._supervisor.take(task.model_id, suspect=task.suspect)
+            if self._supervisor.is_quarantine(runtime):
+                self.quarantined[task.model_id] += 1
             if not await runtime.wait_settled((task.deadline_ms - now_ms()) / 1000):
                 # Its runtime is (re)starting and the deadline passed meanwhile: nobody waits.
                 metrics.EXPIRED_TASKS.labels(task.model_id).inc()
@@ -116,8 +121,10 @@ class TaskRunner:
             except _Crashed as crashed:
                 # Stop pulling this runtime's queues first, so the task handed back goes to
                 # another worker or waits for the restart instead of bouncing straight back.
+                # (A crash in quarantine stops nothing: no queue is pulled for it.)
                 await self._stop_pulling(runtime)
-                await self._hand_back(delivery, crashed.error, crashed.alone)
+                await self._hand_back(delivery, crashed.error, crashed.alone,
+                                      self._supervisor.is_quarantine(runtime))
                 return
             self.last_served[task.model_id] = self._clock()
             if task.expired():
@@ -151,11 +158,20 @@ class TaskRunner:
             raise
         finally:
             if runtime is not None:
+                if self._supervisor.is_quarantine(runtime):
+                    self.quarantined[task.model_id] -= 1
+                    if not self.quarantined[task.model_id]:
+                        del self.quarantined[task.model_id]
                 self._supervisor.done(task.model_id, runtime)
             self._deadlines.pop(task.request_id, None)
             self.running[task.model_id] -= 1
             if not self.running[task.model_id]:
                 del self.running[task.model_id]
+
+    def running_placed(self) -> set[str]:
+        """Models with a task in flight on a shared or own runtime (not in quarantine):
+        those a shared runtime's load slots and placement must count."""
+        return {m for m, n in self.running.items() if n > self.quarantined[m]}
 
     def _count_dropped(self, task: Task) -> None:
         self._task_log.dropped(task, "client_disconnected" if task.request_id in self._cancelled
@@ -225,8 +241,10 @@ class TaskRunner:
         task = delivery.task
         gate = self._gates.setdefault(runtime.name, SuspectGate())
         witness = self._witnesses.setdefault(runtime.name, CrashWitness())
+        # In quarantine every task runs alone: a crash there names its cause.
+        alone_only = task.suspect or self._supervisor.is_quarantine(runtime)
         while True:
-            async with gate.slot(suspect=task.suspect):
+            async with gate.slot(suspect=alone_only):
                 if runtime.ready and runtime.runtime is not None:
                     with witness.on_runtime() as alone:
                         try:
@@ -261,7 +279,8 @@ class TaskRunner:
             runtime.connection_lost()  # before the gate lets the next task in
             raise
 
-    async def _hand_back(self, delivery: Delivery, exc: RuntimeCrashed, alone: bool) -> None:
+    async def _hand_back(self, delivery: Delivery, exc: RuntimeCrashed, alone: bool,
+                         quarantined: bool = False) -> None:
         """A runtime crashed with this task in flight: charge it only if it was alone.
 
         The task goes back to its queue as a new message carrying its crash evidence
@@ -272,13 +291,28 @@ class TaskRunner:
         evidence, and the dead letter is classified deterministic. A task that keeps
         sharing crashes (the suspect gate makes that rare) is dead-lettered after twice
         as many, as transient.
+
+        A crash on the quarantine runtime, where every task runs alone, is that evidence
+        at its strongest: the task is dead-lettered once it has crashed a runtime alone
+        ``worker.quarantine_crash_limit`` times (one by default), so that a poison pill's
+        caller hears it within seconds. Its model's next tasks go to quarantine too for
+        a while (``RuntimeSupervisor.crashed_alone``), so that its next pill, which
+        nobody can tell from its innocents, crashes no shared runtime.
         """
         task = delivery.task
         limit = self._settings.broker.delivery_limit
         evidence = replace(task, crashes=task.crashes + 1,
                            crashes_alone=task.crashes_alone + (1 if alone else 0))
-        if evidence.crashes_alone > limit or evidence.crashes > 2 * limit + 1:
-            if evidence.crashes_alone > limit:
+        if alone:
+            self._supervisor.crashed_alone(task.model_id)
+        proven = quarantined and alone and evidence.crashes_alone >= min(
+            limit + 1, self._settings.worker.quarantine_crash_limit)
+        if proven or evidence.crashes_alone > limit or evidence.crashes > 2 * limit + 1:
+            if proven:
+                reason = (f"crashed the quarantine runtime, where it ran alone "
+                          f"({evidence.crashes_alone} of its {evidence.crashes} crashes "
+                          f"alone): {exc}")
+            elif evidence.crashes_alone > limit:
                 reason = (f"crashed its runtime alone on each of {evidence.crashes_alone} "
                           f"deliveries: {exc}")
             else:
