@@ -24,7 +24,7 @@ from dataclasses import replace
 from modelfleet import metrics
 from modelfleet.broker import Broker, Delivery
 from modelfleet.errors import BrokerUnavailable, ModelfleetError, RuntimeCrashed
-from modelfleet.ipc.protocol import InferCall
+from modelfleet.ipc.protocol import InferCall, Runtime
 from modelfleet.messages import EncodedReply, Reply, Task, now_ms
 from modelfleet.repository import Catalog
 from modelfleet.settings import Settings
@@ -58,13 +58,18 @@ class TaskRunner:
         self._witnesses: dict[str, CrashWitness] = {}  # runtime name -> who ran alone
         self._deadlines: dict[str, asyncio.Timeout] = {}  # request id -> its running deadline
         self._cancelled: dict[str, float] = {}  # request ids whose callers hung up -> when
+        self._on_runtime: dict[str, Runtime] = {}  # request id -> the runtime it is on now
+        self._cancels: set[asyncio.Task[None]] = set()  # cancels on their way to a runtime
 
     def cancel(self, request_id: str) -> None:
         """The caller hung up: its task ends as if its deadline had passed.
 
-        A task running here has its deadline moved to now (a runtime call under way is
-        abandoned, like at a deadline); one not delivered yet is remembered, and dropped
-        unrun when it arrives.
+        A task on a runtime is cancelled there too (``Runtime.cancel``): the runtime
+        stops its fetch or preprocess, it never reaches predict, and the runtime's answer
+        ends the call, so that the permit and the runtime's slot are freed together (if
+        the runtime does not answer the cancel, the call is abandoned after
+        ``runtime.ping_timeout_s``). Any other task running here has its deadline moved
+        to now; one not delivered yet is remembered, and dropped unrun when it arrives.
         """
         now = self._clock()
         self._cancelled[request_id] = now
@@ -72,8 +77,27 @@ class TaskRunner:
         while self._cancelled and next(iter(self._cancelled.values())) < horizon:
             self._cancelled.pop(next(iter(self._cancelled)))
         timeout = self._deadlines.get(request_id)
-        if timeout is not None:
+        target = self._on_runtime.get(request_id)
+        if target is not None and timeout is not None:
+            sent = asyncio.create_task(self._cancel_on(target, request_id, timeout))
+            self._cancels.add(sent)
+            sent.add_done_callback(self._cancels.discard)
+        elif timeout is not None:
             timeout.reschedule(asyncio.get_running_loop().time())
+
+    async def _cancel_on(self, target: Runtime, request_id: str,
+                         deadline: asyncio.Timeout) -> None:
+        """Tell the runtime; its answer to the call follows. Abandon the call meanwhile
+        only when the runtime cannot be told, or after ``ping_timeout_s`` as a backstop."""
+        loop = asyncio.get_running_loop()
+        backstop_s = self._settings.runtime.ping_timeout_s
+        try:
+            there = await target.cancel(request_id, timeout_s=backstop_s)
+        except (ModelfleetError, TimeoutError, OSError) as exc:
+            log.info("cancelling %s on its runtime: %s", request_id, exc)
+            there = False
+        if not deadline.expired():
+            deadline.reschedule(loop.time() + (backstop_s if there else 0.0))
 
     async def run(self, delivery: Delivery) -> None:
         """Run one delivered task on its runtime and settle it: exactly one of reply and
@@ -127,7 +151,7 @@ class TaskRunner:
                                       self._supervisor.is_quarantine(runtime))
                 return
             self.last_served[task.model_id] = self._clock()
-            if task.expired():
+            if task.expired() or task.request_id in self._cancelled:
                 # Its caller's deadline passed while it ran (the runtime may have said so
                 # itself, at the same instant): nobody waits for a reply any more.
                 self._count_dropped(task)
@@ -164,6 +188,7 @@ class TaskRunner:
                         del self.quarantined[task.model_id]
                 self._supervisor.done(task.model_id, runtime)
             self._deadlines.pop(task.request_id, None)
+            self._on_runtime.pop(task.request_id, None)
             self.running[task.model_id] -= 1
             if not self.running[task.model_id]:
                 del self.running[task.model_id]
@@ -270,6 +295,7 @@ class TaskRunner:
         call = InferCall(delivery.body, task.delivery_count, tuple(manifest.accepts),
                          self.worker_id, queue_wait_ms)
         await self._supervisor.prepare(runtime, task.model_id)  # a miss: the pool makes room
+        self._on_runtime[task.request_id] = target
         try:
             return await target.infer(
                 call, timeout_s=remaining_s + self._settings.runtime.ping_timeout_s)
