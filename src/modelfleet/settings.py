@@ -174,6 +174,14 @@ class WorkerSettings(_Section):
     # the next crash then costs a swap, not an interpreter start.
     standby_keep_s: float = Field(default=300, ge=0)
     demand_window_s: float = Field(default=60, gt=0)  # how long a demand announcement counts
+    # Suspect work (a redelivered task, or any task of a model whose task crashed a
+    # runtime alone lately) runs on a quarantine runtime beside the shared ones, so that
+    # its crash takes no healthy model down. It is stopped after this long unused, and a
+    # model that crashed a runtime alone is sent there for this long after its crash.
+    quarantine_idle_s: float = Field(default=60, gt=0)
+    # A task that crashed the quarantine runtime (where it ran alone) this many times is
+    # dead-lettered as deterministic (at most broker.delivery_limit + 1 crashes).
+    quarantine_crash_limit: int = Field(default=1, ge=1)
     isolated_idle_stop_s: float = Field(default=600, gt=0)  # an unused own runtime is stopped
     # One device budget for all shared runtimes, split among them by what each holds
     # (worker/pool.py). 0: runtime.device_budget_bytes x shared_runtimes, as before.

@@ -133,14 +133,14 @@ def test_poison_pill_is_dead_lettered_and_others_keep_serving(
         error = poison.json()["error"]
         assert error["code"] == "runtime_crashed"
         assert "dead-lettered" in error["message"] and "crasher" in error["message"]
-        # Dead-lettered on its 4th crash alone (delivery_limit 3, + 1). Its first crash
-        # counts only if no iris request was in flight with it: 4 crashes, or 5.
+        # Its first crash is on the shared runtime; redelivered, it is a suspect and runs
+        # in quarantine, alone, where one crash dead-letters it: 2 crashes in all.
         assert metric_sum(base, "modelfleet_worker_dead_lettered_total", model="crasher") == 1
         # (The supervisor counts a restart when it has reaped the process, which can come a
         # moment after the coordinator saw the connection drop and answered the caller.)
-        wait_for(lambda: metric_sum(base, "modelfleet_runtime_restarts_total") >= 4)
+        wait_for(lambda: metric_sum(base, "modelfleet_runtime_restarts_total") >= 2)
         time.sleep(1)
-        assert metric_sum(base, "modelfleet_runtime_restarts_total") in (4, 5)
+        assert metric_sum(base, "modelfleet_runtime_restarts_total") == 2
         # Every request for another model was answered (some waited out a restart).
         assert others and all(r.status_code == 200 for r in others)
         fine = httpx.post(f"{base}/v1/models/crasher/infer", content=b"hello",

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.procs import metric_sum, serve
+from tests.procs import metric_sum, serve, write_package
 
 
 def wait_for_metric(base: str, name: str, at_least: float, **labels: str) -> float:
@@ -62,5 +62,66 @@ def test_a_caller_that_hangs_up_mid_load_frees_the_worker(tmp_path: Path) -> Non
         wait_for_metric(base, "modelfleet_worker_cancelled_tasks_total", 1, model="slowload")
         assert metric_sum(base, "modelfleet_worker_permits_in_use") == 0
         assert metric_sum(base, "modelfleet_worker_expired_tasks_total", model="slowload") == 0
+    finally:
+        proc.stop()
+
+
+SLOW_PREPROCESS = '''
+    import asyncio
+    import os
+    from pathlib import Path
+
+    from modelfleet import Model, Request
+
+
+    class SlowPreprocess(Model):
+        async def preprocess(self, request: Request) -> str:
+            await asyncio.sleep(3)
+            return request.text()
+
+        def predict(self, batch: list[str]) -> list[dict[str, str]]:
+            marker = Path(os.environ["PREDICT_MARKER"])
+            with marker.open("a") as out:
+                out.writelines(f"{text}\\n" for text in batch)
+            return [{"echo": text} for text in batch]
+'''
+
+
+def test_a_caller_that_hangs_up_during_preprocess_leaves_no_predict_behind(
+        tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    write_package(repo, "slowprep", """
+        name = "slowprep"
+        version = "1"
+        entrypoint = "handler:SlowPreprocess"
+        accepts = ["text/plain"]
+        device = "cpu"
+        memory_estimate_mb = 1
+        timeout_s = 30
+        """, SLOW_PREPROCESS)
+    marker = tmp_path / "predicted.txt"
+    proc, base = serve(tmp_path, repo=repo, env={"PREDICT_MARKER": str(marker)})
+    try:
+        text = {"content-type": "text/plain"}
+        warm = httpx.post(f"{base}/v1/models/slowprep/infer", content=b"warm", headers=text,
+                          timeout=30)
+        assert warm.status_code == 200, warm.text
+        assert marker.read_text() == "warm\n"
+        try:  # hangs up 1 s into its 3 s preprocess
+            httpx.post(f"{base}/v1/models/slowprep/infer", content=b"abandoned",
+                       headers=text, timeout=1.0)
+            raise AssertionError("answered before its 3 s preprocess")
+        except httpx.TimeoutException:
+            pass
+        wait_for_metric(base, "modelfleet_worker_cancelled_tasks_total", 1, model="slowprep")
+        # The permit is back as soon as the runtime dropped the task...
+        assert metric_sum(base, "modelfleet_worker_permits_in_use") == 0
+        # ...and its preprocess was stopped: no predict ran for it, now or later.
+        time.sleep(3)
+        assert marker.read_text() == "warm\n"
+        assert "its caller hung up; dropped" in proc.log()
+        after = httpx.post(f"{base}/v1/models/slowprep/infer", content=b"next", headers=text,
+                           timeout=30)
+        assert after.status_code == 200 and after.json() == {"echo": "next"}
     finally:
         proc.stop()

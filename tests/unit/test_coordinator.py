@@ -116,8 +116,11 @@ class Worker:
             assert time.monotonic() < deadline, f"predict never started on {text!r}"
             await asyncio.sleep(0.02)
 
-    async def kill_runtime(self) -> None:
-        [live] = [s for s in self.launcher.started if s.exit_code is None]
+    async def kill_runtime(self, name: str = "runtime-0") -> None:
+        """Kill the process of runtime ``name`` (the shared one, or ``quarantine``)."""
+        [runtime] = [r for r in self.supervisor.all() if r.name == name]
+        live = runtime._started_runtime
+        assert live is not None and live.exit_code is None
         await live.kill()
 
 
@@ -208,31 +211,27 @@ async def test_a_deadline_that_passes_mid_predict_drops_the_task(worker: Worker)
     assert [k for k, t, _ in worker.calls() if t == "slow 1.0"].count("start") == 1
 
 
-async def test_a_suspect_task_runs_alone_on_its_runtime(worker: Worker) -> None:
-    """Two models on one runtime: their predicts overlap, except beside a suspect task."""
+async def test_suspect_tasks_run_alone_in_quarantine_beside_the_shared_runtime(
+        worker: Worker) -> None:
+    """A suspect runs on the quarantine runtime, one at a time; ordinary tasks go on
+    beside it on the shared runtime, not held back."""
     for model in ("timed", "other"):
         await worker.publish(worker.task("warm", model=model))
         await worker.reply()  # loaded: what follows is about running, not loading
-    await worker.publish(worker.task("together-a 0.4", model="other"))
-    await worker.publish(worker.task("together-b 0.4"))
-    await worker.reply()
-    await worker.reply()
-    await worker.publish(worker.task("before 0.4", model="other"))
-    await worker.started("before 0.4")
-    # It was on a runtime that crashed: it may be the cause, so it runs alone.
-    await worker.publish(replace(worker.task("suspect 0.4"), crashes=1))
-    await worker.publish(worker.task("after 0.4", model="other"))
-    texts = {(await worker.reply()).body for _ in range(3)}
-    assert texts == {b'{"echo":"before 0.4"}', b'{"echo":"suspect 0.4"}',
-                     b'{"echo":"after 0.4"}'}
+    await worker.publish(worker.task("before 0.6", model="other"))
+    await worker.started("before 0.6")
+    # They were on a runtime that crashed: either may be the cause, so each runs alone.
+    await worker.publish(replace(worker.task("suspect-a 0.4"), crashes=1))
+    await worker.publish(replace(worker.task("suspect-b 0.4"), crashes=1))
+    texts = {(await worker.reply(timeout_s=30)).body for _ in range(3)}
+    assert texts == {b'{"echo":"before 0.6"}', b'{"echo":"suspect-a 0.4"}',
+                     b'{"echo":"suspect-b 0.4"}'}
     starts = {t: at for kind, t, at in worker.calls() if kind == "start"}
     ends = {t: at for kind, t, at in worker.calls() if kind == "end"}
-    # Without a suspect, the two models ran side by side...
-    assert starts["together-b 0.4"] < ends["together-a 0.4"] and \
-        starts["together-a 0.4"] < ends["together-b 0.4"]
-    # ...the suspect waited for the task already running, and nothing ran beside it.
-    assert starts["suspect 0.4"] >= ends["before 0.4"]
-    assert starts["after 0.4"] >= ends["suspect 0.4"]
+    first, second = sorted(("suspect-a 0.4", "suspect-b 0.4"), key=starts.__getitem__)
+    assert starts[second] >= ends[first]  # alone in quarantine
+    assert "quarantine" in {r.name for r in worker.supervisor.all()}
+    assert worker.supervisor.shared[0].restarts == 0
 
 
 async def test_a_crash_hands_the_task_back_and_the_restarted_runtime_answers(
@@ -253,12 +252,13 @@ async def test_a_crash_hands_the_task_back_and_the_restarted_runtime_answers(
 
 async def test_a_task_that_crashes_its_runtime_alone_each_time_is_dead_lettered(
         worker: Worker) -> None:
-    """delivery_limit is 1 here: the second solo crash is evidence enough."""
+    """Its first crash is on the shared runtime; redelivered, it runs in quarantine,
+    alone, and its crash there is evidence enough."""
     poison = worker.task("poison 3.0", deadline_s=60)
     await worker.publish(poison)
-    for attempt in (1, 2):
+    for attempt, runtime in ((1, "runtime-0"), (2, "quarantine")):
         await worker.started("poison 3.0", count=attempt)
-        await worker.kill_runtime()
+        await worker.kill_runtime(runtime)
     reply = await worker.reply(timeout_s=30)
     assert (reply.request_id, reply.status, reply.error_code) == \
         (poison.request_id, "error", "runtime_crashed")
@@ -266,7 +266,8 @@ async def test_a_task_that_crashes_its_runtime_alone_each_time_is_dead_lettered(
     dead = await worker.broker.subscribe_dead_letters(prefetch=1)
     letter = await asyncio.wait_for(anext(aiter(dead)), 5)
     assert letter.task.request_id == poison.request_id
-    assert letter.death_reason.startswith("runtime_crashed: crashed its runtime alone")
+    assert letter.death_reason.startswith(
+        "runtime_crashed: crashed the quarantine runtime, where it ran alone")
     await letter.ack()
     await dead.cancel()
     # The runtime came back and serves the next task.

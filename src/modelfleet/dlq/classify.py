@@ -92,7 +92,8 @@ RULES: tuple[Rule, ...] = (
          _codes("runtime_crashed"), re.compile(r"\bnever alone\b")),
     Rule("poison-input", "deterministic",
          "A runtime died or hung on this very input, with no other task on it, more times "
-         "than the delivery limit. Crashes it shared with other tasks were not counted (it "
+         "than the delivery limit (or on the quarantine runtime, where every task runs "
+         "alone). Crashes it shared with other tasks were not counted (it "
          "was retried alone), so this is evidence, not bad luck. Replaying it crashes "
          "another one.",
          _codes("runtime_crashed")),

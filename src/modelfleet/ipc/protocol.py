@@ -23,7 +23,7 @@ from typing import Any, Literal, Protocol
 from modelfleet.messages import EncodedReply
 
 Op = Literal["load", "unload", "unpin", "infer", "health", "stats", "shutdown", "set_budgets",
-            "budget"]
+            "budget", "cancel"]
 
 # The runtime's settings, as JSON (``Settings.model_dump_json()``).
 SETTINGS_ENV = "MODELFLEET_RUNTIME_SETTINGS"
@@ -156,6 +156,12 @@ class Runtime(Protocol):
 
     async def health(self, timeout_s: float | None = None) -> RuntimeHealth:
         """Answered from the runtime's event loop, even while a long load runs."""
+        ...
+
+    async def cancel(self, request_id: str, timeout_s: float | None = None) -> bool:
+        """Its caller hung up: drop the task before predict, stopping a fetch or
+        preprocess under way (True when it was running there; one arriving after is
+        dropped unrun too)."""
         ...
 
     async def shutdown(self, timeout_s: float | None = None) -> None:

@@ -86,6 +86,10 @@ class SocketRuntime:
     async def shutdown(self, timeout_s: float | None = None) -> None:
         await self._call("shutdown", timeout_s)
 
+    async def cancel(self, request_id: str, timeout_s: float | None = None) -> bool:
+        frame = await self._call("cancel", timeout_s, args={"request_id": request_id})
+        return bool(frame.header["result"])
+
     async def _call(self, op: Op, timeout_s: float | None, body: bytes = b"",
                     args: dict[str, Any] | None = None) -> Frame:
         if self._closed is not None:

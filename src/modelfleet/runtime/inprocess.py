@@ -78,6 +78,10 @@ class InProcessRuntime:
         self._check()
         return self._service.health()
 
+    async def cancel(self, request_id: str, timeout_s: float | None = None) -> bool:
+        self._check()
+        return self._service.cancel(request_id)
+
     async def shutdown(self, timeout_s: float | None = None) -> None:
         self._check()
         self._service.shutdown()

@@ -16,10 +16,11 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from modelfleet.errors import (
+    ClientGone,
     DeadlineExceeded,
     ModelFailed,
     ModelfleetError,
@@ -49,6 +50,7 @@ from modelfleet.settings import Settings
 
 log = logging.getLogger("modelfleet.runtime")
 MAX_PRELOAD = 5000  # module names reported: a bound on the health answer
+MAX_CANCELLED = 10_000  # hung-up request ids remembered (for a cancel that came first)
 
 
 def _json_default(value: Any) -> Any:
@@ -87,6 +89,36 @@ class RuntimeService:
         self.host = ModelHost(settings.runtime, store, memory=guard)
         self._fetcher = PayloadFetcher(settings.runtime)
         self.stopping = asyncio.Event()
+        self._running: set[str] = set()  # request ids of the tasks here
+        # Tasks in a step a hang-up stops (the fetch, preprocess and predict), by id.
+        self._interruptible: dict[str, asyncio.Task[Any]] = {}
+        self._cancelled: dict[str, None] = {}  # hung-up request ids, oldest first
+
+    def cancel(self, request_id: str) -> bool:
+        """The caller hung up: a fetch or preprocess under way is stopped, a task not yet
+        at predict never gets there, and one not arrived yet is dropped when it comes.
+        (A predict already running on its thread cannot be stopped; its result is
+        dropped.) True when the task was here."""
+        self._cancelled[request_id] = None
+        while len(self._cancelled) > MAX_CANCELLED:
+            self._cancelled.pop(next(iter(self._cancelled)))
+        running = self._interruptible.get(request_id)
+        if running is not None:
+            running.cancel()
+        return request_id in self._running
+
+    @contextlib.contextmanager
+    def _stoppable(self, request_id: str) -> Iterator[None]:
+        """A step that a hang-up interrupts; it does not start for a hung-up task."""
+        if request_id in self._cancelled:
+            raise ClientGone("the caller hung up; the task was dropped before its answer")
+        current = asyncio.current_task()
+        if current is not None:
+            self._interruptible[request_id] = current
+        try:
+            yield
+        finally:
+            self._interruptible.pop(request_id, None)
 
     async def close(self) -> None:
         await self.host.close()
@@ -127,10 +159,12 @@ class RuntimeService:
         task = decode_task(task_bytes, delivery_count)
         timings: dict[str, float] = {"queue_wait": queue_wait_ms}
         cold = False
+        self._running.add(task.request_id)
         try:
             started = time.perf_counter()
             remaining_s = (task.deadline_ms - now_ms()) / 1000
-            body, declared = await self._fetcher.fetch(task.payload, remaining_s)
+            with self._stoppable(task.request_id):
+                body, declared = await self._fetcher.fetch(task.payload, remaining_s)
             timings["payload_fetch"] = (time.perf_counter() - started) * 1000
             content_type = task.content_type
             if task.payload.kind == "url":
@@ -147,7 +181,8 @@ class RuntimeService:
             if remaining_s <= 0:
                 raise DeadlineExceeded("deadline passed before inference started")
             try:
-                with loaded.using():  # taken at once: no eviction between ensure and predict
+                # (A load is not interrupted: other tasks may wait for it too.)
+                with self._stoppable(task.request_id), loaded.using():
                     async with asyncio.timeout(remaining_s):
                         result, phases = await handle_request(loaded.handler, loaded.batcher,
                                                               request, loaded.manifest)
@@ -160,10 +195,22 @@ class RuntimeService:
                           worker_id=worker_id, cold=cold)
         except ModelfleetError as exc:
             reply = Reply.failure(task.request_id, exc, worker_id, timings)
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if task.request_id not in self._cancelled or current is None:
+                raise  # shutting down
+            current.uncancel()  # ours: its caller hung up
+            log.info("task %s for %s: its caller hung up; dropped", task.request_id,
+                     task.model_id)
+            reply = Reply.failure(task.request_id, ClientGone(
+                "the caller hung up; the task was dropped before its answer"), worker_id,
+                timings)
         except Exception as exc:  # a bug here must still answer the caller
             log.exception("task %s for %s failed in the runtime", task.request_id, task.model_id)
             reply = Reply.failure(task.request_id, ModelFailed(f"runtime error: {exc!r}"),
                                   worker_id, timings)
+        finally:
+            self._running.discard(task.request_id)
         return EncodedReply.of(reply)
 
 
@@ -256,6 +303,8 @@ class SocketServer:
         if op == "shutdown":
             service.shutdown()
             return True, b""
+        if op == "cancel":
+            return service.cancel(args["request_id"]), b""
         raise ModelFailed(f"unknown runtime op {op!r}")
 
 

@@ -204,7 +204,7 @@ class Coordinator:
         before the runtime's next report says so.
         """
         device = self._residency.models("device")
-        unloaded = set(self._tasks.running) - device
+        unloaded = self._tasks.running_placed() - device
         slots = self._settings.runtime.max_concurrent_loads
         for runtime in self._supervisor.shared:
             loading = set(runtime.loading) | {
@@ -367,7 +367,7 @@ class Coordinator:
         if full or time.monotonic() - self._refreshed_at >= RESIDENCY_MAX_AGE_S:
             # Residency takes a stats call to every runtime: woken re-scores (many a
             # second under load) reuse one that is a few milliseconds old.
-            await self._residency.refresh(self._supervisor.all())
+            await self._residency.refresh(self._supervisor.placed())
             self._refreshed_at = time.monotonic()
         now = self._clock()
         self._expire_demand(now)
@@ -379,7 +379,7 @@ class Coordinator:
             # A restarted runtime comes back empty: pinned models go back on it.
             self._pinning = asyncio.create_task(self._pins.keep(self._residency.versions()[1]))
         loading = frozenset().union(*(self._residency.loading(r.name)
-                                      for r in self._supervisor.all()))
+                                      for r in self._supervisor.placed()))
         here = device | host | pinned | loading
         exact = full and time.monotonic() - self._exact_at >= EXACT_EVERY_S
         if exact:
@@ -476,14 +476,14 @@ class Coordinator:
                 self._supervisor.runtime_for(model_id).name,
                 self._demand_priority.of(model_id, now))
         slots = self._settings.runtime.max_concurrent_loads
-        runtimes = self._supervisor.all()
+        runtimes = self._supervisor.placed()
         return Observation(
             now, self.worker_id, counts, facts, frozenset(self._consumers), device, host,
             load_slots={r.name: slots for r in runtimes},
             loading={r.name: self._residency.loading(r.name) for r in runtimes},
             # A model with a task running here but not resident yet is being loaded for it.
             loading_for_tasks={m: self._supervisor.runtime_for(m).name
-                               for m in self._tasks.running if m not in device},
+                               for m in self._tasks.running_placed() if m not in device},
             running=dict(self._tasks.running), last_served=dict(self._tasks.last_served),
             recent_cold_subscribes=tuple(self._cold_subscribes),
             free_permits=self._cap - len(self._in_flight), permits_cap=self._cap,
@@ -533,6 +533,7 @@ class Coordinator:
             log.info("stopping the runtime of %s: idle for %.0fs", model_id, now - last_used)
             await self._supervisor.retire(model_id)
             self._isolated_since.pop(model_id, None)
+        await self._supervisor.retire_quarantine()  # once unused for quarantine_idle_s
 
     async def _still_open(self, action: Action) -> bool:
         """Is a cold queue still under its fan-out cap, by a fresh count (~1 ms)?

@@ -27,6 +27,14 @@ allows, else a resident-memory watchdog). A crash, hang or memory kill there cos
 that model a restart and nobody else anything. An environment that cannot be
 built is a deterministic failure: the runtime is ``failed`` and every task for it
 is answered with the build error (naming the package) until a retry succeeds.
+
+Suspect work runs on the *quarantine* runtime, a process beside the shared ones that
+is no part of their pool or placement: a redelivered task (it was in flight when a
+runtime crashed, or its worker died), and for ``worker.quarantine_idle_s`` every task
+of a model whose task crashed a runtime alone. It is started on the first suspect and
+stopped once unused for ``worker.quarantine_idle_s``. Tasks there run one at a time
+(worker/gate.py), so a crash there is evidence against the task that caused it, and
+it costs the healthy models on the shared runtimes nothing: they are not reloaded.
 """
 
 from __future__ import annotations
@@ -74,6 +82,7 @@ from modelfleet.worker.spread import RuntimeView, Spread
 log = logging.getLogger("modelfleet.worker")
 State = Literal["starting", "ready", "down", "failed", "stopped"]
 RETRY_FAILED_BUILD_S = 30.0
+QUARANTINE = "quarantine"
 
 
 @dataclass(frozen=True)
@@ -128,8 +137,11 @@ class SupervisedRuntime:
     def __init__(self, name: str, settings: Settings, launcher: Launcher,
                  on_change: Callable[[], None],
                  isolation: Callable[[], Isolation] | None = None,
-                 device_budget_bytes: int | None = None) -> None:
+                 device_budget_bytes: int | None = None, eager_standby: bool = False) -> None:
         self.name = name
+        # A spare from the first start, not only after a crash (the quarantine runtime:
+        # crashes are what it is for).
+        self._eager_standby = eager_standby
         self._device_budget_bytes = device_budget_bytes  # a shared one's starting part
         self._settings = settings
         self._launcher = launcher
@@ -296,7 +308,8 @@ class SupervisedRuntime:
 
     def _keep_standby(self) -> None:
         """After a crash, (re)start the spare of a shared runtime, once the runtime is up."""
-        if self._isolation is None and self.restarts and self._standby is None \
+        if self._isolation is None and (self.restarts or self._eager_standby) \
+                and self._standby is None \
                 and self._settings.worker.standby_keep_s:
             self._standby = asyncio.create_task(self._start_standby(),
                                                 name=f"standby-{self.name}")
@@ -309,7 +322,7 @@ class SupervisedRuntime:
     async def _retire_standby_when_quiet(self) -> None:
         """Stop the standby once no crash came for ``worker.standby_keep_s``."""
         standby = self._standby
-        if standby is None:
+        if standby is None or self._eager_standby:  # kept while the runtime is up
             return
         idle = asyncio.get_running_loop().time() - self._last_crash
         if idle < self._settings.worker.standby_keep_s:
@@ -450,13 +463,22 @@ class RuntimeSupervisor:
         self._builder: EnvironmentBuilder | None = None
         self._limiter: MemoryLimiter | None = None
         self._tools_lock = threading.Lock()
+        self._quarantine: SupervisedRuntime | None = None
+        self._quarantine_tasks = 0  # tasks taken there and not done yet
+        self._quarantine_used = 0.0  # monotonic: when a task there last ended
+        self._crashing: dict[str, float] = {}  # model id -> when it last crashed one alone
 
     def _changed(self) -> None:
         self.changed.set()
         metrics.RUNTIMES_READY.set(sum(r.ready for r in self.all()))
 
-    def all(self) -> list[SupervisedRuntime]:
+    def placed(self) -> list[SupervisedRuntime]:
+        """The runtimes whose models count as resident here: all but the quarantine."""
         return [*self.shared, *self._dedicated.values()]
+
+    def all(self) -> list[SupervisedRuntime]:
+        quarantine = [] if self._quarantine is None else [self._quarantine]
+        return [*self.shared, *self._dedicated.values(), *quarantine]
 
     async def start(self) -> None:
         for runtime in self.shared:
@@ -489,11 +511,17 @@ class RuntimeSupervisor:
                 model_id, self._views(), self.pool.pool_bytes))
         return self._own(model_id)
 
-    def take(self, model_id: str) -> SupervisedRuntime:
+    def take(self, model_id: str, suspect: bool = False) -> SupervisedRuntime:
         """The runtime a task for the model runs on, counted there until ``done``: the
-        least-loaded one holding it. A model this makes hot gets one more runtime."""
+        least-loaded one holding it. A model this makes hot gets one more runtime.
+
+        A ``suspect`` task, or any task of a model that crashed a runtime alone lately,
+        goes to the quarantine runtime instead (an isolated model keeps its own: a crash
+        there costs nobody else anything already)."""
         if self._isolated(model_id):
             return self._own(model_id)
+        if suspect or self.crashing(model_id):
+            return self._quarantined()
         views = self._views()
         chosen = self._shared_named(self.spread.route(model_id, views, self.pool.pool_bytes))
         self.spread.started(model_id, chosen.name)
@@ -504,7 +532,10 @@ class RuntimeSupervisor:
         return chosen
 
     def done(self, model_id: str, runtime: SupervisedRuntime) -> None:
-        if runtime in self.shared:
+        if runtime is self._quarantine:
+            self._quarantine_tasks -= 1
+            self._quarantine_used = time.monotonic()
+        elif runtime in self.shared:
             self.spread.finished(model_id, runtime.name)
             if not self.spread.running_at(model_id, runtime.name):
                 self.pool.release(runtime.name, model_id)
@@ -544,6 +575,49 @@ class RuntimeSupervisor:
                 if self._stopping:
                     return
                 log.info("unloading the replica of %s from %s: %s", model_id, runtime.name, exc)
+
+    def is_quarantine(self, runtime: SupervisedRuntime) -> bool:
+        return runtime is self._quarantine
+
+    def crashed_alone(self, model_id: str) -> None:
+        """A task of the model crashed a runtime alone: its tasks go to quarantine a while."""
+        self._crashing[model_id] = time.monotonic()
+
+    def crashing(self, model_id: str) -> bool:
+        """Did a task of the model crash a runtime alone in the last quarantine_idle_s?"""
+        at = self._crashing.get(model_id)
+        if at is None:
+            return False
+        if time.monotonic() - at < self._settings.worker.quarantine_idle_s:
+            return True
+        del self._crashing[model_id]
+        return False
+
+    def _quarantined(self) -> SupervisedRuntime:
+        """The quarantine runtime, started on first use; the task is counted there."""
+        runtime = self._quarantine
+        if runtime is None or runtime.stopped:
+            runtime = SupervisedRuntime(QUARANTINE, self._settings, self._launcher,
+                                        self._changed, eager_standby=True)
+            self._quarantine = runtime
+            self._quarantine_used = time.monotonic()
+            runtime.start()
+        self._quarantine_tasks += 1
+        return runtime
+
+    async def retire_quarantine(self) -> bool:
+        """Stop the quarantine runtime once nothing ran there for quarantine_idle_s."""
+        runtime = self._quarantine
+        if runtime is None or self._quarantine_tasks or runtime.loading:
+            return False
+        idle = time.monotonic() - self._quarantine_used
+        if idle < self._settings.worker.quarantine_idle_s:
+            return False
+        log.info("stopping the quarantine runtime: idle for %.0fs", idle)
+        self._quarantine = None  # a suspect arriving meanwhile starts a new one
+        await runtime.stop()
+        self._changed()
+        return True
 
     def _own(self, model_id: str) -> SupervisedRuntime:
         runtime = self._dedicated.get(model_id)

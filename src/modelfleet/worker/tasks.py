@@ -5,7 +5,8 @@ cancelled tasks are acked and dropped unrun, and a reply that comes back after t
 task's deadline is dropped too: its caller has its 504 already. A task whose runtime
 crashed under it goes back to the broker as a new message carrying its crash evidence,
 or to the dead-letter queue once it crashed its runtime alone too often
-(``hand_back``). A redelivered task runs alone on its runtime (the suspect gate).
+(``hand_back``). A redelivered task runs on the quarantine runtime, alone (the suspect
+gate), where its crash costs the healthy models on the shared runtimes nothing.
 
 The coordinator decides which queues to pull and holds the permits; this runs what
 they deliver. The reply crosses here as the runtime's bytes (``EncodedReply``).
@@ -23,7 +24,7 @@ from dataclasses import replace
 from modelfleet import metrics
 from modelfleet.broker import Broker, Delivery
 from modelfleet.errors import BrokerUnavailable, ModelfleetError, RuntimeCrashed
-from modelfleet.ipc.protocol import InferCall
+from modelfleet.ipc.protocol import InferCall, Runtime
 from modelfleet.messages import EncodedReply, Reply, Task, now_ms
 from modelfleet.repository import Catalog
 from modelfleet.settings import Settings
@@ -51,18 +52,24 @@ class TaskRunner:
         self._stop_pulling = stop_pulling
         self._clock = clock
         self.running: Counter[str] = Counter()  # model id -> tasks in flight here
+        self.quarantined: Counter[str] = Counter()  # ... of them on the quarantine runtime
         self.last_served: dict[str, float] = {}  # model id -> when a task of it last ended
         self._gates: dict[str, SuspectGate] = {}  # runtime name -> its gate
         self._witnesses: dict[str, CrashWitness] = {}  # runtime name -> who ran alone
         self._deadlines: dict[str, asyncio.Timeout] = {}  # request id -> its running deadline
         self._cancelled: dict[str, float] = {}  # request ids whose callers hung up -> when
+        self._on_runtime: dict[str, Runtime] = {}  # request id -> the runtime it is on now
+        self._cancels: set[asyncio.Task[None]] = set()  # cancels on their way to a runtime
 
     def cancel(self, request_id: str) -> None:
         """The caller hung up: its task ends as if its deadline had passed.
 
-        A task running here has its deadline moved to now (a runtime call under way is
-        abandoned, like at a deadline); one not delivered yet is remembered, and dropped
-        unrun when it arrives.
+        A task on a runtime is cancelled there too (``Runtime.cancel``): the runtime
+        stops its fetch or preprocess, it never reaches predict, and the runtime's answer
+        ends the call, so that the permit and the runtime's slot are freed together (if
+        the runtime does not answer the cancel, the call is abandoned after
+        ``runtime.ping_timeout_s``). Any other task running here has its deadline moved
+        to now; one not delivered yet is remembered, and dropped unrun when it arrives.
         """
         now = self._clock()
         self._cancelled[request_id] = now
@@ -70,8 +77,27 @@ class TaskRunner:
         while self._cancelled and next(iter(self._cancelled.values())) < horizon:
             self._cancelled.pop(next(iter(self._cancelled)))
         timeout = self._deadlines.get(request_id)
-        if timeout is not None:
+        target = self._on_runtime.get(request_id)
+        if target is not None and timeout is not None:
+            sent = asyncio.create_task(self._cancel_on(target, request_id, timeout))
+            self._cancels.add(sent)
+            sent.add_done_callback(self._cancels.discard)
+        elif timeout is not None:
             timeout.reschedule(asyncio.get_running_loop().time())
+
+    async def _cancel_on(self, target: Runtime, request_id: str,
+                         deadline: asyncio.Timeout) -> None:
+        """Tell the runtime; its answer to the call follows. Abandon the call meanwhile
+        only when the runtime cannot be told, or after ``ping_timeout_s`` as a backstop."""
+        loop = asyncio.get_running_loop()
+        backstop_s = self._settings.runtime.ping_timeout_s
+        try:
+            there = await target.cancel(request_id, timeout_s=backstop_s)
+        except (ModelfleetError, TimeoutError, OSError) as exc:
+            log.info("cancelling %s on its runtime: %s", request_id, exc)
+            there = False
+        if not deadline.expired():
+            deadline.reschedule(loop.time() + (backstop_s if there else 0.0))
 
     async def run(self, delivery: Delivery) -> None:
         """Run one delivered task on its runtime and settle it: exactly one of reply and
@@ -91,7 +117,10 @@ class TaskRunner:
                 await self._settle_with_failure(delivery, refusal)
                 return
             # The least-loaded runtime holding the model (worker/spread.py), counted there.
-            runtime = self._supervisor.take(task.model_id)
+            # Suspect work goes to the quarantine runtime instead (worker/supervisor.py).
+            runtime = self._supervisor.take(task.model_id, suspect=task.suspect)
+            if self._supervisor.is_quarantine(runtime):
+                self.quarantined[task.model_id] += 1
             if not await runtime.wait_settled((task.deadline_ms - now_ms()) / 1000):
                 # Its runtime is (re)starting and the deadline passed meanwhile: nobody waits.
                 metrics.EXPIRED_TASKS.labels(task.model_id).inc()
@@ -116,11 +145,13 @@ class TaskRunner:
             except _Crashed as crashed:
                 # Stop pulling this runtime's queues first, so the task handed back goes to
                 # another worker or waits for the restart instead of bouncing straight back.
+                # (A crash in quarantine stops nothing: no queue is pulled for it.)
                 await self._stop_pulling(runtime)
-                await self._hand_back(delivery, crashed.error, crashed.alone)
+                await self._hand_back(delivery, crashed.error, crashed.alone,
+                                      self._supervisor.is_quarantine(runtime))
                 return
             self.last_served[task.model_id] = self._clock()
-            if task.expired():
+            if task.expired() or task.request_id in self._cancelled:
                 # Its caller's deadline passed while it ran (the runtime may have said so
                 # itself, at the same instant): nobody waits for a reply any more.
                 self._count_dropped(task)
@@ -151,11 +182,21 @@ class TaskRunner:
             raise
         finally:
             if runtime is not None:
+                if self._supervisor.is_quarantine(runtime):
+                    self.quarantined[task.model_id] -= 1
+                    if not self.quarantined[task.model_id]:
+                        del self.quarantined[task.model_id]
                 self._supervisor.done(task.model_id, runtime)
             self._deadlines.pop(task.request_id, None)
+            self._on_runtime.pop(task.request_id, None)
             self.running[task.model_id] -= 1
             if not self.running[task.model_id]:
                 del self.running[task.model_id]
+
+    def running_placed(self) -> set[str]:
+        """Models with a task in flight on a shared or own runtime (not in quarantine):
+        those a shared runtime's load slots and placement must count."""
+        return {m for m, n in self.running.items() if n > self.quarantined[m]}
 
     def _count_dropped(self, task: Task) -> None:
         self._task_log.dropped(task, "client_disconnected" if task.request_id in self._cancelled
@@ -225,8 +266,10 @@ class TaskRunner:
         task = delivery.task
         gate = self._gates.setdefault(runtime.name, SuspectGate())
         witness = self._witnesses.setdefault(runtime.name, CrashWitness())
+        # In quarantine every task runs alone: a crash there names its cause.
+        alone_only = task.suspect or self._supervisor.is_quarantine(runtime)
         while True:
-            async with gate.slot(suspect=task.suspect):
+            async with gate.slot(suspect=alone_only):
                 if runtime.ready and runtime.runtime is not None:
                     with witness.on_runtime() as alone:
                         try:
@@ -252,6 +295,7 @@ class TaskRunner:
         call = InferCall(delivery.body, task.delivery_count, tuple(manifest.accepts),
                          self.worker_id, queue_wait_ms)
         await self._supervisor.prepare(runtime, task.model_id)  # a miss: the pool makes room
+        self._on_runtime[task.request_id] = target
         try:
             return await target.infer(
                 call, timeout_s=remaining_s + self._settings.runtime.ping_timeout_s)
@@ -261,7 +305,8 @@ class TaskRunner:
             runtime.connection_lost()  # before the gate lets the next task in
             raise
 
-    async def _hand_back(self, delivery: Delivery, exc: RuntimeCrashed, alone: bool) -> None:
+    async def _hand_back(self, delivery: Delivery, exc: RuntimeCrashed, alone: bool,
+                         quarantined: bool = False) -> None:
         """A runtime crashed with this task in flight: charge it only if it was alone.
 
         The task goes back to its queue as a new message carrying its crash evidence
@@ -272,13 +317,28 @@ class TaskRunner:
         evidence, and the dead letter is classified deterministic. A task that keeps
         sharing crashes (the suspect gate makes that rare) is dead-lettered after twice
         as many, as transient.
+
+        A crash on the quarantine runtime, where every task runs alone, is that evidence
+        at its strongest: the task is dead-lettered once it has crashed a runtime alone
+        ``worker.quarantine_crash_limit`` times (one by default), so that a poison pill's
+        caller hears it within seconds. Its model's next tasks go to quarantine too for
+        a while (``RuntimeSupervisor.crashed_alone``), so that its next pill, which
+        nobody can tell from its innocents, crashes no shared runtime.
         """
         task = delivery.task
         limit = self._settings.broker.delivery_limit
         evidence = replace(task, crashes=task.crashes + 1,
                            crashes_alone=task.crashes_alone + (1 if alone else 0))
-        if evidence.crashes_alone > limit or evidence.crashes > 2 * limit + 1:
-            if evidence.crashes_alone > limit:
+        if alone:
+            self._supervisor.crashed_alone(task.model_id)
+        proven = quarantined and alone and evidence.crashes_alone >= min(
+            limit + 1, self._settings.worker.quarantine_crash_limit)
+        if proven or evidence.crashes_alone > limit or evidence.crashes > 2 * limit + 1:
+            if proven:
+                reason = (f"crashed the quarantine runtime, where it ran alone "
+                          f"({evidence.crashes_alone} of its {evidence.crashes} crashes "
+                          f"alone): {exc}")
+            elif evidence.crashes_alone > limit:
                 reason = (f"crashed its runtime alone on each of {evidence.crashes_alone} "
                           f"deliveries: {exc}")
             else:

@@ -1,0 +1,119 @@
+"""A crash stays with its cause: poison pills crash the quarantine runtime, not the
+shared one their bystanders need.
+
+Three ``crasher`` pills go out at once while clients loop on iris and banner with
+those models' own deadlines (their ``timeout_s``, no longer header). The pills share
+one crash of the shared runtime (nobody can tell a pill before it crashes anything);
+from then on they are suspects and run on the quarantine runtime, alone, where one
+crash each proves them: they get 500 ``runtime_crashed`` within seconds, and the
+shared runtime is not restarted again, so the bystanders are all answered 200.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tests.e2e.test_chaos import IRIS, broker, wait_for  # noqa: F401  (fixture)
+from tests.procs import metric_sum, serve
+
+PILLS = 3
+REQUESTS: dict[str, dict[str, Any]] = {
+    "iris": {"json": IRIS},
+    "banner": {"content": b"hi", "headers": {"content-type": "text/plain"}}}
+
+
+def _runtimes(base: str) -> dict[str, dict[str, Any]]:
+    workers = httpx.get(f"{base}/v1/fleet").json()["workers"]
+    return {r["name"]: r for r in workers[0]["runtimes"]}
+
+
+def test_pills_crash_the_quarantine_runtime_and_bystanders_keep_their_deadlines(
+        tmp_path: Path, broker: tuple[str, dict[str, str]]) -> None:  # noqa: F811
+    url, names = broker
+    proc, base = serve(tmp_path, broker=url, env={
+        "MODELFLEET_RUNTIME__PING_INTERVAL_S": "0.5",
+        "MODELFLEET_WORKER__RESTART_BACKOFF_MAX_S": "0.5", **names})
+    try:
+        async def scenario() -> tuple[list[httpx.Response], list[float],
+                                      list[tuple[str, float, httpx.Response]], float]:
+            async with httpx.AsyncClient(timeout=30) as client:
+                for model, body in REQUESTS.items():
+                    warm = await client.post(f"{base}/v1/models/{model}/infer", **body)
+                    assert warm.status_code == 200, warm.text
+                assert "quarantine" not in _runtimes(base)  # started on demand only
+                bystanders: list[tuple[str, float, httpx.Response]] = []
+                stop = asyncio.Event()
+
+                async def bystander(model: str) -> None:
+                    while not stop.is_set():  # no deadline header: the model's timeout_s
+                        at = time.monotonic()
+                        sent = await client.post(f"{base}/v1/models/{model}/infer",
+                                                 **REQUESTS[model])
+                        bystanders.append((model, at, sent))
+                        await asyncio.sleep(0.02)
+
+                async def pill() -> tuple[httpx.Response, float]:
+                    started = time.monotonic()
+                    answer = await client.post(
+                        f"{base}/v1/models/crasher/infer", content=b"CRASH",
+                        headers={"content-type": "text/plain", "x-request-timeout": "30"})
+                    return answer, time.monotonic() - started
+
+                loops = [asyncio.ensure_future(bystander(m))
+                         for m in ("iris", "iris", "iris", "banner", "banner")]
+                await asyncio.sleep(0.5)
+                pills = await asyncio.gather(*(pill() for _ in range(PILLS)))
+                answered = time.monotonic()
+                await asyncio.sleep(6)  # bystanders after the pills, too
+                stop.set()
+                await asyncio.gather(*loops)
+                return [p for p, _ in pills], [t for _, t in pills], bystanders, answered
+
+        pills, waited, bystanders, answered = asyncio.run(scenario())
+        for answer in pills:
+            assert answer.status_code == 500, answer.text
+            assert answer.json()["error"]["code"] == "runtime_crashed"
+            assert "quarantine" in answer.json()["error"]["message"]
+        assert max(waited) < 15, f"pill callers waited {waited}"
+        # The pills' first delivery crashes the shared runtime (nobody can tell a pill
+        # before it crashes something), and its models reload once: requests in that
+        # stall may miss their deadlines (docs/failure.md). Once the pills are answered,
+        # nothing of them touches the shared runtime any more.
+        after = [(m, r) for m, at, r in bystanders if at >= answered]
+        bad = [(m, r.status_code, r.text) for m, r in after if r.status_code != 200]
+        assert not bad, bad
+        assert {m for m, _ in after} == {"iris", "banner"}
+        runtimes = _runtimes(base)
+        # One crash of the shared runtime, the pills' first delivery, shared by all
+        # three; every later one was in quarantine.
+        assert runtimes["runtime-0"]["restarts"] <= 1, runtimes
+        assert runtimes["quarantine"]["restarts"] >= PILLS, runtimes
+        assert metric_sum(base, "modelfleet_worker_dead_lettered_total", model="crasher") \
+            == PILLS
+        assert metric_sum(base, "modelfleet_worker_dead_lettered_total", model="iris") == 0
+        assert metric_sum(base, "modelfleet_worker_dead_lettered_total", model="banner") == 0
+    finally:
+        proc.stop()
+
+
+def test_quarantine_runtime_stops_when_unused(tmp_path: Path) -> None:
+    proc, base = serve(tmp_path, env={
+        "MODELFLEET_RUNTIME__PING_INTERVAL_S": "0.5",
+        "MODELFLEET_WORKER__QUARANTINE_IDLE_S": "2"})
+    try:
+        answer = httpx.post(f"{base}/v1/models/crasher/infer", content=b"CRASH", timeout=30,
+                            headers={"content-type": "text/plain"})
+        assert answer.status_code == 500, answer.text
+        assert "quarantine" in _runtimes(base)
+        wait_for(lambda: "quarantine" not in _runtimes(base), timeout_s=20)
+        assert _runtimes(base)["runtime-0"]["restarts"] == 1
+        echo = httpx.post(f"{base}/v1/models/crasher/infer", content=b"hello", timeout=30,
+                          headers={"content-type": "text/plain"})
+        assert echo.status_code == 200, echo.text
+    finally:
+        proc.stop()
