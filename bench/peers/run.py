@@ -54,6 +54,8 @@ from typing import Any
 import httpx
 import psutil
 
+from modelfleet.devtools.rabbit_node import RabbitNode
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 sys.path.insert(0, str(HERE))
@@ -61,11 +63,10 @@ sys.path.insert(0, str(HERE))
 import catalog as cat  # noqa: E402
 import optimum  # noqa: E402
 import procs  # noqa: E402
-import rabbit  # noqa: E402
 import stats  # noqa: E402
 from report import render  # noqa: E402
 
-VENVS = HERE / ".venvs"
+VENVS = HERE / ".venvs"  # the default; --venvs DIR (or $BENCH_PEERS_VENVS) for others
 CACHE = HERE / ".cache"
 RESULTS = HERE / "results"
 SERVERS = HERE / "servers"
@@ -89,6 +90,7 @@ SYSTEMS = ["plain", "mlserver", "ray", "modelfleet", "modelfleet-amqp", "modelfl
 DEFAULT_SYSTEMS = [s for s in SYSTEMS if s != "modelfleet-mapped"]  # --mapped adds it
 SCALE_SYSTEMS = ["plain", "mlserver", "ray", "modelfleet", "modelfleet-amqp"]
 PRIVATE_RABBIT_FROM = 300  # models: from here on the amqp row gets a RabbitMQ of its own
+RABBIT_FD_LIMIT = 20_000  # the private node's `ulimit -n`
 VENV_OF = {"plain": "plain", "mlserver": "mlserver", "ray": "ray"}
 WORKLOADS = ["zipf-32", "warm-c1", "warm-c32"]
 BUDGET_FRACTION = 0.16
@@ -118,9 +120,10 @@ def log(message: str) -> None:
 
 # -- venvs ----------------------------------------------------------------------------------
 
-def ensure_venv(name: str, python: str, skip_build: bool) -> Path:
-    """bench/peers/.venvs/<name>, with its requirements installed (once: a stamp says so)."""
-    venv = VENVS / name
+def ensure_venv(name: str, python: str, skip_build: bool, root: Path = VENVS) -> Path:
+    """<root>/<name> (bench/peers/.venvs/<name>), with its requirements installed (once: a
+    stamp says so)."""
+    venv = root / name
     reqs = PEER_REQUIREMENTS[name]
     digest = hashlib.sha256(json.dumps(reqs).encode()).hexdigest()[:12]
     stamp = venv / f".bench-installed-{digest}"
@@ -255,9 +258,11 @@ class Bench:
         port = procs.free_port()
         load_log = self.run_dir / "plain" / "loads.log"
         env = {**self.base_env(load_log), "BENCH_CATALOG": str(self.catalog.root)}
-        argv = [str(venv / "bin" / "uvicorn"), "plain_app:app", "--app-dir", str(code),
-                "--host", "127.0.0.1", "--port", str(port), "--workers", str(WORKERS),
-                "--no-access-log", "--log-level", "warning"]
+        # The venv's console scripts run by its python, not by their shebang: a venv built
+        # elsewhere (--venvs) still works.
+        argv = [str(venv / "bin" / "python"), str(venv / "bin" / "uvicorn"), "plain_app:app",
+                "--app-dir", str(code), "--host", "127.0.0.1", "--port", str(port),
+                "--workers", str(WORKERS), "--no-access-log", "--log-level", "warning"]
         server = procs.Server("plain", argv, env, code, self.run_dir / "plain" / "server.log")
         base = f"http://127.0.0.1:{port}"
         run = Running([server], base, "plain", load_log,
@@ -287,7 +292,8 @@ class Bench:
                 "parameters": {"uri": str(self.catalog.artifact(name))}}))
         load_log = self.run_dir / "mlserver" / "loads.log"
         env = {**self.base_env(load_log), "PYTHONPATH": str(code)}
-        argv = [str(venv / "bin" / "mlserver"), "start", str(folder)]
+        argv = [str(venv / "bin" / "python"), str(venv / "bin" / "mlserver"), "start",
+                str(folder)]
         server = procs.Server("mlserver", argv, env, code,
                               self.run_dir / "mlserver" / "server.log")
         base = f"http://127.0.0.1:{http_port}"
@@ -399,17 +405,14 @@ class Bench:
                  "MODELFLEET_BROKER__EVENTS_EXCHANGE": f"{prefix}events",
                  "MODELFLEET_BROKER__DEAD_LETTER_QUEUE": f"{prefix}dead-letters"}
         amqp, broker_settings = self.args.amqp, {"broker": "rabbitmq"}
-        node: rabbit.PrivateRabbit | None = None
+        node: RabbitNode | None = None
         if self.args.private_rabbit_on:
-            node = rabbit.PrivateRabbit(keep_logs_in=self.run_dir / name / "rabbitmq")
-            log(f"{name}: starting a private RabbitMQ node {node.node} on port {node.port} "
-                f"(ulimit -n {rabbit.NOFILE})")
-            node.start()
-            self.broker_pids = [node.popen.pid] if node.popen else []
+            node = start_private_rabbit(self.run_dir / name / "rabbitmq")
+            self.broker_pids = [node.pid] if node.pid else []
             amqp = node.url
-            broker_settings.update({"private_node": node.node, "amqp_port": node.port,
+            broker_settings.update({"private_node": node.node_name, "amqp_port": node.port,
                                     "node_startup_s": round(node.startup_s or 0, 1),
-                                    "node_fd_limit": node.descriptor_limit()})
+                                    "node_fd_limit": node_fd_limit(node)})
         else:
             broker_settings["amqp"] = amqp
         env = {**self.modelfleet_env(load_log, budget, amqp), **names}
@@ -440,12 +443,8 @@ class Bench:
             self.args.start_timeout_s, probe=probe("modelfleet", run.base, self.hot))
         return run
 
-    def stop_private_rabbit(self, node: rabbit.PrivateRabbit) -> None:
-        log(f"stopping the private RabbitMQ node {node.node}")
-        try:
-            node.stop()
-        except Exception as exc:
-            log(f"could not stop the private RabbitMQ node {node.node}: {exc!r}")
+    def stop_private_rabbit(self, node: RabbitNode) -> None:
+        stop_private_rabbit(node)
         self.broker_pids = []
 
     def delete_amqp(self, queues: list[str], exchanges: list[str]) -> None:
@@ -667,6 +666,42 @@ class Bench:
         return stats.fold_prometheus("\n".join(texts))
 
 
+def start_private_rabbit(folder: Path) -> RabbitNode:
+    """A RabbitMQ node of the run's own (``modelfleet.devtools.rabbit_node``): own name,
+    free ports, its config, data and logs under ``folder``, ``ulimit -n 20000``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    node = RabbitNode(folder, fd_limit=RABBIT_FD_LIMIT)
+    log(f"starting a private RabbitMQ node {node.node_name} (ulimit -n {RABBIT_FD_LIMIT})")
+    try:
+        node.start(timeout_s=120)  # stops what it started when it fails
+    except BaseException:
+        shutil.rmtree(folder / "mnesia", ignore_errors=True)  # the logs stay
+        raise
+    log(f"private RabbitMQ node {node.node_name} on port {node.port}, up in "
+        f"{node.startup_s or 0:.1f}s")
+    return node
+
+
+def node_fd_limit(node: RabbitNode) -> int | None:
+    """The node's own limit on open files, as it reports it (``rabbitmqctl status``)."""
+    try:
+        return node.resources().file_descriptor_limit
+    except Exception as exc:
+        log(f"could not read the private node's descriptor limit: {exc!r}")
+        return None
+
+
+def stop_private_rabbit(node: RabbitNode) -> None:
+    """Stop the node (its whole process group) and drop its data; its logs stay in the
+    run folder."""
+    log(f"stopping the private RabbitMQ node {node.node_name}")
+    try:
+        node.stop()
+    except Exception as exc:
+        log(f"could not stop the private RabbitMQ node {node.node_name}: {exc!r}")
+    shutil.rmtree(node.base_dir / "mnesia", ignore_errors=True)
+
+
 def load_log_window(path: Path, t0: float, t1: float) -> tuple[int, int]:
     """Loads and bytes of the load log's lines stamped within [t0, t1) (unix seconds)."""
     loads = loaded = 0
@@ -786,6 +821,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--python", default=shutil.which("python3") or sys.executable,
                    help="interpreter the peers' venvs are made with")
     p.add_argument("--skip-build", action="store_true", help="reuse the venvs; build none")
+    p.add_argument("--venvs", type=Path,
+                   default=Path(os.environ.get("BENCH_PEERS_VENVS") or VENVS),
+                   help="folder of the peers' venvs (default bench/peers/.venvs, or "
+                        "$BENCH_PEERS_VENVS): reuse ones built in another checkout")
     p.add_argument("--no-save", action="store_true", help="write no results file")
     args = p.parse_args(argv)
     if args.scale:
@@ -842,7 +881,7 @@ def main(argv: list[str] | None = None) -> int:
         bench_venvs: dict[str, Path] = {}
         needed = {"loadgen"} | {VENV_OF[s] for s in args.systems if s in VENV_OF}
         for name in sorted(needed):
-            bench_venvs[name] = ensure_venv(name, args.python, args.skip_build)
+            bench_venvs[name] = ensure_venv(name, args.python, args.skip_build, args.venvs)
         bench = Bench(args)
         bench.venvs = bench_venvs
         log(f"catalog: {len(bench.models)} models, {bench.total_bytes / 2**20:.1f} MiB in all; "

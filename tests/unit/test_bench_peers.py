@@ -18,7 +18,6 @@ import json
 import math
 import os
 import random
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -33,7 +32,6 @@ try:
     import mlp
     import optimum
     import procs
-    import rabbit
     import run as bench_run
     import stats
     from report import render
@@ -41,7 +39,9 @@ finally:
     sys.path.remove(str(PEERS))
 
 from modelfleet import Context, LocalModel  # noqa: E402
+from modelfleet.devtools.rabbit_node import RabbitNodeError  # noqa: E402
 from modelfleet.repository.manifest import load_manifest  # noqa: E402
+from tests.private_rabbit import require_rabbitmq_server  # noqa: E402
 
 MiB = 1024 * 1024
 
@@ -521,20 +521,19 @@ def test_load_log_window_counts_lines_and_bytes_in_the_window(tmp_path: Path) ->
 
 # -- the private RabbitMQ node ------------------------------------------------------------------
 
-def test_private_rabbit_fails_clearly_without_rabbitmq(tmp_path: Path) -> None:
-    node = rabbit.PrivateRabbit(server="no-such-rabbitmq-server")
-    with pytest.raises(rabbit.RabbitFailed, match="not installed"):
-        node.start()
-    assert not node.folder.exists()  # nothing left behind in /tmp
-
-
 def test_private_rabbit_node_has_its_own_port_and_limit_and_goes_away(tmp_path: Path) -> None:
+    """The bench's amqp row on a node of its own (modelfleet.devtools.rabbit_node): not the
+    shared port, a raised limit, and after the row nothing of it runs and its data is gone
+    while its logs stay in the run folder."""
     aio_pika = pytest.importorskip("aio_pika")
-    with rabbit.PrivateRabbit(keep_logs_in=tmp_path / "logs") as node:
-        folder = node.folder
-        assert node.port != 5672 and node.dist_port < 55_536
-        limit = node.descriptor_limit()
+    require_rabbitmq_server()
+    folder = tmp_path / "modelfleet-amqp" / "rabbitmq"
+    node = bench_run.start_private_rabbit(folder)
+    try:
+        assert node.port != 5672 and node.dist_port + 10_000 < 65_536  # room for rabbitmqctl
+        limit = bench_run.node_fd_limit(node)
         assert limit is not None and limit > 10_000, limit  # not the shared node's 1,024
+        assert node.startup_s is not None and node.startup_s > 0
 
         async def declare() -> int:
             connection = await aio_pika.connect(node.url, timeout=30)
@@ -546,12 +545,14 @@ def test_private_rabbit_node_has_its_own_port_and_limit_and_goes_away(tmp_path: 
             finally:
                 await connection.close()
         assert asyncio.run(declare()) == 0
-        pid = node.popen.pid if node.popen else -1
-    assert node.popen is not None and node.popen.poll() is not None
+        pid = node.pid
+        assert pid is not None
+    finally:
+        bench_run.stop_private_rabbit(node)
+    assert node.pid is None
     with pytest.raises(ProcessLookupError):
         os.killpg(pid, 0)  # the node's whole process group is gone
-    assert not folder.exists()  # its data went with it; its logs were kept
-    assert any(p.name.endswith(".log") for p in (tmp_path / "logs").iterdir())
-    done = subprocess.run(["rabbitmqctl", "-n", node.node, "status"], capture_output=True,
-                          text=True, timeout=60, check=False)
-    assert done.returncode != 0
+    assert not (folder / "mnesia").exists()  # its data went with it; its logs were kept
+    assert any(p.name.endswith(".log") for p in (folder / "log").iterdir())
+    with pytest.raises(RabbitNodeError):
+        node.ctl("status", timeout_s=60)
