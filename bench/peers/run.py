@@ -70,7 +70,7 @@ VENVS = HERE / ".venvs"  # the default; --venvs DIR (or $BENCH_PEERS_VENVS) for 
 CACHE = HERE / ".cache"
 RESULTS = HERE / "results"
 SERVERS = HERE / "servers"
-MODELFLEET_VENV = ROOT / ".venv"
+MODELFLEET_VENV = ROOT / ".venv"  # the default; --mf-venv DIR for another
 
 PEER_REQUIREMENTS: dict[str, list[str]] = {
     "plain": ["uvicorn[standard]", "starlette", "numpy"],
@@ -335,8 +335,16 @@ class Bench:
 
     # -- modelfleet -------------------------------------------------------------------------
 
-    def modelfleet_env(self, load_log: Path, budget: int, broker: str) -> dict[str, str]:
+    def modelfleet_src_env(self, load_log: Path) -> dict[str, str]:
+        """The base environment with this checkout's src/ first on the path: the code
+        measured is the checkout's, whichever venv (--mf-venv) runs it."""
         env = self.base_env(load_log)
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(ROOT / "src"), *filter(None, [env.get("PYTHONPATH")])])
+        return env
+
+    def modelfleet_env(self, load_log: Path, budget: int, broker: str) -> dict[str, str]:
+        env = self.modelfleet_src_env(load_log)
         env.update({
             "MODELFLEET_BROKER": broker,
             "MODELFLEET_LOG_LEVEL": "warning",
@@ -360,7 +368,7 @@ class Bench:
         load_log = self.run_dir / name / "loads.log"
         env = self.modelfleet_env(load_log, budget, "memory")
         repo = repo or self.repo
-        argv = [str(MODELFLEET_VENV / "bin" / "modelfleet"), "serve", "--repo", str(repo),
+        argv = [str(self.args.mf_venv / "bin" / "modelfleet"), "serve", "--repo", str(repo),
                 "--broker", "memory", "--host", "127.0.0.1", "--port", str(port),
                 "--runtimes", str(WORKERS)]
         server = procs.Server(name, argv, env, ROOT, self.run_dir / name / "server.log")
@@ -377,8 +385,8 @@ class Bench:
         """Why the mapped-weights row cannot run on this build (None: it can)."""
         code = (f"import modelfleet, sys; sys.exit(0 if hasattr(modelfleet.Context, "
                 f"{cat.MAPPED_API!r}) else 3)")
-        done = subprocess.run([str(MODELFLEET_VENV / "bin" / "python"), "-c", code],
-                              env=self.base_env(self.run_dir / "probe.log"),
+        done = subprocess.run([str(self.args.mf_venv / "bin" / "python"), "-c", code],
+                              env=self.modelfleet_src_env(self.run_dir / "probe.log"),
                               capture_output=True, text=True, check=False)
         if done.returncode == 0:
             return None
@@ -416,7 +424,7 @@ class Bench:
         else:
             broker_settings["amqp"] = amqp
         env = {**self.modelfleet_env(load_log, budget, amqp), **names}
-        mf = str(MODELFLEET_VENV / "bin" / "modelfleet")
+        mf = str(self.args.mf_venv / "bin" / "modelfleet")
         run = Running([], f"http://127.0.0.1:{port}", "modelfleet", load_log,
                       [f"http://127.0.0.1:{port}/metrics",
                        f"http://127.0.0.1:{probe_port}/metrics"],
@@ -626,6 +634,7 @@ class Bench:
         requests = out.get("requests_started") or 0
         costs["load_log_window"] = {"loads": loads, "bytes": loaded}
         costs["bytes_loaded_per_request"] = round(loaded / requests, 1) if requests else None
+        costs.update(metric_load_bytes(out.get("metrics_delta"), loaded, requests))
         if optimum_for and out.get("requests_per_model"):
             warm = out.get("warmup_requests_per_model") or {}
             pooled = optimum.static_optimum(out["requests_per_model"], self.sizes,
@@ -664,6 +673,27 @@ class Bench:
             except httpx.HTTPError as exc:
                 texts.append(f"# {url}: {exc!r}")
         return stats.fold_prometheus("\n".join(texts))
+
+
+LOAD_BYTES_METRIC = "modelfleet_model_load_bytes_total"
+STORAGE_SOURCES = ("repository", "disk")  # loads that read storage ('host': a promotion)
+
+
+def metric_load_bytes(delta: dict[str, float] | None, log_bytes: int,
+                      requests: int) -> dict[str, Any]:
+    """Bytes loaded in the window from modelfleet's own counter (by source), where the
+    build exports it, beside the load log's figure as a cross-check (the counter measures
+    a package at its load; the log, the four arrays the shared code read)."""
+    if delta is None:
+        return {}
+    by_source = stats.metric_by_label(delta, LOAD_BYTES_METRIC, "source")
+    if not by_source:
+        return {}
+    storage = sum(by_source.get(s, 0.0) for s in STORAGE_SOURCES)
+    return {"metric_load_bytes_window": {"by_source": by_source, "storage_bytes": storage},
+            "bytes_loaded_per_request_metric": round(storage / requests, 1) if requests
+            else None,
+            "metric_over_load_log": round(storage / log_bytes, 3) if log_bytes else None}
 
 
 def start_private_rabbit(folder: Path) -> RabbitNode:
@@ -753,6 +783,7 @@ def summary_row(system: str, result: dict[str, Any]) -> dict[str, Any]:
         "startup_s": result.get("startup_s"),
         "zipf_cpu_ms_per_request": zipf.get("cpu_ms_per_request"),
         "zipf_bytes_per_request": zipf.get("bytes_loaded_per_request"),
+        "zipf_bytes_per_request_metric": zipf.get("bytes_loaded_per_request_metric"),
         "zipf_loads_log": (zipf.get("load_log_window") or {}).get("loads"),
     }
     rss = result.get("rss") or {}
@@ -825,6 +856,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    default=Path(os.environ.get("BENCH_PEERS_VENVS") or VENVS),
                    help="folder of the peers' venvs (default bench/peers/.venvs, or "
                         "$BENCH_PEERS_VENVS): reuse ones built in another checkout")
+    p.add_argument("--mf-venv", type=Path, default=MODELFLEET_VENV,
+                   help="the venv whose `modelfleet` runs this checkout's src/ (default the "
+                        "checkout's .venv; a git worktree without one: the main checkout's)")
     p.add_argument("--no-save", action="store_true", help="write no results file")
     args = p.parse_args(argv)
     if args.scale:
@@ -888,7 +922,7 @@ def main(argv: list[str] | None = None) -> int:
             f"run folder {bench.run_dir.relative_to(ROOT)}")
         versions = {name: versions_in(venv / "bin" / "python", PEER_PACKAGES[name])
                     for name, venv in bench_venvs.items()}
-        versions["modelfleet"] = {**versions_in(MODELFLEET_VENV / "bin" / "python",
+        versions["modelfleet"] = {**versions_in(args.mf_venv / "bin" / "python",
                                                 PEER_PACKAGES["modelfleet"]), **git_describe()}
         interrupted = False
         try:

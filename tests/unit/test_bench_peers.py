@@ -305,11 +305,38 @@ def test_table_labels_an_unavailable_row_and_compares_cpu_and_bytes() -> None:
     assert "warm c1" not in table  # no warm workloads ran: no empty columns for them
     assert any(line.startswith("| modelfleet | 150.0 |") and "| 100 / 300 / 250 |" in line
                for line in lines), table
-    assert any(line.startswith("| modelfleet-mapped | not available |") for line in lines)
+    # The mapped row is labelled apart (not the shared load code) and says why it is missing.
+    assert any(line.startswith("| modelfleet-mapped † | not available |") for line in lines)
+    assert any(line.startswith("† modelfleet-mapped: not the shared load code") for line in lines)
     # Against Ray: 3x the req/s, the same p99, a quarter of the CPU per request, same RSS.
     assert any(line.startswith("| modelfleet | 3.00x | 1.00x | 0.25x | 1.00x |")
                for line in lines), table
     assert "static optimum 0.100 MB" in table and "= 1.10x" in table
+    assert "modelfleet_model_load_bytes_total" not in table  # a build without the counter
+
+
+def test_bytes_loaded_from_the_counter_beside_the_load_log() -> None:
+    delta = stats.fold_prometheus(
+        'modelfleet_model_load_bytes_total{source="repository"} 3000000\n'
+        'modelfleet_model_load_bytes_total{source="disk"} 1000000\n'
+        'modelfleet_model_load_bytes_total{source="host"} 500000\n'
+        'modelfleet_model_loads_total{source="repository"} 3\n')
+    assert stats.metric_by_label(delta, "modelfleet_model_load_bytes_total", "source") == {
+        "repository": 3e6, "disk": 1e6, "host": 5e5}
+    costs = bench_run.metric_load_bytes(delta, log_bytes=3_900_000, requests=100)
+    # Storage reads only (a promotion from host memory is not a load from storage).
+    assert costs["metric_load_bytes_window"]["storage_bytes"] == 4e6
+    assert costs["bytes_loaded_per_request_metric"] == 40_000.0
+    assert costs["metric_over_load_log"] == round(4e6 / 3.9e6, 3)
+    # A build without the counter: nothing, and the load log's figure stands alone.
+    assert bench_run.metric_load_bytes(stats.fold_prometheus(
+        'modelfleet_model_loads_total{source="repository"} 3\n'), 10, 1) == {}
+    assert bench_run.metric_load_bytes(None, 10, 1) == {}
+    summary = {"system": "modelfleet", "summary": {
+        "system": "modelfleet", "zipf_rps": 1.0, "zipf_bytes_per_request": 39_000.0,
+        "zipf_bytes_per_request_metric": 40_000.0, "zipf_optimum_bytes_per_request": 20_000.0}}
+    table = render({"systems": [summary], "catalog": {}, "machine": {}, "durations": {}})
+    assert "modelfleet_model_load_bytes_total says 0.040 MB" in table
 
 
 # -- the static optimum -----------------------------------------------------------------------
