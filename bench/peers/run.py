@@ -355,13 +355,15 @@ class Bench:
             # by default for `gateway`).
             "MODELFLEET_TENANCY__AUTH": "off",
         })
+        env.update(self.args.mf_env)  # --mf-env: recorded in the row's settings
         return env
 
     def mf_settings(self, budget: int) -> dict[str, Any]:
         return {"shared_runtimes": WORKERS, "device_budget_bytes_per_runtime": budget,
                 "device_budget_fraction_of_catalog": round(budget / self.total_bytes, 3),
                 "host_budget_bytes_per_runtime": self.args.mf_host_budget_bytes,
-                "batching": {"max_batch_size": 16, "max_delay_ms": 0}, "permits": 16}
+                "batching": {"max_batch_size": 16, "max_delay_ms": 0}, "permits": 16,
+                **({"extra_env": dict(self.args.mf_env)} if self.args.mf_env else {})}
 
     def start_modelfleet(self, name: str, budget: int, repo: Path | None = None) -> Running:
         port = procs.free_port()
@@ -856,13 +858,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    default=Path(os.environ.get("BENCH_PEERS_VENVS") or VENVS),
                    help="folder of the peers' venvs (default bench/peers/.venvs, or "
                         "$BENCH_PEERS_VENVS): reuse ones built in another checkout")
+    p.add_argument("--mf-env", action="append", default=[], metavar="MODELFLEET_X=V",
+                   help="an extra setting for every modelfleet process (repeatable; recorded "
+                        "in the row's settings), e.g. MODELFLEET_RUNTIME__RSS_MARGIN=1")
     p.add_argument("--mf-venv", type=Path, default=MODELFLEET_VENV,
                    help="the venv whose `modelfleet` runs this checkout's src/ (default the "
                         "checkout's .venv; a git worktree without one: the main checkout's)")
     p.add_argument("--no-save", action="store_true", help="write no results file")
+    p.add_argument("--results", type=Path, default=None, metavar="PATH",
+                   help="write the results JSON there instead of results/latest*.json")
     args = p.parse_args(argv)
     if args.scale:
         args.models = cat.SCALE_MODELS
+    pairs = [item.partition("=") for item in args.mf_env]
+    if any(not key.startswith("MODELFLEET_") or not eq for key, eq, _ in pairs):
+        p.error("--mf-env takes MODELFLEET_NAME=VALUE")
+    args.mf_env = {key: value for key, _, value in pairs}
     if args.models < 1:
         p.error("--models must be >= 1")
     if args.sizes is None:
@@ -955,7 +966,11 @@ def main(argv: list[str] | None = None) -> int:
     table = render(results)
     results["table_markdown"] = table
     print(table)
-    if not args.no_save:
+    if args.results is not None:
+        args.results.parent.mkdir(parents=True, exist_ok=True)
+        args.results.write_text(json.dumps(results, indent=1) + "\n")
+        log(f"wrote {args.results}")
+    elif not args.no_save:
         RESULTS.mkdir(exist_ok=True)
         variant = "" if args.models == cat.N_MODELS and args.sizes == "large" else \
             f"-{args.models}-{args.sizes}"

@@ -448,6 +448,17 @@ def test_scale_flag_sets_the_variant_and_keeps_the_default() -> None:
     assert "modelfleet-mapped" not in default.systems
     mapped = bench_run.parse_args(["--mapped"])
     assert mapped.systems.index("modelfleet-mapped") == mapped.systems.index("modelfleet") + 1
+
+
+def test_extra_modelfleet_settings_must_be_modelfleet_variables(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    args = bench_run.parse_args(["--mf-env", "MODELFLEET_RUNTIME__RSS_MARGIN=1",
+                                 "--mf-env", "MODELFLEET_X=a=b"])
+    assert args.mf_env == {"MODELFLEET_RUNTIME__RSS_MARGIN": "1", "MODELFLEET_X": "a=b"}
+    for bad in ("RSS_MARGIN=1", "MODELFLEET_RUNTIME__RSS_MARGIN"):
+        with pytest.raises(SystemExit):
+            bench_run.parse_args(["--mf-env", bad])
+        assert "--mf-env takes MODELFLEET_NAME=VALUE" in capsys.readouterr().err
     small50 = bench_run.parse_args(["--models", "50", "--sizes", "small"])
     assert bench_run.catalog_dir(50, "small") != bench_run.catalog_dir(50, "large")
     assert small50.workloads == ["zipf-32"]
