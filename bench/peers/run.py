@@ -3,7 +3,10 @@
     .venv/bin/python bench/peers/run.py [--quick] [--only plain,modelfleet,...]
                                         [--measure-s 45] [--warmup-s 5] [--skip-build]
                                         [--models 5000 | --scale] [--sizes small|large]
-                                        [--mapped]
+                                        [--mapped] [--venvs DIR] [--mf-venv DIR]
+                                        [--mf-env MODELFLEET_X=V] [--results PATH]
+
+The two final runs, bounded and with their expected wall time: bench/peers/final.sh.
 
 The scale variant (`--models 5000`, or `--scale`; issue 23): 5,000 MLPs of 20 KB-1 MB,
 zipf-32 only, the systems plain, mlserver, ray (800 models per replica: the same 16 %
