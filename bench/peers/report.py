@@ -8,6 +8,15 @@ from typing import Any
 from stats import ratio
 
 MODELFLEETS = ("modelfleet", "modelfleet-amqp", "modelfleet-fits", "modelfleet-mapped")
+# Rows that do not use the shared load code, shown apart (issue 20) with this note.
+APART = {"modelfleet-mapped": (
+    "not the shared load code: its handlers map their four `.npy` arrays with "
+    "`ctx.map_array` (no copy; pages read on first touch), so its MB loaded/req are bytes "
+    "mapped, not read; compare it with `modelfleet`, the same settings with the shared code")}
+
+
+def label(name: str) -> str:
+    return f"{name} †" if name in APART else name
 
 
 def fmt(value: Any, digits: int = 1) -> str:
@@ -79,12 +88,12 @@ def render(results: dict[str, Any]) -> str:
         if name == "amqp-rtt":
             continue
         if r.get("error") and r.get("zipf_rps") is None:
-            label = "not available" if r.get("not_available") else "failed"
-            body.append([name, *([label] + ["-"] * (len(header) - 2))])
+            why = "not available" if r.get("not_available") else "failed"
+            body.append([label(name), *([why] + ["-"] * (len(header) - 2))])
             continue
         errors = "-" if r.get("zipf_errors") is None else \
             f"{r.get('zipf_errors')} / {r.get('zipf_timeouts')}"
-        cells = [name, fmt(r.get("zipf_rps")), fmt(r.get("zipf_p50_ms")),
+        cells = [label(name), fmt(r.get("zipf_rps")), fmt(r.get("zipf_p50_ms")),
                  fmt(r.get("zipf_p99_ms")), errors, fmt(r.get("zipf_loads")),
                  mb(r.get("zipf_bytes_per_request"), 3), fmt(r.get("zipf_cpu_ms_per_request")),
                  rss_cell(r)]
@@ -93,6 +102,9 @@ def render(results: dict[str, Any]) -> str:
         cells += [fmt(r.get("startup_s"))]
         body.append(cells)
     lines += _table(header, body)
+    for name, note in APART.items():
+        if name in rows:
+            lines += ["", f"† {name}: {note}."]
 
     plain = rows.get("plain")
     if plain and plain.get("zipf_rps") is not None:
@@ -102,7 +114,7 @@ def render(results: dict[str, Any]) -> str:
         for name, r in rows.items():
             if name in ("plain", "amqp-rtt"):
                 continue
-            cells = [name, fx(ratio(r.get("zipf_rps"), plain.get("zipf_rps"))),
+            cells = [label(name), fx(ratio(r.get("zipf_rps"), plain.get("zipf_rps"))),
                      fx(ratio(r.get("zipf_p99_ms"), plain.get("zipf_p99_ms")))]
             if warm:
                 cells += [fx(ratio(r.get("c1_p50_ms"), plain.get("c1_p50_ms"))),
@@ -124,7 +136,7 @@ def render(results: dict[str, Any]) -> str:
         body = []
         for n in ours:
             r = rows[n]
-            cells = [n]
+            cells = [label(n)]
             for p in peers:
                 q = rows[p]
                 cells += [fx(ratio(r.get("zipf_rps"), q.get("zipf_rps"))),
@@ -147,7 +159,10 @@ def render(results: dict[str, Any]) -> str:
             f"{mb(r['zipf_optimum_bytes_per_request'], 3)} MB (LP bound "
             f"{mb(r.get('zipf_optimum_bound_bytes_per_request'), 3)}; with no reserve "
             f"{mb(r.get('zipf_optimum_no_reserve_bytes_per_request'), 3)}): measured ÷ "
-            f"optimum = {fx(ratio(measured, r['zipf_optimum_bytes_per_request']))}")
+            f"optimum = {fx(ratio(measured, r['zipf_optimum_bytes_per_request']))}"
+            + (f"; modelfleet_model_load_bytes_total says "
+               f"{mb(r['zipf_bytes_per_request_metric'], 3)} MB"
+               if r.get("zipf_bytes_per_request_metric") is not None else ""))
     if optimum_lines:
         lines += ["", "Bytes loaded per request against the static optimum for the same trace "
                   f"(the best fixed resident set in the pooled budget, {mb(budget, 0)} MB = "

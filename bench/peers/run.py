@@ -3,7 +3,10 @@
     .venv/bin/python bench/peers/run.py [--quick] [--only plain,modelfleet,...]
                                         [--measure-s 45] [--warmup-s 5] [--skip-build]
                                         [--models 5000 | --scale] [--sizes small|large]
-                                        [--mapped]
+                                        [--mapped] [--venvs DIR] [--mf-venv DIR]
+                                        [--mf-env MODELFLEET_X=V] [--results PATH]
+
+The two final runs, bounded and with their expected wall time: bench/peers/final.sh.
 
 The scale variant (`--models 5000`, or `--scale`; issue 23): 5,000 MLPs of 20 KB-1 MB,
 zipf-32 only, the systems plain, mlserver, ray (800 models per replica: the same 16 %
@@ -54,6 +57,8 @@ from typing import Any
 import httpx
 import psutil
 
+from modelfleet.devtools.rabbit_node import RabbitNode
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 sys.path.insert(0, str(HERE))
@@ -61,15 +66,14 @@ sys.path.insert(0, str(HERE))
 import catalog as cat  # noqa: E402
 import optimum  # noqa: E402
 import procs  # noqa: E402
-import rabbit  # noqa: E402
 import stats  # noqa: E402
 from report import render  # noqa: E402
 
-VENVS = HERE / ".venvs"
+VENVS = HERE / ".venvs"  # the default; --venvs DIR (or $BENCH_PEERS_VENVS) for others
 CACHE = HERE / ".cache"
 RESULTS = HERE / "results"
 SERVERS = HERE / "servers"
-MODELFLEET_VENV = ROOT / ".venv"
+MODELFLEET_VENV = ROOT / ".venv"  # the default; --mf-venv DIR for another
 
 PEER_REQUIREMENTS: dict[str, list[str]] = {
     "plain": ["uvicorn[standard]", "starlette", "numpy"],
@@ -89,6 +93,7 @@ SYSTEMS = ["plain", "mlserver", "ray", "modelfleet", "modelfleet-amqp", "modelfl
 DEFAULT_SYSTEMS = [s for s in SYSTEMS if s != "modelfleet-mapped"]  # --mapped adds it
 SCALE_SYSTEMS = ["plain", "mlserver", "ray", "modelfleet", "modelfleet-amqp"]
 PRIVATE_RABBIT_FROM = 300  # models: from here on the amqp row gets a RabbitMQ of its own
+RABBIT_FD_LIMIT = 20_000  # the private node's `ulimit -n`
 VENV_OF = {"plain": "plain", "mlserver": "mlserver", "ray": "ray"}
 WORKLOADS = ["zipf-32", "warm-c1", "warm-c32"]
 BUDGET_FRACTION = 0.16
@@ -118,9 +123,10 @@ def log(message: str) -> None:
 
 # -- venvs ----------------------------------------------------------------------------------
 
-def ensure_venv(name: str, python: str, skip_build: bool) -> Path:
-    """bench/peers/.venvs/<name>, with its requirements installed (once: a stamp says so)."""
-    venv = VENVS / name
+def ensure_venv(name: str, python: str, skip_build: bool, root: Path = VENVS) -> Path:
+    """<root>/<name> (bench/peers/.venvs/<name>), with its requirements installed (once: a
+    stamp says so)."""
+    venv = root / name
     reqs = PEER_REQUIREMENTS[name]
     digest = hashlib.sha256(json.dumps(reqs).encode()).hexdigest()[:12]
     stamp = venv / f".bench-installed-{digest}"
@@ -255,9 +261,11 @@ class Bench:
         port = procs.free_port()
         load_log = self.run_dir / "plain" / "loads.log"
         env = {**self.base_env(load_log), "BENCH_CATALOG": str(self.catalog.root)}
-        argv = [str(venv / "bin" / "uvicorn"), "plain_app:app", "--app-dir", str(code),
-                "--host", "127.0.0.1", "--port", str(port), "--workers", str(WORKERS),
-                "--no-access-log", "--log-level", "warning"]
+        # The venv's console scripts run by its python, not by their shebang: a venv built
+        # elsewhere (--venvs) still works.
+        argv = [str(venv / "bin" / "python"), str(venv / "bin" / "uvicorn"), "plain_app:app",
+                "--app-dir", str(code), "--host", "127.0.0.1", "--port", str(port),
+                "--workers", str(WORKERS), "--no-access-log", "--log-level", "warning"]
         server = procs.Server("plain", argv, env, code, self.run_dir / "plain" / "server.log")
         base = f"http://127.0.0.1:{port}"
         run = Running([server], base, "plain", load_log,
@@ -287,7 +295,8 @@ class Bench:
                 "parameters": {"uri": str(self.catalog.artifact(name))}}))
         load_log = self.run_dir / "mlserver" / "loads.log"
         env = {**self.base_env(load_log), "PYTHONPATH": str(code)}
-        argv = [str(venv / "bin" / "mlserver"), "start", str(folder)]
+        argv = [str(venv / "bin" / "python"), str(venv / "bin" / "mlserver"), "start",
+                str(folder)]
         server = procs.Server("mlserver", argv, env, code,
                               self.run_dir / "mlserver" / "server.log")
         base = f"http://127.0.0.1:{http_port}"
@@ -329,8 +338,16 @@ class Bench:
 
     # -- modelfleet -------------------------------------------------------------------------
 
-    def modelfleet_env(self, load_log: Path, budget: int, broker: str) -> dict[str, str]:
+    def modelfleet_src_env(self, load_log: Path) -> dict[str, str]:
+        """The base environment with this checkout's src/ first on the path: the code
+        measured is the checkout's, whichever venv (--mf-venv) runs it."""
         env = self.base_env(load_log)
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(ROOT / "src"), *filter(None, [env.get("PYTHONPATH")])])
+        return env
+
+    def modelfleet_env(self, load_log: Path, budget: int, broker: str) -> dict[str, str]:
+        env = self.modelfleet_src_env(load_log)
         env.update({
             "MODELFLEET_BROKER": broker,
             "MODELFLEET_LOG_LEVEL": "warning",
@@ -341,20 +358,22 @@ class Bench:
             # by default for `gateway`).
             "MODELFLEET_TENANCY__AUTH": "off",
         })
+        env.update(self.args.mf_env)  # --mf-env: recorded in the row's settings
         return env
 
     def mf_settings(self, budget: int) -> dict[str, Any]:
         return {"shared_runtimes": WORKERS, "device_budget_bytes_per_runtime": budget,
                 "device_budget_fraction_of_catalog": round(budget / self.total_bytes, 3),
                 "host_budget_bytes_per_runtime": self.args.mf_host_budget_bytes,
-                "batching": {"max_batch_size": 16, "max_delay_ms": 0}, "permits": 16}
+                "batching": {"max_batch_size": 16, "max_delay_ms": 0}, "permits": 16,
+                **({"extra_env": dict(self.args.mf_env)} if self.args.mf_env else {})}
 
     def start_modelfleet(self, name: str, budget: int, repo: Path | None = None) -> Running:
         port = procs.free_port()
         load_log = self.run_dir / name / "loads.log"
         env = self.modelfleet_env(load_log, budget, "memory")
         repo = repo or self.repo
-        argv = [str(MODELFLEET_VENV / "bin" / "modelfleet"), "serve", "--repo", str(repo),
+        argv = [str(self.args.mf_venv / "bin" / "modelfleet"), "serve", "--repo", str(repo),
                 "--broker", "memory", "--host", "127.0.0.1", "--port", str(port),
                 "--runtimes", str(WORKERS)]
         server = procs.Server(name, argv, env, ROOT, self.run_dir / name / "server.log")
@@ -371,8 +390,8 @@ class Bench:
         """Why the mapped-weights row cannot run on this build (None: it can)."""
         code = (f"import modelfleet, sys; sys.exit(0 if hasattr(modelfleet.Context, "
                 f"{cat.MAPPED_API!r}) else 3)")
-        done = subprocess.run([str(MODELFLEET_VENV / "bin" / "python"), "-c", code],
-                              env=self.base_env(self.run_dir / "probe.log"),
+        done = subprocess.run([str(self.args.mf_venv / "bin" / "python"), "-c", code],
+                              env=self.modelfleet_src_env(self.run_dir / "probe.log"),
                               capture_output=True, text=True, check=False)
         if done.returncode == 0:
             return None
@@ -399,21 +418,18 @@ class Bench:
                  "MODELFLEET_BROKER__EVENTS_EXCHANGE": f"{prefix}events",
                  "MODELFLEET_BROKER__DEAD_LETTER_QUEUE": f"{prefix}dead-letters"}
         amqp, broker_settings = self.args.amqp, {"broker": "rabbitmq"}
-        node: rabbit.PrivateRabbit | None = None
+        node: RabbitNode | None = None
         if self.args.private_rabbit_on:
-            node = rabbit.PrivateRabbit(keep_logs_in=self.run_dir / name / "rabbitmq")
-            log(f"{name}: starting a private RabbitMQ node {node.node} on port {node.port} "
-                f"(ulimit -n {rabbit.NOFILE})")
-            node.start()
-            self.broker_pids = [node.popen.pid] if node.popen else []
+            node = start_private_rabbit(self.run_dir / name / "rabbitmq")
+            self.broker_pids = [node.pid] if node.pid else []
             amqp = node.url
-            broker_settings.update({"private_node": node.node, "amqp_port": node.port,
+            broker_settings.update({"private_node": node.node_name, "amqp_port": node.port,
                                     "node_startup_s": round(node.startup_s or 0, 1),
-                                    "node_fd_limit": node.descriptor_limit()})
+                                    "node_fd_limit": node_fd_limit(node)})
         else:
             broker_settings["amqp"] = amqp
         env = {**self.modelfleet_env(load_log, budget, amqp), **names}
-        mf = str(MODELFLEET_VENV / "bin" / "modelfleet")
+        mf = str(self.args.mf_venv / "bin" / "modelfleet")
         run = Running([], f"http://127.0.0.1:{port}", "modelfleet", load_log,
                       [f"http://127.0.0.1:{port}/metrics",
                        f"http://127.0.0.1:{probe_port}/metrics"],
@@ -440,12 +456,8 @@ class Bench:
             self.args.start_timeout_s, probe=probe("modelfleet", run.base, self.hot))
         return run
 
-    def stop_private_rabbit(self, node: rabbit.PrivateRabbit) -> None:
-        log(f"stopping the private RabbitMQ node {node.node}")
-        try:
-            node.stop()
-        except Exception as exc:
-            log(f"could not stop the private RabbitMQ node {node.node}: {exc!r}")
+    def stop_private_rabbit(self, node: RabbitNode) -> None:
+        stop_private_rabbit(node)
         self.broker_pids = []
 
     def delete_amqp(self, queues: list[str], exchanges: list[str]) -> None:
@@ -627,6 +639,7 @@ class Bench:
         requests = out.get("requests_started") or 0
         costs["load_log_window"] = {"loads": loads, "bytes": loaded}
         costs["bytes_loaded_per_request"] = round(loaded / requests, 1) if requests else None
+        costs.update(metric_load_bytes(out.get("metrics_delta"), loaded, requests))
         if optimum_for and out.get("requests_per_model"):
             warm = out.get("warmup_requests_per_model") or {}
             pooled = optimum.static_optimum(out["requests_per_model"], self.sizes,
@@ -665,6 +678,63 @@ class Bench:
             except httpx.HTTPError as exc:
                 texts.append(f"# {url}: {exc!r}")
         return stats.fold_prometheus("\n".join(texts))
+
+
+LOAD_BYTES_METRIC = "modelfleet_model_load_bytes_total"
+STORAGE_SOURCES = ("repository", "disk")  # loads that read storage ('host': a promotion)
+
+
+def metric_load_bytes(delta: dict[str, float] | None, log_bytes: int,
+                      requests: int) -> dict[str, Any]:
+    """Bytes loaded in the window from modelfleet's own counter (by source), where the
+    build exports it, beside the load log's figure as a cross-check (the counter measures
+    a package at its load; the log, the four arrays the shared code read)."""
+    if delta is None:
+        return {}
+    by_source = stats.metric_by_label(delta, LOAD_BYTES_METRIC, "source")
+    if not by_source:
+        return {}
+    storage = sum(by_source.get(s, 0.0) for s in STORAGE_SOURCES)
+    return {"metric_load_bytes_window": {"by_source": by_source, "storage_bytes": storage},
+            "bytes_loaded_per_request_metric": round(storage / requests, 1) if requests
+            else None,
+            "metric_over_load_log": round(storage / log_bytes, 3) if log_bytes else None}
+
+
+def start_private_rabbit(folder: Path) -> RabbitNode:
+    """A RabbitMQ node of the run's own (``modelfleet.devtools.rabbit_node``): own name,
+    free ports, its config, data and logs under ``folder``, ``ulimit -n 20000``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    node = RabbitNode(folder, fd_limit=RABBIT_FD_LIMIT)
+    log(f"starting a private RabbitMQ node {node.node_name} (ulimit -n {RABBIT_FD_LIMIT})")
+    try:
+        node.start(timeout_s=120)  # stops what it started when it fails
+    except BaseException:
+        shutil.rmtree(folder / "mnesia", ignore_errors=True)  # the logs stay
+        raise
+    log(f"private RabbitMQ node {node.node_name} on port {node.port}, up in "
+        f"{node.startup_s or 0:.1f}s")
+    return node
+
+
+def node_fd_limit(node: RabbitNode) -> int | None:
+    """The node's own limit on open files, as it reports it (``rabbitmqctl status``)."""
+    try:
+        return node.resources().file_descriptor_limit
+    except Exception as exc:
+        log(f"could not read the private node's descriptor limit: {exc!r}")
+        return None
+
+
+def stop_private_rabbit(node: RabbitNode) -> None:
+    """Stop the node (its whole process group) and drop its data; its logs stay in the
+    run folder."""
+    log(f"stopping the private RabbitMQ node {node.node_name}")
+    try:
+        node.stop()
+    except Exception as exc:
+        log(f"could not stop the private RabbitMQ node {node.node_name}: {exc!r}")
+    shutil.rmtree(node.base_dir / "mnesia", ignore_errors=True)
 
 
 def load_log_window(path: Path, t0: float, t1: float) -> tuple[int, int]:
@@ -718,6 +788,7 @@ def summary_row(system: str, result: dict[str, Any]) -> dict[str, Any]:
         "startup_s": result.get("startup_s"),
         "zipf_cpu_ms_per_request": zipf.get("cpu_ms_per_request"),
         "zipf_bytes_per_request": zipf.get("bytes_loaded_per_request"),
+        "zipf_bytes_per_request_metric": zipf.get("bytes_loaded_per_request_metric"),
         "zipf_loads_log": (zipf.get("load_log_window") or {}).get("loads"),
     }
     rss = result.get("rss") or {}
@@ -786,10 +857,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--python", default=shutil.which("python3") or sys.executable,
                    help="interpreter the peers' venvs are made with")
     p.add_argument("--skip-build", action="store_true", help="reuse the venvs; build none")
+    p.add_argument("--venvs", type=Path,
+                   default=Path(os.environ.get("BENCH_PEERS_VENVS") or VENVS),
+                   help="folder of the peers' venvs (default bench/peers/.venvs, or "
+                        "$BENCH_PEERS_VENVS): reuse ones built in another checkout")
+    p.add_argument("--mf-env", action="append", default=[], metavar="MODELFLEET_X=V",
+                   help="an extra setting for every modelfleet process (repeatable; recorded "
+                        "in the row's settings), e.g. MODELFLEET_RUNTIME__RSS_MARGIN=1")
+    p.add_argument("--mf-venv", type=Path, default=MODELFLEET_VENV,
+                   help="the venv whose `modelfleet` runs this checkout's src/ (default the "
+                        "checkout's .venv; a git worktree without one: the main checkout's)")
     p.add_argument("--no-save", action="store_true", help="write no results file")
+    p.add_argument("--results", type=Path, default=None, metavar="PATH",
+                   help="write the results JSON there instead of results/latest*.json")
     args = p.parse_args(argv)
     if args.scale:
         args.models = cat.SCALE_MODELS
+    pairs = [item.partition("=") for item in args.mf_env]
+    if any(not key.startswith("MODELFLEET_") or not eq for key, eq, _ in pairs):
+        p.error("--mf-env takes MODELFLEET_NAME=VALUE")
+    args.mf_env = {key: value for key, _, value in pairs}
     if args.models < 1:
         p.error("--models must be >= 1")
     if args.sizes is None:
@@ -842,14 +929,14 @@ def main(argv: list[str] | None = None) -> int:
         bench_venvs: dict[str, Path] = {}
         needed = {"loadgen"} | {VENV_OF[s] for s in args.systems if s in VENV_OF}
         for name in sorted(needed):
-            bench_venvs[name] = ensure_venv(name, args.python, args.skip_build)
+            bench_venvs[name] = ensure_venv(name, args.python, args.skip_build, args.venvs)
         bench = Bench(args)
         bench.venvs = bench_venvs
         log(f"catalog: {len(bench.models)} models, {bench.total_bytes / 2**20:.1f} MiB in all; "
             f"run folder {bench.run_dir.relative_to(ROOT)}")
         versions = {name: versions_in(venv / "bin" / "python", PEER_PACKAGES[name])
                     for name, venv in bench_venvs.items()}
-        versions["modelfleet"] = {**versions_in(MODELFLEET_VENV / "bin" / "python",
+        versions["modelfleet"] = {**versions_in(args.mf_venv / "bin" / "python",
                                                 PEER_PACKAGES["modelfleet"]), **git_describe()}
         interrupted = False
         try:
@@ -882,7 +969,11 @@ def main(argv: list[str] | None = None) -> int:
     table = render(results)
     results["table_markdown"] = table
     print(table)
-    if not args.no_save:
+    if args.results is not None:
+        args.results.parent.mkdir(parents=True, exist_ok=True)
+        args.results.write_text(json.dumps(results, indent=1) + "\n")
+        log(f"wrote {args.results}")
+    elif not args.no_save:
         RESULTS.mkdir(exist_ok=True)
         variant = "" if args.models == cat.N_MODELS and args.sizes == "large" else \
             f"-{args.models}-{args.sizes}"

@@ -132,6 +132,20 @@ def metric_total(folded: dict[str, float], name: str, **labels: str) -> float | 
     return total if seen else None
 
 
+def metric_by_label(folded: dict[str, float], name: str, label: str) -> dict[str, float]:
+    """A folded metric's entries summed per value of ``label`` (e.g. loads by source)."""
+    out: dict[str, float] = {}
+    pattern = re.compile(rf'(?:^|,){re.escape(label)}="((?:[^"\\]|\\.)*)"')
+    for key, value in folded.items():
+        base, _, rest = key.partition("{")
+        if base != name:
+            continue
+        match = pattern.search(rest.rstrip("}"))
+        if match:
+            out[match.group(1)] = out.get(match.group(1), 0.0) + value
+    return out
+
+
 def counter_delta(start: dict[str, float], end: dict[str, float]) -> dict[str, float]:
     """end - start for the counters (``*_total``, ``*_count``, ``*_sum``) in ``end``."""
     return {key: round(value - start.get(key, 0.0), 6) for key, value in end.items()

@@ -18,7 +18,6 @@ import json
 import math
 import os
 import random
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -33,7 +32,6 @@ try:
     import mlp
     import optimum
     import procs
-    import rabbit
     import run as bench_run
     import stats
     from report import render
@@ -41,7 +39,9 @@ finally:
     sys.path.remove(str(PEERS))
 
 from modelfleet import Context, LocalModel  # noqa: E402
+from modelfleet.devtools.rabbit_node import RabbitNodeError  # noqa: E402
 from modelfleet.repository.manifest import load_manifest  # noqa: E402
+from tests.private_rabbit import require_rabbitmq_server  # noqa: E402
 
 MiB = 1024 * 1024
 
@@ -305,11 +305,38 @@ def test_table_labels_an_unavailable_row_and_compares_cpu_and_bytes() -> None:
     assert "warm c1" not in table  # no warm workloads ran: no empty columns for them
     assert any(line.startswith("| modelfleet | 150.0 |") and "| 100 / 300 / 250 |" in line
                for line in lines), table
-    assert any(line.startswith("| modelfleet-mapped | not available |") for line in lines)
+    # The mapped row is labelled apart (not the shared load code) and says why it is missing.
+    assert any(line.startswith("| modelfleet-mapped † | not available |") for line in lines)
+    assert any(line.startswith("† modelfleet-mapped: not the shared load code") for line in lines)
     # Against Ray: 3x the req/s, the same p99, a quarter of the CPU per request, same RSS.
     assert any(line.startswith("| modelfleet | 3.00x | 1.00x | 0.25x | 1.00x |")
                for line in lines), table
     assert "static optimum 0.100 MB" in table and "= 1.10x" in table
+    assert "modelfleet_model_load_bytes_total" not in table  # a build without the counter
+
+
+def test_bytes_loaded_from_the_counter_beside_the_load_log() -> None:
+    delta = stats.fold_prometheus(
+        'modelfleet_model_load_bytes_total{source="repository"} 3000000\n'
+        'modelfleet_model_load_bytes_total{source="disk"} 1000000\n'
+        'modelfleet_model_load_bytes_total{source="host"} 500000\n'
+        'modelfleet_model_loads_total{source="repository"} 3\n')
+    assert stats.metric_by_label(delta, "modelfleet_model_load_bytes_total", "source") == {
+        "repository": 3e6, "disk": 1e6, "host": 5e5}
+    costs = bench_run.metric_load_bytes(delta, log_bytes=3_900_000, requests=100)
+    # Storage reads only (a promotion from host memory is not a load from storage).
+    assert costs["metric_load_bytes_window"]["storage_bytes"] == 4e6
+    assert costs["bytes_loaded_per_request_metric"] == 40_000.0
+    assert costs["metric_over_load_log"] == round(4e6 / 3.9e6, 3)
+    # A build without the counter: nothing, and the load log's figure stands alone.
+    assert bench_run.metric_load_bytes(stats.fold_prometheus(
+        'modelfleet_model_loads_total{source="repository"} 3\n'), 10, 1) == {}
+    assert bench_run.metric_load_bytes(None, 10, 1) == {}
+    summary = {"system": "modelfleet", "summary": {
+        "system": "modelfleet", "zipf_rps": 1.0, "zipf_bytes_per_request": 39_000.0,
+        "zipf_bytes_per_request_metric": 40_000.0, "zipf_optimum_bytes_per_request": 20_000.0}}
+    table = render({"systems": [summary], "catalog": {}, "machine": {}, "durations": {}})
+    assert "modelfleet_model_load_bytes_total says 0.040 MB" in table
 
 
 # -- the static optimum -----------------------------------------------------------------------
@@ -421,6 +448,17 @@ def test_scale_flag_sets_the_variant_and_keeps_the_default() -> None:
     assert "modelfleet-mapped" not in default.systems
     mapped = bench_run.parse_args(["--mapped"])
     assert mapped.systems.index("modelfleet-mapped") == mapped.systems.index("modelfleet") + 1
+
+
+def test_extra_modelfleet_settings_must_be_modelfleet_variables(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    args = bench_run.parse_args(["--mf-env", "MODELFLEET_RUNTIME__RSS_MARGIN=1",
+                                 "--mf-env", "MODELFLEET_X=a=b"])
+    assert args.mf_env == {"MODELFLEET_RUNTIME__RSS_MARGIN": "1", "MODELFLEET_X": "a=b"}
+    for bad in ("RSS_MARGIN=1", "MODELFLEET_RUNTIME__RSS_MARGIN"):
+        with pytest.raises(SystemExit):
+            bench_run.parse_args(["--mf-env", bad])
+        assert "--mf-env takes MODELFLEET_NAME=VALUE" in capsys.readouterr().err
     small50 = bench_run.parse_args(["--models", "50", "--sizes", "small"])
     assert bench_run.catalog_dir(50, "small") != bench_run.catalog_dir(50, "large")
     assert small50.workloads == ["zipf-32"]
@@ -521,20 +559,19 @@ def test_load_log_window_counts_lines_and_bytes_in_the_window(tmp_path: Path) ->
 
 # -- the private RabbitMQ node ------------------------------------------------------------------
 
-def test_private_rabbit_fails_clearly_without_rabbitmq(tmp_path: Path) -> None:
-    node = rabbit.PrivateRabbit(server="no-such-rabbitmq-server")
-    with pytest.raises(rabbit.RabbitFailed, match="not installed"):
-        node.start()
-    assert not node.folder.exists()  # nothing left behind in /tmp
-
-
 def test_private_rabbit_node_has_its_own_port_and_limit_and_goes_away(tmp_path: Path) -> None:
+    """The bench's amqp row on a node of its own (modelfleet.devtools.rabbit_node): not the
+    shared port, a raised limit, and after the row nothing of it runs and its data is gone
+    while its logs stay in the run folder."""
     aio_pika = pytest.importorskip("aio_pika")
-    with rabbit.PrivateRabbit(keep_logs_in=tmp_path / "logs") as node:
-        folder = node.folder
-        assert node.port != 5672 and node.dist_port < 55_536
-        limit = node.descriptor_limit()
+    require_rabbitmq_server()
+    folder = tmp_path / "modelfleet-amqp" / "rabbitmq"
+    node = bench_run.start_private_rabbit(folder)
+    try:
+        assert node.port != 5672 and node.dist_port + 10_000 < 65_536  # room for rabbitmqctl
+        limit = bench_run.node_fd_limit(node)
         assert limit is not None and limit > 10_000, limit  # not the shared node's 1,024
+        assert node.startup_s is not None and node.startup_s > 0
 
         async def declare() -> int:
             connection = await aio_pika.connect(node.url, timeout=30)
@@ -546,12 +583,14 @@ def test_private_rabbit_node_has_its_own_port_and_limit_and_goes_away(tmp_path: 
             finally:
                 await connection.close()
         assert asyncio.run(declare()) == 0
-        pid = node.popen.pid if node.popen else -1
-    assert node.popen is not None and node.popen.poll() is not None
+        pid = node.pid
+        assert pid is not None
+    finally:
+        bench_run.stop_private_rabbit(node)
+    assert node.pid is None
     with pytest.raises(ProcessLookupError):
         os.killpg(pid, 0)  # the node's whole process group is gone
-    assert not folder.exists()  # its data went with it; its logs were kept
-    assert any(p.name.endswith(".log") for p in (tmp_path / "logs").iterdir())
-    done = subprocess.run(["rabbitmqctl", "-n", node.node, "status"], capture_output=True,
-                          text=True, timeout=60, check=False)
-    assert done.returncode != 0
+    assert not (folder / "mnesia").exists()  # its data went with it; its logs were kept
+    assert any(p.name.endswith(".log") for p in (folder / "log").iterdir())
+    with pytest.raises(RabbitNodeError):
+        node.ctl("status", timeout_s=60)

@@ -1,4 +1,4 @@
-"""The private RabbitMQ node's failure paths: each a RabbitNodeError saying why."""
+"""The private RabbitMQ node: its failure paths (each a RabbitNodeError saying why), its ports."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from modelfleet.devtools.rabbit_node import RabbitNode, RabbitNodeError
+from modelfleet.devtools.rabbit_node import DIST_PORT_RANGE, RabbitNode, RabbitNodeError, free_port
 from tests.private_rabbit import require_rabbitmq_server
 
 
@@ -26,3 +26,21 @@ def test_a_node_that_dies_while_booting_says_so_and_leaves_nothing_running(
         node.start(timeout_s=60)
     node.stop()  # idempotent after a failed start
 
+
+
+def test_the_distribution_port_leaves_rabbitmqctl_its_own() -> None:
+    # rabbitmqctl listens on the node's distribution port + 10,000: above 55,535 it has none.
+    low, high = DIST_PORT_RANGE
+    assert high + 10_000 <= 65_536
+    ports = {free_port(low, high) for _ in range(20)}
+    assert all(low <= port < high for port in ports)
+
+
+def test_no_free_port_in_a_range_is_a_clear_error() -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        port = taken.getsockname()[1]
+        with pytest.raises(RabbitNodeError, match="no free port"):
+            free_port(port, port + 1)

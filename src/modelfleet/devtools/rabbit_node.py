@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -36,6 +37,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 DEFAULT_FD_LIMIT = 20_000
+# The CLI tools (rabbitmqctl) take their own distribution port at the node's + 10,000
+# (RABBITMQ_CTL_DIST_PORT_MIN): a node's port above 55,535 would leave them none.
+DIST_PORT_RANGE = (20_000, 30_000)
 
 
 class RabbitNodeError(RuntimeError):
@@ -53,12 +57,22 @@ class NodeResources:
     rss_bytes: int  # the beam process's resident set (0 where /proc cannot tell)
 
 
-def free_port() -> int:
-    """A loopback TCP port nobody listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+def free_port(low: int = 0, high: int = 0) -> int:
+    """A loopback TCP port nobody listens on right now; within [low, high) when given."""
+    if not low:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port: int = sock.getsockname()[1]
+            return port
+    for _ in range(200):
+        port = random.randrange(low, high)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RabbitNodeError(f"no free port in [{low}, {high})")
 
 
 def _script(name: str) -> str:
@@ -84,6 +98,7 @@ class RabbitNode:
         self.dist_port = 0
         self._process: subprocess.Popen[bytes] | None = None
         self._log_path = base_dir / "server.out"
+        self.startup_s: float | None = None  # how long the last start took to accept
 
     @classmethod
     @contextlib.contextmanager
@@ -100,8 +115,14 @@ class RabbitNode:
     def url(self) -> str:
         return f"amqp://guest:guest@127.0.0.1:{self.port}/"
 
+    @property
+    def pid(self) -> int | None:
+        """The node's process (the root of its process tree) while it runs."""
+        return None if self._process is None else self._process.pid
+
     def _env(self) -> dict[str, str]:
-        env = dict(os.environ)
+        # Nothing of the caller's RABBITMQ_* settings (they describe the shared node).
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RABBITMQ_")}
         env.update({
             "RABBITMQ_NODENAME": self.node_name,
             "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
@@ -127,7 +148,7 @@ class RabbitNode:
                                   "(apt-get install rabbitmq-server)")
         for sub in ("mnesia", "log"):
             (self.base_dir / sub).mkdir(parents=True, exist_ok=True)
-        self.port, self.dist_port = free_port(), free_port()
+        self.port, self.dist_port = free_port(), free_port(*DIST_PORT_RANGE)
         (self.base_dir / "rabbitmq.conf").write_text(
             f"listeners.tcp.local = 127.0.0.1:{self.port}\n"
             "loopback_users.guest = true\n")
@@ -138,13 +159,17 @@ class RabbitNode:
             cookie.write_text(uuid.uuid4().hex)
             cookie.chmod(0o400)
         with self._log_path.open("wb") as out:
-            # A shell of our own raises the soft limit (the hard one must allow it), then
-            # becomes the server; its own session, so stop() can end all of it by group.
+            # A shell of our own raises the soft limit (the hard one must allow it; root
+            # may raise the hard one too), then becomes the server; its own session, so
+            # stop() can end all of it by group.
+            raise_limit = (f"{{ ulimit -S -n {self.fd_limit} 2>/dev/null || "
+                           f"ulimit -n {self.fd_limit}; }}")
             self._process = subprocess.Popen(
-                ["bash", "-c", f'ulimit -S -n {self.fd_limit} && exec "$0"', self._server],
+                ["bash", "-c", f'{raise_limit} && exec "$0"', self._server],
                 env=self._env(), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True)
-        deadline = time.monotonic() + timeout_s
+        started = time.monotonic()
+        deadline = started + timeout_s
         try:
             while True:
                 if self._process.poll() is not None:
@@ -159,6 +184,7 @@ class RabbitNode:
                      str(max(1, int(min(left, 10))))],
                     env=self._env(), capture_output=True, timeout=left + 15, check=False)
                 if done.returncode == 0 and self._accepts():
+                    self.startup_s = time.monotonic() - started
                     return
                 time.sleep(0.5)
         except BaseException:
@@ -230,3 +256,7 @@ class RabbitNode:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(process.pid, signal.SIGKILL)
                 process.wait(timeout=10)
+        # Erlang's helpers (erl_child_setup, inet_gethost) share the node's process group
+        # and may outlive it: nothing of the node is left running.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGKILL)
