@@ -420,3 +420,27 @@ async def test_a_promotion_whose_host_copy_is_dropped_while_it_waits_loads_afres
     assert sources.count("host") == 0  # a came back from the repository, not from nothing
     assert await infer(host, "a", x) == before
     books_match(host)
+
+
+async def test_a_budget_moved_away_during_a_load_does_not_fail_its_request(
+        tmp_path: Path) -> None:
+    """The worker's pool lowers this runtime's budget (``set_budgets``) below a pinned
+    model and a load in flight: the load lands and its request is served; the next load
+    evicts down to the new budget."""
+    package(tmp_path, "keep", 3, pinned=True)
+    package(tmp_path, "a", 3, load_s=0.5)
+    package(tmp_path, "b", 1)
+    host = host_for(tmp_path, 7, 0)
+    x = [0.5] * 64
+    await infer(host, "keep", x)
+    loading = asyncio.create_task(infer(host, "a", x))
+    await until(lambda: host.cache.reservation("a@1") is not None, "a's load started")
+    await host.set_budgets(5 * MiB, 0)
+    assert len(await loading) == 4
+    assert host.tier_of("a", "1") == "device"
+    books_match(host)
+    await infer(host, "b", x)  # evicts a: back within the budget
+    assert host.tier_of("a", "1") is None and host.tier_of("keep", "1") == "device"
+    snap = host.cache.snapshot()
+    assert snap.device_used_bytes <= 5 * MiB
+    books_match(host)
