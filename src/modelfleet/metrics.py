@@ -124,6 +124,10 @@ MODEL_LOADS = Counter("modelfleet_model_loads_total",
                       "Model loads, by source: 'repository' and 'disk' (the worker's disk "
                       "cache) read storage; 'host' is a promotion from host memory (a copy)",
                       ["source"])
+MODEL_LOAD_BYTES = Counter("modelfleet_model_load_bytes_total",
+                           "Bytes of models loaded (as measured at each load), by source as "
+                           "modelfleet_model_loads_total labels it; divide by requests for "
+                           "bytes loaded per request", ["source"])
 MODEL_LOAD_SECONDS = Histogram("modelfleet_model_load_seconds", "Model load duration, by source",
                                ["source"], buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
                                                     30, 60, 120, 300))

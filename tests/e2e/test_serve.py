@@ -231,6 +231,30 @@ def test_probes_and_metrics(server: str) -> None:
     assert len(fleet) == 1 and fleet[0]["permits_cap"] == 16
 
 
+def test_bytes_loaded_are_counted_by_source(server: str) -> None:
+    """/metrics says how many bytes the loads read, by the loads counter's sources: a
+    model loaded from storage counts at least its package's bytes (on CPU a load
+    measures at least that much)."""
+    package = sum(f.stat().st_size for f in (ROOT / "examples" / "models" / "iris").rglob("*")
+                  if f.is_file() and "__pycache__" not in f.parts)
+    response = httpx.post(f"{server}/v1/models/iris/infer",
+                          json={"features": [5.1, 3.5, 1.4, 0.2]}, timeout=60)
+    assert response.status_code == 200, response.text
+    deadline = time.monotonic() + 30
+    while metric_sum(server, "modelfleet_model_loads_total") == 0:  # counted at a re-score
+        assert time.monotonic() < deadline, "no load on /metrics"
+        time.sleep(0.2)
+    loads = {source: metric_sum(server, "modelfleet_model_loads_total", source=source)
+             for source in ("repository", "disk", "host")}
+    loaded = {source: metric_sum(server, "modelfleet_model_load_bytes_total", source=source)
+              for source in loads}
+    for source, count in loads.items():
+        assert (loaded[source] > 0) == (count > 0), (loads, loaded)
+    assert loaded["repository"] + loaded["disk"] >= package, (loaded, package)
+    text = httpx.get(f"{server}/metrics").text
+    assert "# TYPE modelfleet_model_load_bytes_total counter" in text
+
+
 async def _burst(base: str) -> list[tuple[str, httpx.Response]]:
     seven = (ROOT / "examples" / "seven.png").read_bytes()
     calls = []

@@ -197,3 +197,37 @@ def test_commit_refuses_what_cannot_stay_and_leaves_it_unaccounted() -> None:
         cache.commit("pinned-too", 50 * MB, 1.0, "disk")
     snap = cache.snapshot()
     assert snap.device == {"pinned": 60 * MB} and snap.pinned == {"pinned"}
+
+
+def test_a_load_keeps_the_room_it_reserved_when_the_budget_is_cut_under_it() -> None:
+    """A worker moves budget away from a runtime while a load there is in flight: the
+    load still lands (the request it serves does not fail), the unpinned residents give
+    way, and the next load evicts down to the new budget."""
+    cache = make_cache(device=100 * MB)
+    load(cache, "pinned", 40 * MB, pinned=True)
+    load(cache, "old", 20 * MB)
+    cache.reserve("new", 30 * MB)
+    cut = cache.set_budgets(50 * MB)  # below the pinned model and the load in flight
+    assert [(ev.action, ev.model_id) for ev in cut] == [("drop", "old")]
+    assert cache.commit("new", 30 * MB, 1.0, "disk") == []
+    snap = cache.snapshot()
+    assert snap.device == {"pinned": 40 * MB, "new": 30 * MB}  # 70 MB over a 50 MB budget
+    assert load(cache, "next", 5 * MB) == ["drop:new"]  # the next load evicts down
+    snap = cache.snapshot()
+    assert snap.device_used_bytes + snap.device_reserved_bytes <= 50 * MB
+
+
+def test_a_budget_cut_below_a_load_in_flight_does_not_refuse_it() -> None:
+    cache = make_cache(device=100 * MB)
+    cache.reserve("big", 60 * MB)
+    cache.set_budgets(40 * MB)  # below the model itself: new loads of it are refused...
+    assert cache.commit("big", 55 * MB, 1.0, "disk") == []  # ...this one keeps its room
+    assert cache.tier_of("big") == "device"
+    cache.remove("big")
+    with pytest.raises(ModelTooLarge, match="whole device budget is 40000000"):
+        cache.reserve("big", 55 * MB)
+    # Above its reservation a load is held to the budget as before.
+    cache.reserve("liar", 10 * MB)
+    cache.set_budgets(30 * MB)
+    with pytest.raises(ModelTooLarge, match="'liar' needs 35000000 bytes"):
+        cache.commit("liar", 35 * MB, 1.0, "disk")

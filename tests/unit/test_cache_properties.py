@@ -1,8 +1,11 @@
-"""Random reserve/commit/release/hit/remove sequences against ModelCache.
+"""Random reserve/commit/release/hit/remove/set_budgets/shed sequences against ModelCache.
 
 A mirror of "physical" memory carries out every returned Eviction in order, as
 the runtime would, and must always agree with the cache's books; neither tier
-may ever be over its budget, not even between two actions of one list.
+may ever be over its budget, not even between two actions of one list, except
+by what a budget cut could not take (pinned models and loads in flight, which
+keep the room they reserved): the device tier never grows past its level at the cut,
+and a load that measured within its reservation is always resident after commit.
 """
 
 from __future__ import annotations
@@ -44,6 +47,9 @@ class CacheMachine(RuleBasedStateMachine):
         self.device: dict[str, int] = {}
         self.host: dict[str, int] = {}
         self.pinned_resident: set[str] = set()
+        # Device bytes (resident + reserved) left above the budget by the last cut, if any:
+        # the tier may stay over its budget by that much, never more, until back within.
+        self.over_cut = 0
 
     def carry_out(self, actions: list[Eviction]) -> None:
         for ev in actions:
@@ -53,7 +59,12 @@ class CacheMachine(RuleBasedStateMachine):
             if ev.action == "demote":
                 assert ev.from_tier == "device"
                 self.host[ev.model_id] = ev.size_bytes
-            assert sum(self.host.values()) <= self.host_budget
+            assert sum(self.host.values()) <= self.cache.host_budget_bytes + self.promoting()
+
+    def promoting(self) -> int:
+        """Host bytes of promotions in flight: protected from a host budget cut."""
+        return sum(self.host.get(m, 0) for m, r in self.cache.snapshot().reserved.items()
+                   if r.promotion)
 
     @rule(model_id=IDS, size=SIZES, pinned=st.booleans())
     def reserve(self, model_id: str, size: int, pinned: bool) -> None:
@@ -65,7 +76,7 @@ class CacheMachine(RuleBasedStateMachine):
         try:
             actions = self.cache.reserve(model_id, size, pinned)
         except ModelTooLarge as exc:
-            assert model_id in str(exc) and str(DEVICE_BUDGET) in str(exc)
+            assert model_id in str(exc) and str(self.cache.device_budget_bytes) in str(exc)
             assert self.cache.snapshot() == before
             return
         except NoCapacity:
@@ -76,7 +87,7 @@ class CacheMachine(RuleBasedStateMachine):
         if reservation is not None:
             # Room for the load must exist physically once the actions are done.
             in_flight = self.cache.snapshot().device_reserved_bytes
-            assert sum(self.device.values()) + in_flight <= DEVICE_BUDGET
+            assert sum(self.device.values()) + in_flight <= self.cache.device_budget_bytes
             assert reservation.promotion == (model_id in self.host)
 
     @rule(model_id=IDS, measured=SIZES, seconds=st.floats(0, 10), source=SOURCES)
@@ -91,9 +102,13 @@ class CacheMachine(RuleBasedStateMachine):
         try:
             actions = self.cache.commit(model_id, measured, seconds, source)
         except (ModelTooLarge, NoCapacity):
-            return  # not resident; the runtime unloads what it loaded
+            # Not resident; the runtime unloads what it loaded. Never within its room.
+            assert measured > reservation.size_bytes
+            return
         self.device[model_id] = measured
         self.carry_out(actions)
+        if measured <= reservation.size_bytes:  # a load keeps the room it reserved
+            assert self.cache.tier_of(model_id) == "device"
         assert self.cache.last_measured_bytes(model_id) == measured
         # An unpin while the load was in flight cancels the pin it asked for.
         if (reservation.pinned and self.cache.is_pinned(model_id)
@@ -135,6 +150,33 @@ class CacheMachine(RuleBasedStateMachine):
         self.cache.unpin(model_id)
         self.pinned_resident.discard(model_id)
 
+    @rule(device=st.integers(min_value=0, max_value=120),
+          host=st.integers(min_value=0, max_value=80))
+    def set_budgets(self, device: int, host: int) -> None:
+        """A worker moves budget between its runtimes, with loads in flight or not."""
+        actions = self.cache.set_budgets(device, host)
+        self.carry_out(actions)
+        assert all(ev.model_id not in self.pinned_resident for ev in actions)
+        snap = self.cache.snapshot()
+        held = snap.device_used_bytes + snap.device_reserved_bytes
+        if held > device:  # only what a cut cannot take is left
+            unpinned = set(snap.device) - snap.pinned
+            assert not unpinned, unpinned
+        self.over_cut = max(0, held - device)
+
+    @rule()
+    def shed(self) -> None:
+        """Memory pressure: drop one model, never a pinned one nor a load in flight."""
+        before = self.cache.snapshot()
+        eviction = self.cache.shed()
+        if eviction is None:
+            assert not set(before.host) - {m for m, r in before.reserved.items()
+                                           if r.promotion}
+            assert not set(before.device) - before.pinned
+            return
+        assert eviction.action == "drop" and eviction.model_id not in before.reserved
+        self.carry_out([eviction])
+
     @invariant()
     def books_match_memory_and_budgets(self) -> None:
         snap: CacheSnapshot = self.cache.snapshot()
@@ -143,8 +185,11 @@ class CacheMachine(RuleBasedStateMachine):
         assert snap.device_used_bytes == sum(snap.device.values())
         assert snap.host_used_bytes == sum(snap.host.values())
         assert snap.device_reserved_bytes == sum(r.size_bytes for r in snap.reserved.values())
-        assert snap.device_used_bytes + snap.device_reserved_bytes <= snap.device_budget_bytes
-        assert snap.host_used_bytes <= snap.host_budget_bytes
+        held = snap.device_used_bytes + snap.device_reserved_bytes
+        if held <= snap.device_budget_bytes:
+            self.over_cut = 0  # back within: the next cut starts afresh
+        assert held <= snap.device_budget_bytes + self.over_cut
+        assert snap.host_used_bytes <= snap.host_budget_bytes + self.promoting()
         assert not set(snap.device) & set(snap.host)
         assert not set(snap.device) & set(snap.reserved)
         for model_id, reservation in snap.reserved.items():

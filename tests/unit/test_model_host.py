@@ -8,6 +8,7 @@ import textwrap
 import threading
 import types
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -46,6 +47,7 @@ class Weights(Model):
         self.w = self.w.copy(); self.where = "host"
 
     def to_device(self):
+        time.sleep({move_s})
         self.w = self.w.copy(); self.where = "device"
 
     async def preprocess(self, request):
@@ -58,7 +60,7 @@ class Weights(Model):
 
 
 def package(root: Path, name: str, estimate_mb: float, load_s: float = 0.0,
-            pinned: bool = False, broken: bool = False) -> None:
+            pinned: bool = False, broken: bool = False, move_s: float = 0.0) -> None:
     folder = root / name / "1"
     folder.mkdir(parents=True)
     (folder / "model.toml").write_text(textwrap.dedent(f'''
@@ -68,7 +70,7 @@ def package(root: Path, name: str, estimate_mb: float, load_s: float = 0.0,
         [fanout]
         pinned = {"true" if pinned else "false"}
     '''))
-    source = HANDLER.replace("{load_s}", str(load_s))
+    source = HANDLER.replace("{load_s}", str(load_s)).replace("{move_s}", str(move_s))
     if estimate_mb <= 16:  # real artifact bytes, so the measured size matches the estimate
         rng = np.random.default_rng(len(name))
         rng.standard_normal(int(estimate_mb * MiB / 8)).tofile(folder / "weights.bin")
@@ -347,3 +349,98 @@ async def test_concurrent_loads_of_models_that_fit_are_never_refused(tmp_path: P
         await asyncio.gather(*(one() for _ in range(8)))
     assert refused == []
     assert host.cache.snapshot().device_used_bytes <= 10 * MiB
+
+
+async def until(condition: Callable[[], bool], what: str) -> None:
+    """Poll the event loop until ``condition`` holds (bounded: a hang fails the test)."""
+    for _ in range(500):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"never happened: {what}")
+
+
+def books_match(host: ModelHost) -> None:
+    """What the cache says is resident is exactly what the host holds loaded, and the
+    other way round: the pair of facts a later request for either relies on."""
+    snap = host.cache.snapshot()
+    resident = set(snap.device) | set(snap.host)
+    # A cold load holds its handler from the end of its load until its commit.
+    assert resident <= set(host._models) <= resident | set(snap.reserved), (snap, host._models)
+
+
+async def test_evicting_a_model_during_its_promotion_leaves_it_loadable(tmp_path: Path) -> None:
+    """The coordinator takes a model off (an operator's unload, a replica no longer needed)
+    while a request promotes it from host memory: the model is gone afterwards, and the
+    next request loads it again instead of failing with 'no load ... is in flight'."""
+    package(tmp_path, "a", 3, move_s=0.3)
+    package(tmp_path, "b", 3)
+    host = host_for(tmp_path, 5, 10)
+    x = [0.5] * 64
+    before = await infer(host, "a", x)
+    await infer(host, "b", x)  # a is demoted to host memory
+    assert host.tier_of("a", "1") == "host"
+    promoting = asyncio.create_task(host.ensure("a", "1"))
+    await until(lambda: host.cache.reservation("a@1") is not None, "a's promotion started")
+    assert await host.evict("a") is True
+    await asyncio.gather(promoting, return_exceptions=True)
+    assert host.tier_of("a", "1") is None and host.loaded("a", "1") is None
+    books_match(host)
+    assert await infer(host, "a", x) == before  # loaded again, from the repository
+    assert host.tier_of("a", "1") == "device"
+    books_match(host)
+
+
+async def test_a_promotion_whose_host_copy_is_dropped_while_it_waits_loads_afresh(
+        tmp_path: Path) -> None:
+    """A promotion waiting for room (another load holds it) loses its host copy meanwhile:
+    the worker moved the host budget away (``set_budgets``; memory shedding drops host
+    copies the same way). The request is served by a fresh load, not by the dropped
+    handler, and no later request fails with 'no load ... is in flight'."""
+    package(tmp_path, "a", 3)
+    package(tmp_path, "b", 3)
+    package(tmp_path, "c", 3, load_s=0.5)
+    host = host_for(tmp_path, 5, 10)
+    x = [0.5] * 64
+    before = await infer(host, "a", x)
+    await infer(host, "b", x)  # a demoted
+    loading_c = asyncio.create_task(host.ensure("c", "1"))  # demotes b, holds 3 of 5 MiB
+    await until(lambda: host.cache.reservation("c@1") is not None, "c's load started")
+    promoting = asyncio.create_task(infer(host, "a", x))  # no room: waits for c's load
+    await asyncio.sleep(0.05)
+    assert not promoting.done() and host.cache.reservation("a@1") is None
+    await host.set_budgets(5 * MiB, 0)  # the host copies of a and b are dropped
+    assert host.tier_of("a", "1") is None
+    assert await promoting == before
+    assert host.tier_of("a", "1") == "device"
+    books_match(host)
+    await loading_c
+    books_match(host)
+    sources = [load.source for load in host.stats().loads]
+    assert sources.count("host") == 0  # a came back from the repository, not from nothing
+    assert await infer(host, "a", x) == before
+    books_match(host)
+
+
+async def test_a_budget_moved_away_during_a_load_does_not_fail_its_request(
+        tmp_path: Path) -> None:
+    """The worker's pool lowers this runtime's budget (``set_budgets``) below a pinned
+    model and a load in flight: the load lands and its request is served; the next load
+    evicts down to the new budget."""
+    package(tmp_path, "keep", 3, pinned=True)
+    package(tmp_path, "a", 3, load_s=0.5)
+    package(tmp_path, "b", 1)
+    host = host_for(tmp_path, 7, 0)
+    x = [0.5] * 64
+    await infer(host, "keep", x)
+    loading = asyncio.create_task(infer(host, "a", x))
+    await until(lambda: host.cache.reservation("a@1") is not None, "a's load started")
+    await host.set_budgets(5 * MiB, 0)
+    assert len(await loading) == 4
+    assert host.tier_of("a", "1") == "device"
+    books_match(host)
+    await infer(host, "b", x)  # evicts a: back within the budget
+    assert host.tier_of("a", "1") is None and host.tier_of("keep", "1") == "device"
+    snap = host.cache.snapshot()
+    assert snap.device_used_bytes <= 5 * MiB
+    books_match(host)

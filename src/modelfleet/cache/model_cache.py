@@ -177,9 +177,16 @@ class ModelCache:
         budget, returns further evictions to carry out now; when only the new
         model itself can give way, the list holds its own demotion or drop.
 
-        Raises ``ModelTooLarge`` (measured size exceeds the whole budget) or
-        ``NoCapacity`` (pinned and no room): the model is then not resident and
-        the caller must unload it. ``ValueError`` if nothing was reserved.
+        A load keeps the room it reserved: measured within its reservation, it is
+        resident after ``commit`` even if ``set_budgets`` cut the budget under it
+        meanwhile (the lowest-ranked unpinned residents give way first; what still
+        does not fit stays over the budget until the next reservation or budget change
+        evicts down to it).
+
+        Raises ``ModelTooLarge`` (measured size, above its reservation, exceeds the
+        whole budget) or ``NoCapacity`` (pinned, above its reservation, and no room):
+        the model is then not resident and the caller must unload it. ``ValueError``
+        if nothing was reserved.
         """
         if measured_bytes < 0:
             raise ValueError(f"measured_bytes must be >= 0, got {measured_bytes} for {model_id!r}")
@@ -189,11 +196,13 @@ class ModelCache:
         self._loads[source] += 1
         if reservation.promotion:
             self.host.forget(model_id)
-        if measured_bytes > self.device_budget_bytes:
+        promised = measured_bytes <= reservation.size_bytes
+        if measured_bytes > self.device_budget_bytes and not promised:
             self._pinned.discard(model_id)
             raise self._too_large(model_id, measured_bytes)
         try:
-            victims = self._plan_device_room(model_id, measured_bytes, committing=True)
+            victims = self._plan_device_room(model_id, measured_bytes, committing=True,
+                                             short_ok=promised)
         except NoCapacity:
             if reservation.pinned:
                 self._pinned.discard(model_id)
@@ -240,8 +249,9 @@ class ModelCache:
         A smaller device budget evicts the lowest-ranked unpinned residents (to host
         memory, or dropped) until resident plus reserved bytes fit; pinned models and
         loads in flight stay, so the device tier may remain over a budget cut below them
-        until those loads finish (new loads find no room meanwhile). A smaller host budget
-        drops host residents the same way.
+        until those loads finish and after (a load keeps the room it reserved: see
+        ``commit``); the next reservation or budget change evicts down to the budget. A
+        smaller host budget drops host residents the same way (promotions in flight stay).
         """
         host_budget = self.host.budget_bytes if host_budget_bytes is None else host_budget_bytes
         if min(device_budget_bytes, host_budget) < 0:
@@ -318,9 +328,13 @@ class ModelCache:
             "the device memory budget"
         )
 
-    def _plan_device_room(self, model_id: str, size: int, committing: bool = False) -> list[str]:
+    def _plan_device_room(self, model_id: str, size: int, committing: bool = False,
+                          short_ok: bool = False) -> list[str]:
         """Device residents to evict, lowest priority first, so ``size`` fits. Changes
-        nothing (an ``AdmissionPolicy`` may relabel its own entries: see its docs)."""
+        nothing (an ``AdmissionPolicy`` may relabel its own entries: see its docs).
+
+        ``short_ok``: when even every unpinned resident would not free enough, return
+        them all instead of raising ``NoCapacity`` (a load keeping its reserved room)."""
         free = self.device_budget_bytes - self._device_used - self._reserved_bytes
         excluded = set(self._pinned)
         victims: list[str] = []
@@ -332,6 +346,8 @@ class ModelCache:
             free += sum(self._device[victim] for victim in victims)
         while free < size:
             victim = self.policy.victim(excluded)
+            if victim is None and short_ok:
+                break
             if victim is None:
                 pinned_bytes = sum(self._device.get(key, 0) for key in self._pinned)
                 raise NoCapacity(

@@ -208,7 +208,10 @@ class ModelHost:
             return current  # a promotion or a reload raced us here and won
         self._admit(model_id)
         if current is not None and self.cache.tier_of(key) == "host":
-            return await self._promote(key, current, pinned)
+            promoted = await self._promote(key, current, pinned)
+            if promoted is not None:
+                return promoted
+            # Its host copy was dropped while the promotion waited for room: load it afresh.
 
         package_dir, source = await asyncio.to_thread(self._store.materialize, model_id, version)
         manifest = load_manifest(package_dir / "model.toml")
@@ -355,9 +358,19 @@ class ModelHost:
         await asyncio.wait(older, return_when=asyncio.FIRST_COMPLETED)
         return True
 
-    async def _promote(self, key: str, loaded: LoadedModel, pinned: bool) -> LoadedModel:
+    async def _promote(self, key: str, loaded: LoadedModel, pinned: bool) -> LoadedModel | None:
+        """Move a host-resident model back to the device; None (nothing reserved) if its
+        host copy was dropped while this waited for room (memory shedding, a lower host
+        budget, demotions pushing it out: a copy is protected only once reserved)."""
         size = self.cache.last_measured_bytes(key) or loaded.manifest.memory_estimate_bytes
         evictions = await self._reserve(key, size, pinned or loaded.manifest.fanout.pinned)
+        reservation = self.cache.reservation(key)
+        if reservation is None or not reservation.promotion or self._models.get(key) is not loaded:
+            # The copy is gone (and its handler unloaded): this reserved a cold load's room.
+            if reservation is not None:
+                self.cache.release(key)
+            await self._carry_out(evictions)
+            return None
         try:
             await self._carry_out(evictions)
             async with self._move_lock(key):  # after a demotion still under way, not before
@@ -401,19 +414,36 @@ class ModelHost:
 
     async def evict(self, model_id: str, version: str | None = None) -> bool:
         """Drop every version of a model (or only ``version``) from every tier. False if
-        none was resident."""
-        keys = [key for key in self._models if model_of(key) == model_id
-                and (version is None or key == residency_key(model_id, version))]
+        none was resident.
+
+        A load of it in flight (cold or a promotion) finishes first and is then dropped:
+        unloading a handler under its load would leave the cache's books naming a model
+        that is no longer loaded, and the next request's load would find no room of its
+        own to commit ("no load ... is in flight").
+        """
+        def chosen(key: str) -> bool:
+            return model_of(key) == model_id and (version is None
+                                                  or key == residency_key(model_id, version))
+
+        while pending := [future for key, future in self._loading.items() if chosen(key)]:
+            await asyncio.wait(pending)
+        # From here to the last pop no await: no load of these keys can start in between.
+        keys = [key for key in self._models if chosen(key)]
+        unloading = []
         for key in keys:
-            if self.cache.reservation(key) is None:
-                self.cache.remove(key)
-            await self._unload(key)
+            self.cache.remove(key)
+            unloading.append(self._models.pop(key))
+        for loaded in unloading:
+            await self._free(loaded)
         return bool(keys)
 
     async def _unload(self, key: str) -> None:
         loaded = self._models.pop(key, None)
-        if loaded is None:
-            return
+        if loaded is not None:
+            await self._free(loaded)
+
+    async def _free(self, loaded: LoadedModel) -> None:
+        """Free a model already taken off ``_models``."""
         await loaded.quiesce()  # requests and batches running on it finish first
         device = loaded.device
         await loaded.batcher.close()

@@ -90,6 +90,7 @@ class Residency:
     def _count_events(self, stats: RuntimeStats) -> None:
         for load in stats.loads:
             metrics.MODEL_LOADS.labels(load.source).inc()
+            metrics.MODEL_LOAD_BYTES.labels(load.source).inc(load.size_bytes)
             metrics.MODEL_LOAD_SECONDS.labels(load.source).observe(load.seconds)
         for action, _model_id in stats.evictions:
             metrics.EVICTIONS.labels(action).inc()
