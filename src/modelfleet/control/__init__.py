@@ -6,13 +6,20 @@ The gateway (``gateway/control.py``, ``gateway/control_plane.py``) and the worke
 
 from __future__ import annotations
 
-from modelfleet.control.announce import WORKER_CONTROL, announcement, holdings_of
+from modelfleet.control.announce import (
+    CONTROL_ORDERS,
+    WORKER_CONTROL,
+    announcement,
+    holdings_of,
+    orders_announcement,
+)
 from modelfleet.control.commands import Command, Result
 from modelfleet.control.settings import ControlSettings
 from modelfleet.control.state import ControlState, Revision, RevisionClock
 from modelfleet.control.versions import Holdings, ModelView, Plan, Warm, plan, route
 
 __all__ = [
+    "CONTROL_ORDERS",
     "WORKER_CONTROL",
     "Command",
     "ControlSettings",
@@ -26,6 +33,7 @@ __all__ = [
     "Warm",
     "announcement",
     "holdings_of",
+    "orders_announcement",
     "plan",
     "route",
 ]

@@ -5,6 +5,11 @@ and what each worker announced it holds, both learned from the broker's events. 
 request path asks it two things: may this model be served (``check``), and which
 version do unversioned requests get (``route``). The control routes ask it to carry
 out a command: publish it as an event, then collect the named workers' results.
+
+With an ``OrderBook`` (the deployment's database, ``control.orders``) every order it
+gives is kept there too; ``restore`` reads them back at start-up and tells the fleet,
+and any worker whose announcement lacks one of this gateway's orders (it restarted,
+or missed it) is told them again (``{"kind": "control_orders"}``).
 """
 
 from __future__ import annotations
@@ -19,16 +24,20 @@ from typing import Any, Literal
 from modelfleet import metrics
 from modelfleet.broker import Broker
 from modelfleet.control import (
+    CONTROL_ORDERS,
     Command,
     ControlState,
     Holdings,
     Result,
     RevisionClock,
     holdings_of,
+    orders_announcement,
     route,
 )
 from modelfleet.control.commands import Action
+from modelfleet.control.orders import OrderBook, OrderStoreError
 from modelfleet.errors import (
+    BrokerUnavailable,
     DeadlineExceeded,
     ModelfleetError,
     ModelUnavailable,
@@ -67,8 +76,12 @@ class _Collect:
 
 class ControlPlane:
     def __init__(self, settings: Settings, broker: Broker, catalog: Catalog,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, orders: OrderBook | None = None
+                 ) -> None:
         self._settings = settings.control
+        self._orders = orders
+        self._told_at = float("-inf")  # when the orders were last told to the fleet
+        self._telling: asyncio.Task[None] | None = None
         self._broker = broker
         self._catalog = catalog
         self._clock = clock
@@ -86,6 +99,8 @@ class ControlPlane:
             command = Command.from_event(event)
             if command is not None:
                 command.apply(self.state)
+        elif kind == CONTROL_ORDERS:
+            self.state.merge(event.get("control"))
         elif kind == "control_result":
             result = Result.from_event(event)
             if result is not None and result.command_id in self._pending:
@@ -98,6 +113,35 @@ class ControlPlane:
                 self.state.merge(event.get("control"))
                 self._holdings[holdings.worker_id] = (self._clock(), holdings,
                                                       bool(event.get("ready", True)))
+                if self.state.newer_than(event.get("control")):
+                    self._tell_soon()
+
+    # -- the orders kept ----------------------------------------------------------
+    async def restore(self) -> int:
+        """Take the orders kept in the database and tell them to the fleet; returns
+        how many models have orders. Errors of the database are raised."""
+        if self._orders is None:
+            return 0
+        changed = self.state.merge(await asyncio.to_thread(self._orders.wire))
+        await self._tell()
+        return len(changed)
+
+    def _tell_soon(self) -> None:
+        """Tell the orders again, at most once per ``control.announce_interval_s``."""
+        if self._telling is not None and not self._telling.done():
+            return
+        if self._clock() - self._told_at < self._settings.announce_interval_s:
+            return
+        self._telling = asyncio.get_running_loop().create_task(self._tell(),
+                                                               name="control-orders")
+
+    async def _tell(self) -> None:
+        self._told_at = self._clock()
+        try:
+            await self._broker.publish_event(orders_announcement(self._revisions.origin,
+                                                                 self.state))
+        except BrokerUnavailable:
+            self._told_at = float("-inf")  # the next announcement lacking them asks again
 
     def holdings(self) -> list[Holdings]:
         """Live workers' latest announcements (silent ones age out)."""
@@ -208,6 +252,17 @@ class ControlPlane:
         await self._run(model_id, "pin" if pinned else "unpin", "", workers, version)
         return Outcome(model_id, version, tuple(sorted(workers)))
 
+    async def _keep(self, action: Action, model_id: str) -> None:
+        assert self._orders is not None
+        try:
+            await asyncio.to_thread(self._orders.put, model_id, self.state)
+        except OrderStoreError as exc:
+            metrics.CONTROL_COMMANDS.labels(action, "not_kept").inc()
+            raise type(exc)(
+                f"the {action} of '{model_id}' was given to the fleet but could not be kept "
+                f"in {self._orders.location}, so it is forgotten if every gateway and worker "
+                f"restarts: {exc.message}; give it again once the database is back") from exc
+
     def _choose(self, model_id: str, version: str, count: int, ready: list[str]
                 ) -> frozenset[str]:
         """Workers already warm first, then those holding another version (they must
@@ -235,6 +290,8 @@ class ControlPlane:
             # BrokerUnavailable here: nobody heard it, so it is not applied here either.
             await self._broker.publish_event(command.event())
             command.apply(self.state)  # this gateway's next request obeys it at once
+            if self._orders is not None:  # kept: it outlives every process's memory
+                await self._keep(action, model_id)
             timeout_s = self._settings.command_timeout_s
             try:
                 await asyncio.wait_for(collect.done.wait(), timeout_s)
