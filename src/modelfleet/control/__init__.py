@@ -1,4 +1,6 @@
-"""The model control API's shared parts: orders, commands, the version route (all pure).
+"""The model control API's shared parts: orders, commands, the version route (all pure;
+``control.orders``, which keeps the orders in the deployment's database, is not, and is
+imported by its users only).
 
 The gateway (``gateway/control.py``, ``gateway/control_plane.py``) and the worker
 (``worker/control.py``) both import this package and nothing of each other.
