@@ -664,6 +664,23 @@ def main(argv: list[str] | None = None) -> int:
                                                              "loads")}
     print(f"\nsim run with the measured build's settings: {json.dumps(overrides)}")
     print("sim also: " + ", ".join(f"{k} {v}" for k, v in extra.items()))
+    scale = measured.get("scale_5000")
+    if scale and not args.set:
+        from modelfleet.sim.report import peers_row
+        from modelfleet.sim.scenario import scenario
+
+        started = time.perf_counter()
+        then = scale.get("sim_overrides", {})
+        simulated = peers_row(scenario(scale["sim_scenario"], **then))
+        wall = time.perf_counter() - started
+        print(f"\n# 5,000 models (`modelfleet sim --scenario {scale['sim_scenario']}`, "
+              f"{json.dumps(then)}; sim {wall:.1f} s wall) against {scale['source']}, "
+              f"measured {scale['build']}\n")
+        print(compare_rows(scale["zipf"], simulated))
+        today = peers_row(scenario(scale["sim_scenario"]))
+        print("\nthe same without the O(catalog) re-score (what the sim predicts for a loop "
+              "that costs O(candidates)): " + ", ".join(
+                  f"{k} {today[k]}" for k in ("req_per_s", "p50_ms", "p99_ms", "loads")))
     probe_row = measured.get("probe", {}).get("zipf")
     if probe_row and not args.set:
         window = {"warmup_s": probe_row["warmup_s"],

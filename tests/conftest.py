@@ -5,6 +5,13 @@ import socket
 
 import pytest
 
+from modelfleet import metrics
+
+# One test process runs many workers' models through one metrics registry, and tests read
+# series by model: here every model keeps its label (test_gateway_listing holds the bound
+# that a real worker process keeps, metrics_models).
+metrics.bound_models(1_000_000)
+
 
 def rabbitmq_url() -> str:
     return os.environ.get("MODELFLEET_TEST_AMQP", "amqp://guest:guest@127.0.0.1:5672/")

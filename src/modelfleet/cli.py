@@ -19,7 +19,7 @@ from modelfleet import __version__
 from modelfleet.errors import ModelfleetError
 from modelfleet.exits import EXIT_CONFIG, EXIT_INTERRUPTED, report
 from modelfleet.logformat import configure_logging
-from modelfleet.settings import Settings
+from modelfleet.settings import Settings, unknown_settings
 
 
 def _common(parser: argparse.ArgumentParser, gateway: bool, worker: bool) -> None:
@@ -108,6 +108,11 @@ def main(argv: list[str] | None = None) -> int:
 
         return tenancy_main(argv[0], argv[1:])
     args = build_parser().parse_args(argv)
+    unknown = unknown_settings()
+    if unknown:  # a misspelt setting would otherwise be ignored in silence
+        print(f"modelfleet: error: no such setting: {', '.join(unknown)} (every setting is "
+              f"in src/modelfleet/settings.py; README, Configuration)", file=sys.stderr)
+        return EXIT_CONFIG
     try:
         settings = build_settings(args)
     except ValidationError as exc:

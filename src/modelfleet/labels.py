@@ -24,16 +24,20 @@ class ModelLabels:
     """The label value for a model: itself for the first ``limit`` models, else "other"."""
 
     def __init__(self, limit: int = DEFAULT_LIMIT) -> None:
-        self._limit = limit
+        self.limit = limit  # set once at start-up (Settings.metrics_models)
         self._admitted: set[str] = set()
 
     def __call__(self, model_id: str) -> str:
         if model_id in self._admitted:
             return model_id
-        if len(self._admitted) < self._limit and model_id != OTHER:
+        if len(self._admitted) < self.limit and model_id != OTHER:
             self._admitted.add(model_id)
             return model_id
         return OTHER
+
+    def __len__(self) -> int:
+        """How many models have their own label so far."""
+        return len(self._admitted)
 
 
 def top_n(values: Mapping[str, float], limit: int = DEFAULT_LIMIT,

@@ -3,11 +3,40 @@
 Each process exposes the metrics of the parts it runs (gateway, worker) on its own
 ``/metrics``; runtime processes report to their coordinator, which mirrors their
 numbers here, so a scrape of the worker sees its runtimes too.
+
+Every per-model counter is bounded (``modelfleet.labels``): the worker's
+``*_total{model}`` counters take their ``model`` label through ``WORKER_MODELS``, the
+first ``metrics_models`` models seen (``bound_models``, called once at start-up), the
+rest counted as model="other"; the gateway's go through its request observer's.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import Counter, Gauge, Histogram
+
+from modelfleet.labels import ModelLabels
+
+WORKER_MODELS = ModelLabels()
+
+
+def bound_models(limit: int) -> None:
+    """How many models keep their own label in the worker's per-model counters."""
+    WORKER_MODELS.limit = limit
+
+
+class _ModelCounter(Counter):
+    """A counter whose first label is a model id, bounded by ``WORKER_MODELS``: its
+    callers pass the model id and never see the bound."""
+
+    def labels(self, *labelvalues: Any, **labelkwargs: Any) -> Any:
+        if labelvalues:
+            labelvalues = (WORKER_MODELS(str(labelvalues[0])), *labelvalues[1:])
+        elif "model" in labelkwargs:
+            labelkwargs["model"] = WORKER_MODELS(str(labelkwargs["model"]))
+        return super().labels(*labelvalues, **labelkwargs)
+
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
                     30, 60, 120)
@@ -48,14 +77,14 @@ PHASE_SECONDS = Histogram("modelfleet_phase_seconds",
                           ["model", "phase", "outcome"], buckets=_LATENCY_BUCKETS)
 
 # -- worker -------------------------------------------------------------------------
-TASKS = Counter("modelfleet_worker_tasks_total",
+TASKS = _ModelCounter("modelfleet_worker_tasks_total",
                 "Tasks settled by this worker, by model and outcome", ["model", "outcome"])
-EXPIRED_TASKS = Counter("modelfleet_worker_expired_tasks_total",
+EXPIRED_TASKS = _ModelCounter("modelfleet_worker_expired_tasks_total",
                         "Tasks dropped unrun because their deadline had passed", ["model"])
 DEAD_LETTERS_DROPPED = Counter(
     "modelfleet_dead_letters_dropped_total",
     "Dead letters the embedded broker dropped because its bounded queue was full")
-CANCELLED_TASKS = Counter("modelfleet_worker_cancelled_tasks_total",
+CANCELLED_TASKS = _ModelCounter("modelfleet_worker_cancelled_tasks_total",
                           "Tasks dropped or abandoned because their caller hung up", ["model"])
 PERMITS_IN_USE = Gauge("modelfleet_worker_permits_in_use", "In-flight tasks on this worker")
 IDLE_PERMIT_SECONDS = Counter(
@@ -83,9 +112,9 @@ RUNTIME_DEVICE_BUDGET = Gauge("modelfleet_runtime_device_budget_bytes",
                               "budget, as last moved", ["runtime"])
 MODEL_REPLICAS = Gauge("modelfleet_worker_model_replicas",
                        "Extra runtimes holding a hot model (copies beyond the first)")
-REDELIVERED = Counter("modelfleet_worker_tasks_handed_back_total",
+REDELIVERED = _ModelCounter("modelfleet_worker_tasks_handed_back_total",
                       "Tasks handed back to the broker (runtime crashed or hung)", ["model"])
-DEAD_LETTERED = Counter("modelfleet_worker_dead_lettered_total",
+DEAD_LETTERED = _ModelCounter("modelfleet_worker_dead_lettered_total",
                         "Tasks this worker sent to the dead-letter queue", ["model", "reason"])
 
 # -- model cache (mirrored from runtimes) --------------------------------------------

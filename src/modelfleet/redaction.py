@@ -47,6 +47,15 @@ def redact(text: str, secrets: Iterable[str] = ()) -> str:
     return _SECRET_PAIR.sub(r"\1=***", text)
 
 
+def redact_url(url: str) -> str:
+    """A URL fit for a message or a log line: its password and its query as ``***``
+    (``amqp://guest:***@host/``, ``postgresql://me:***@db/x``); the user and host stay, so
+    that the reader knows which server is meant. The one function that does it."""
+    url = _URL_PASSWORD.sub(r"\1:***@", url)
+    base, query, _ = url.partition("?")
+    return f"{base}?***" if query and "://" in base else url
+
+
 class RedactingFilter(logging.Filter):
     def __init__(self, secrets: Iterable[str] = ()) -> None:
         super().__init__()

@@ -5,11 +5,19 @@ Sources, later ones winning: defaults here; environment variables
 command-line flags. ``MODELFLEET_BROKER``, ``MODELFLEET_REPO`` and
 ``MODELFLEET_SECRET`` are short forms for the most common ones. Settings are frozen:
 nothing changes a value after start-up.
+
+A setting that does not exist is an error, never ignored: an unknown keyword, and an
+environment variable of the sectioned form ``MODELFLEET_<SECTION>__<FIELD>`` whose
+section or field is not one (``unknown_settings``). Names without ``__`` are not all
+settings (``MODELFLEET_DLQ_DB``, the example models' own), so only the top-level
+settings' own names are read from them.
 """
 
 from __future__ import annotations
 
+import os
 import secrets
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -81,6 +89,9 @@ class GatewaySettings(_Section):
     # is in use when the backlog is served (the KEDA ScaledObject scales on it).
     target_permit_utilization: float = Field(default=0.8, gt=0, le=1)
     fleet_metrics_models: int = Field(default=20, ge=1)  # top-N models labelled, rest "other"
+    # /v1/fleet/summary and the dashboard: the N most active queues, and per worker the
+    # first N names of each model list; the rest as counts (a bounded page at any size).
+    fleet_summary_models: int = Field(default=50, ge=1)
     # After SIGTERM: readiness says 503 and new work is refused at once; requests in
     # flight get this long to be answered, then a 503 shutting_down (with Retry-After).
     drain_timeout_s: float = Field(default=5, gt=0)
@@ -181,11 +192,16 @@ class _EnvSource(EnvSettingsSource):
 
 
 class Settings(BaseSettings):
+    # extra="forbid": an unknown keyword is an error (environment variables: see
+    # ``unknown_settings``, which the CLI checks at start-up).
     model_config = SettingsConfigDict(
-        env_prefix="MODELFLEET_", env_nested_delimiter="__", frozen=True, extra="ignore"
+        env_prefix="MODELFLEET_", env_nested_delimiter="__", frozen=True, extra="forbid"
     )
 
     repo: str = "examples/models"
+    # Where this machine keeps what it makes: the artifact disk cache, model venvs, the
+    # embedded deployment's database (MODELFLEET_STATE_DIR).
+    state_dir: Path = Field(default_factory=lambda: Path.home() / ".cache" / "modelfleet")
     repo_refresh_s: float = Field(default=30, gt=0)  # new and removed models picked up
     secret: str = Field(default_factory=lambda: secrets.token_hex(16))
     broker: BrokerSettings = BrokerSettings()
@@ -195,6 +211,9 @@ class Settings(BaseSettings):
     scheduling: ScoringSettings = ScoringSettings()
     tenancy: TenancySettings = TenancySettings()  # API keys, plans, limits, usage
     control: ControlSettings = ControlSettings()
+    # Per-model counters and histograms (gateway and worker): the first N models seen
+    # get their own ``model`` label, every later one counts as model="other".
+    metrics_models: int = Field(default=20, ge=1)
     log_level: str = "info"
     # "json": one JSON object per log line, and one line per request (gateway) and per
     # task (worker) with its ids, status and phase timings (MODELFLEET_LOG_FORMAT=json).
@@ -208,6 +227,21 @@ class Settings(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         return (init_settings, _EnvSource(settings_cls), dotenv_settings, file_secret_settings)
 
-    @property
-    def state_dir(self) -> Path:
-        return Path.home() / ".cache" / "modelfleet"
+
+
+def unknown_settings(environ: Mapping[str, str] | None = None) -> list[str]:
+    """The ``MODELFLEET_<SECTION>__<FIELD>`` environment variables that name no setting."""
+    environ = os.environ if environ is None else environ
+    unknown = []
+    for name in sorted(environ):
+        if not name.startswith("MODELFLEET_") or "__" not in name:
+            continue
+        path = name.removeprefix("MODELFLEET_").lower().split("__")
+        model: Any = Settings
+        for part in path:
+            fields = getattr(model, "model_fields", None)
+            if fields is None or part not in fields:
+                unknown.append(name)
+                break
+            model = fields[part].annotation
+    return unknown

@@ -17,6 +17,7 @@ import httpx
 import psutil
 import pytest
 
+from modelfleet.oip import OIP_CONTENT_TYPE
 from tests.procs import ROOT, Proc, metric_sum, serve
 
 DIGITS = ROOT / "tests" / "fixtures" / "digits"
@@ -208,7 +209,8 @@ def test_catalog(server: str) -> None:
                timeout=30)
     models = {m["name"]: m for m in httpx.get(f"{server}/v1/models").json()["models"]}
     assert {"digits", "iris", "banner", "enrich"} <= set(models)
-    assert models["digits"]["accepts"] == ["image/png", "image/jpeg"]
+    # PNG or JPEG on /v1, and v2 tensors: the manifest declares a tensor signature too
+    assert models["digits"]["accepts"] == ["image/png", "image/jpeg", OIP_CONTENT_TYPE]
     assert models["digits"]["versions"] == ["1"]
     assert models["digits"]["size_estimate_bytes"] > 0
     assert models["iris"]["device"] == "cpu"

@@ -154,7 +154,8 @@ def test_keys_and_roles_end_to_end(tmp_path: Path, procs: list[Proc], deployment
     assert hidden.json()["error"]["code"] == missing.json()["error"]["code"] == "model_not_found"
     assert httpx.get(f"{base}/v1/models/banner", headers=bearer(outsider)).status_code == 404
     assert httpx.get(f"{base}/v2/models/iris", headers=bearer(outsider)).status_code == 404
-    assert httpx.get(f"{base}/v1/models", headers=bearer(outsider)).json() == {"models": []}
+    assert httpx.get(f"{base}/v1/models", headers=bearer(outsider)).json() == {
+        "models": [], "next_cursor": None}
     listed = {m["name"] for m in httpx.get(f"{base}/v1/models", headers=bearer(owner)).json()[
         "models"]}
     assert {"banner", "iris"} <= listed

@@ -89,9 +89,9 @@ def test_a_gateway_learns_an_unload_from_any_workers_announcement(tmp_path: Path
     assert not p.available("m")
     with pytest.raises(ModelUnavailable, match=r"unloaded.*POST \.\.\./load"):
         p.check("m")
-    assert [(r["name"], r["state"]) for r in p.index()] == [("m", "UNAVAILABLE"),
+    assert [(r["name"], r["state"]) for r in p.index()[0]] == [("m", "UNAVAILABLE"),
                                                               ("n", "READY")]
-    assert [r["name"] for r in p.index(ready_only=True)] == ["n"]
+    assert [r["name"] for r in p.index(ready_only=True)[0]] == ["n"]
 
 
 def test_silent_workers_stop_counting(tmp_path: Path) -> None:

@@ -33,7 +33,9 @@ from modelfleet.repository.manifest import parse_manifest
 def test_v2_errors_are_a_message_with_the_spec_status(error: Exception, status: int) -> None:
     answer = v2_error(error)  # type: ignore[arg-type]
     assert answer.status_code == status
-    assert json.loads(answer.body) == {"error": "x"}
+    # An unknown model in the protocol's words (Triton's clients check them), then ours.
+    message = "Request for unknown model: x" if isinstance(error, ModelNotFound) else "x"
+    assert json.loads(answer.body) == {"error": message}
     if status == 503:
         assert answer.headers["retry-after"] == ("3" if isinstance(error, NoCapacity) else "1")
     if status == 408:

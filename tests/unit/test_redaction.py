@@ -58,3 +58,13 @@ def test_chatty_libraries_are_held_whatever_the_level() -> None:
         assert sum(isinstance(f, RedactingFilter) for f in handler.filters) == 1
     finally:
         root.removeHandler(handler)
+
+
+def test_redact_url_hides_the_password_and_the_query_and_keeps_who_and_where() -> None:
+    from modelfleet.redaction import redact_url
+
+    assert redact_url("amqp://guest:s3cret@rabbit:5672/") == "amqp://guest:***@rabbit:5672/"
+    assert redact_url("postgresql://me:pw@db/x?sslmode=require") == \
+        "postgresql://me:***@db/x?***"
+    assert redact_url("amqp://rabbit/") == "amqp://rabbit/"
+    assert redact_url("memory") == "memory"

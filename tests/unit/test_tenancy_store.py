@@ -50,7 +50,8 @@ def test_a_key_in_a_log_line_keeps_its_id_and_loses_its_secret() -> None:
 
     new = keys.generate()
     clean = redact(f"caller sent {new.token}; url http://{new.token}:@127.0.0.1:8000/v1")
-    assert new.token.split("_")[2] not in clean and new.token[-20:] not in clean
+    secret = new.token.split("_", 2)[2]  # the secret itself may hold "_"
+    assert secret not in clean and new.token[-20:] not in clean
     assert f"mfk_{new.key_id}_***" in clean
 
 

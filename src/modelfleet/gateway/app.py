@@ -1,7 +1,7 @@
 """The gateway's HTTP API (FastAPI on uvicorn).
 
     POST /v1/models/{model}/infer      the body is the payload; answer is the result
-    GET  /v1/models, /v1/models/{model} the catalog
+    GET  /v1/models, /v1/models/{model} the catalog, a page at a time (gateway/pages.py)
     GET  /v1/fleet                      live workers' states
     GET  /v1/fleet/summary, /dashboard  the live fleet page and its data (gateway/dashboard.py)
     GET  /v1/payloads/{request_id}      signed, expiring: runtimes fetch large payloads
@@ -33,11 +33,13 @@ from modelfleet.gateway.dashboard import dashboard_router
 from modelfleet.gateway.encoding import inflate
 from modelfleet.gateway.exchange import Routed, answer_headers, exchange
 from modelfleet.gateway.fleet_summary import FleetSummary
-from modelfleet.gateway.http import error_body, error_response, is_v2
+from modelfleet.gateway.http import error_body, error_response, is_v2, v2_error
 from modelfleet.gateway.inflight import RequestGuard
 from modelfleet.gateway.observe import RequestObserver
-from modelfleet.gateway.oip import oip_router, v2_error
+from modelfleet.gateway.oip import oip_router
+from modelfleet.gateway.pages import decode_cursor, encode_cursor, page_limit
 from modelfleet.gateway.service import Answer, GatewayService
+from modelfleet.labels import ModelLabels
 from modelfleet.repository.manifest import CONTENT_TYPES
 
 log = logging.getLogger("modelfleet.gateway")
@@ -61,7 +63,8 @@ def create_app(service: GatewayService, readiness: list[ReadinessCheck] | None =
     alive = liveness or []
     limit = service.settings.gateway.max_body_bytes
     body_timeout_s = service.settings.gateway.body_read_timeout_s
-    observer = RequestObserver(service.settings.log_format)
+    observer = RequestObserver(service.settings.log_format,
+                               ModelLabels(service.settings.metrics_models))
     fleet_summary = FleetSummary(service.settings, service.broker, service.fleet, service.parked)
     app.include_router(dashboard_router(fleet_summary))  # /dashboard, /v1/fleet/summary
 
@@ -140,13 +143,18 @@ def create_app(service: GatewayService, readiness: list[ReadinessCheck] | None =
         return Response(entry.data, media_type=entry.content_type)
 
     @app.get("/v1/models")
-    async def list_models() -> dict[str, Any]:
-        warm = service.fleet.warm_models()
-        return {"models": [_describe(entry, warm) for entry in service.catalog]}
+    async def list_models(limit: str | None = None, cursor: str | None = None
+                          ) -> dict[str, Any]:
+        """One page of the catalog, in model id order; ``next_cursor`` fetches the next
+        (null after the last)."""
+        entries, last = service.catalog.page(decode_cursor(cursor), page_limit(limit))
+        return {"models": [_describe(entry, service.fleet.warm_on(entry.model_id))
+                           for entry in entries],
+                "next_cursor": encode_cursor(last)}
 
     @app.get("/v1/models/{model}")
     async def get_model(model: str) -> dict[str, Any]:
-        return _describe(service.catalog.get(model), service.fleet.warm_models())
+        return _describe(service.catalog.get(model), service.fleet.warm_on(model))
 
     @app.get("/v1/fleet")
     async def fleet() -> dict[str, Any]:
@@ -181,7 +189,7 @@ def create_app(service: GatewayService, readiness: list[ReadinessCheck] | None =
     return app
 
 
-def _describe(entry: Any, warm: dict[str, list[str]]) -> dict[str, Any]:
+def _describe(entry: Any, warm_on: list[str]) -> dict[str, Any]:
     manifest = entry.manifest
     return {
         "name": manifest.name,
@@ -194,6 +202,6 @@ def _describe(entry: Any, warm: dict[str, list[str]]) -> dict[str, Any]:
         "timeout_s": manifest.timeout_s,
         "batching": manifest.batching.model_dump(),
         "fanout": manifest.fanout.model_dump(),
-        "warm": bool(warm.get(manifest.name)),
-        "warm_on": warm.get(manifest.name, []),
+        "warm": bool(warm_on),
+        "warm_on": warm_on,
     }

@@ -39,7 +39,7 @@ from prometheus_client import Counter
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from modelfleet.errors import ModelfleetError, ModelNotFound
-from modelfleet.gateway.http import error_body
+from modelfleet.gateway.http import error_body, is_v2, v2_message
 from modelfleet.repository import Catalog
 from modelfleet.settings import Settings
 from modelfleet.tenancy import Forbidden, RateLimited, TenancyStoreError, Unauthenticated
@@ -257,7 +257,9 @@ class AuthMiddleware:
                       send: Send) -> None:
         status, headers = _refusal(exc)
         AUTH_REFUSALS.labels(str(status)).inc()
-        response = error_body(status, exc.code, exc.message, scope.get("path", ""))
+        path = scope.get("path", "")
+        response = error_body(status, exc.code, v2_message(exc) if is_v2(path) else exc.message,
+                              path)
         response.headers.update(headers)
         await response(scope, receive, send)
 

@@ -1,6 +1,6 @@
 """The model repository extension of the Open Inference Protocol, plus pin and unpin.
 
-    POST /v2/repository/index                  every model: name, version, state, reason
+    POST /v2/repository/index                  the models: name, version, state, reason
     POST /v2/repository/models/{m}/load        warm it; answered once warm (or why not)
     POST /v2/repository/models/{m}/unload      drop it everywhere; its requests refused
     POST /v2/repository/models/{m}/pin         preload on every worker, never evict
@@ -12,6 +12,11 @@ version and put it on the unversioned route once warm), ``pinned`` (pin it too),
 ``config`` (tritonclient's ``load_model(config=...)``: accepted where it says what the
 model's model.toml says; each field that differs is named in a 400, since a model's
 configuration is its model.toml in the repository; see oip/model_config.py).
+``index`` takes ``ready`` (only models that take requests), and ``limit`` and
+``cursor`` (gateway/pages.py), in its JSON body or as query parameters. Without
+either it answers the protocol's JSON array, bounded to the first ``DEFAULT_LIMIT``
+models (the header ``X-Next-Cursor`` carries the cursor of the rest); with either, an
+object ``{"models": [...], "next_cursor": ...}``.
 Errors are ``{"error": "..."}`` with the status the error's code maps to.
 """
 
@@ -24,7 +29,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from modelfleet.errors import ModelfleetError, RequestRejected
-from modelfleet.gateway.http import STATUS_BY_CODE
+from modelfleet.gateway.http import v2_error
+from modelfleet.gateway.pages import decode_cursor, encode_cursor, page_limit
 from modelfleet.gateway.service import GatewayService
 from modelfleet.oip.model_config import config_conflicts, parse_config
 from modelfleet.repository import Catalog
@@ -40,12 +46,23 @@ def control_router(service: GatewayService) -> APIRouter:
     async def index(request: Request) -> Response:
         try:
             body = await _json_body(request)
+            for name in ("ready", "limit", "cursor"):
+                if name in request.query_params:
+                    body.setdefault(name, request.query_params[name])
             ready = body.get("ready", False)
+            if isinstance(ready, str) and ready.lower() in ("true", "false"):
+                ready = ready.lower() == "true"
             if not isinstance(ready, bool):
                 raise RequestRejected(f"'ready' must be true or false, got {ready!r}")
-            return JSONResponse(plane.index(ready_only=ready))
+            paged = "limit" in body or "cursor" in body
+            rows, last = plane.index(ready_only=ready, after=decode_cursor(body.get("cursor")),
+                                     limit=page_limit(body.get("limit")))
+            cursor = encode_cursor(last)
+            if paged:
+                return JSONResponse({"models": rows, "next_cursor": cursor})
+            return JSONResponse(rows, headers={"X-Next-Cursor": cursor} if cursor else {})
         except ModelfleetError as exc:
-            return _error(exc)
+            return v2_error(exc)
 
     @router.post("/models/{model}/load")
     async def load(model: str, request: Request) -> Response:
@@ -71,7 +88,7 @@ def control_router(service: GatewayService) -> APIRouter:
             return JSONResponse({"name": outcome.model_id, "version": outcome.version,
                                  "warm_on": list(outcome.workers), "pinned": pinned})
         except ModelfleetError as exc:
-            return _error(exc)
+            return v2_error(exc)
 
     @router.post("/models/{model}/unload")
     async def unload(model: str, request: Request) -> Response:
@@ -81,7 +98,7 @@ def control_router(service: GatewayService) -> APIRouter:
             return JSONResponse({"name": outcome.model_id,
                                  "unloaded_on": list(outcome.workers)})
         except ModelfleetError as exc:
-            return _error(exc)
+            return v2_error(exc)
 
     @router.post("/models/{model}/pin")
     async def pin(model: str) -> Response:
@@ -97,7 +114,7 @@ def control_router(service: GatewayService) -> APIRouter:
             return JSONResponse({"name": outcome.model_id, "version": outcome.version,
                                  "pinned": pinned, "workers": list(outcome.workers)})
         except ModelfleetError as exc:
-            return _error(exc)
+            return v2_error(exc)
 
     return router
 
@@ -116,12 +133,6 @@ def check_config(catalog: Catalog, model: str, config: object, version: object) 
             f"{manifest.version}'s model.toml; modelfleet takes a model's configuration from "
             f"its model.toml in the repository (GET /v2/models/{model}/config shows it): "
             f"publish a new version to change it")
-
-
-def _error(exc: ModelfleetError) -> JSONResponse:
-    status = STATUS_BY_CODE.get(exc.code, 500)
-    headers = {"Retry-After": "1"} if status == 503 else {}
-    return JSONResponse({"error": exc.message}, status_code=status, headers=headers)
 
 
 async def _json_body(request: Request) -> dict[str, Any]:

@@ -6,6 +6,10 @@ request path asks it two things: may this model be served (``check``), and which
 version do unversioned requests get (``route``). The control routes ask it to carry
 out a command: publish it as an event, then collect the named workers' results.
 
+Both request-path questions cost O(1) in the catalog and the fleet: the route reads
+only the announcements of workers that mention the model (an index, model -> workers,
+kept as announcements arrive), and the repository index is read a page at a time.
+
 With an ``OrderBook`` (the deployment's database, ``control.orders``) every order it
 gives is kept there too; ``restore`` reads them back at start-up and tells the fleet,
 and any worker whose announcement lacks one of this gateway's orders (it restarted,
@@ -88,6 +92,7 @@ class ControlPlane:
         self.state = ControlState()
         self._revisions = RevisionClock(f"gateway-{uuid.uuid4().hex[:12]}", clock)
         self._holdings: dict[str, tuple[float, Holdings, bool]] = {}  # worker -> (seen, .., ready)
+        self._mentions: dict[str, set[str]] = {}  # model -> workers whose holdings name it
         self._pending: dict[str, _Collect] = {}
         self._routed: dict[str, tuple[str, float]] = {}  # model -> (version, when) last routed
 
@@ -106,15 +111,36 @@ class ControlPlane:
             if result is not None and result.command_id in self._pending:
                 self._pending[result.command_id].add(result)
         elif kind == "worker_gone":
-            self._holdings.pop(str(event.get("worker_id", "")), None)
+            self._forget(str(event.get("worker_id", "")))
         else:
             holdings = holdings_of(event)
             if holdings is not None:
                 self.state.merge(event.get("control"))
+                before = self._holdings.get(holdings.worker_id)
                 self._holdings[holdings.worker_id] = (self._clock(), holdings,
                                                       bool(event.get("ready", True)))
+                self._reindex(holdings.worker_id, before[1] if before else None, holdings)
                 if self.state.newer_than(event.get("control")):
                     self._tell_soon()
+
+    def _reindex(self, worker_id: str, before: Holdings | None, after: Holdings | None
+                 ) -> None:
+        """Keep ``_mentions`` in step with one worker's announcement: O(models it names)."""
+        old = _named(before) if before is not None else frozenset()
+        new = _named(after) if after is not None else frozenset()
+        for model_id in old - new:
+            workers = self._mentions.get(model_id)
+            if workers is not None:
+                workers.discard(worker_id)
+                if not workers:
+                    del self._mentions[model_id]
+        for model_id in new - old:
+            self._mentions.setdefault(model_id, set()).add(worker_id)
+
+    def _forget(self, worker_id: str) -> None:
+        gone = self._holdings.pop(worker_id, None)
+        if gone is not None:
+            self._reindex(worker_id, gone[1], None)
 
     # -- the orders kept ----------------------------------------------------------
     async def restore(self) -> int:
@@ -148,8 +174,19 @@ class ControlPlane:
         now = self._clock()
         for worker_id, (seen, _, _) in list(self._holdings.items()):
             if now - seen > self._settings.stale_after_s:
-                del self._holdings[worker_id]
+                self._forget(worker_id)
         return [h for _, h, _ in self._holdings.values()]
+
+    def holdings_of(self, model_id: str) -> list[Holdings]:
+        """The live announcements that name ``model_id`` (resident, failed or pinned),
+        by worker id: what every per-model question needs, in O(those workers)."""
+        now = self._clock()
+        found = []
+        for worker_id in sorted(self._mentions.get(model_id, ())):
+            seen, holdings, _ = self._holdings[worker_id]
+            if now - seen <= self._settings.stale_after_s:
+                found.append(holdings)
+        return found
 
     def _ready_workers(self) -> list[str]:
         self.holdings()
@@ -175,23 +212,27 @@ class ControlPlane:
         last = self._routed.get(model_id)
         sticky = last[0] if last is not None and now - last[1] < \
             self._settings.stale_after_s else None
-        chosen = route(model_id, versions, self.state.version(model_id), self.holdings(),
-                       sticky)
+        # Workers that do not name the model change nothing in the rule: leave them out.
+        chosen = route(model_id, versions, self.state.version(model_id),
+                       self.holdings_of(model_id), sticky)
         self._routed[model_id] = (chosen, now)
         return chosen
 
     def warm_on(self, model_id: str, version: str) -> list[str]:
-        return sorted(h.worker_id for h in self.holdings()
+        return sorted(h.worker_id for h in self.holdings_of(model_id)
                       if version in h.resident.get(model_id, frozenset()))
 
-    def index(self, ready_only: bool = False) -> list[dict[str, Any]]:
-        """The repository index (OIP model repository extension)."""
+    def index(self, ready_only: bool = False, after: str | None = None,
+              limit: int | None = None) -> tuple[list[dict[str, Any]], str | None]:
+        """One page of the repository index (OIP model repository extension): up to
+        ``limit`` models (all without one) whose ids sort after ``after``, and the id
+        the next page starts after (None: that was the last)."""
+        keep = (lambda entry: self.state.loaded(entry.model_id)) if ready_only else None
+        entries, last = self._catalog.page(after, limit or len(self._catalog) or 1, keep)
         rows = []
-        for entry in self._catalog:
+        for entry in entries:
             model_id = entry.model_id
             loaded = self.state.loaded(model_id)
-            if ready_only and not loaded:
-                continue
             version = self.route(model_id) or entry.manifest.version
             rows.append({"name": model_id, "version": version,
                          "state": "READY" if loaded else "UNAVAILABLE",
@@ -201,12 +242,12 @@ class ControlPlane:
                          # worker -> versions: what each holds, and holds pinned
                          "versions_on": self._by_worker(model_id, "resident"),
                          "pinned_on": self._by_worker(model_id, "pinned")})
-        return rows
+        return rows, last
 
     def _by_worker(self, model_id: str, kind: Literal["resident", "pinned"]
                    ) -> dict[str, list[str]]:
         found = {}
-        for holdings in self.holdings():
+        for holdings in self.holdings_of(model_id):
             held = holdings.resident if kind == "resident" else holdings.pinned
             versions = held.get(model_id)
             if versions:
@@ -229,7 +270,7 @@ class ControlPlane:
             raise NoCapacity(f"asked to warm '{model_id}' on {workers} worker(s); "
                              f"{len(ready)} ready worker(s) are live")
         versions = [m.version for m in entry.versions]
-        target = version or route(model_id, versions, None, self.holdings())
+        target = version or route(model_id, versions, None, self.holdings_of(model_id))
         chosen = self._choose(model_id, target, workers, ready)
         await self._run(model_id, "load", target, chosen, target, named=version is not None)
         if version is not None:
@@ -314,3 +355,9 @@ class ControlPlane:
                 first.code, f"{action} of {what} failed on {len(failed)} of "
                 f"{len(workers)} worker(s): {detail}")
             raise error
+
+
+def _named(holdings: Holdings) -> frozenset[str]:
+    """The models one announcement names."""
+    return frozenset(holdings.resident) | frozenset(holdings.failed) \
+        | frozenset(holdings.pinned)

@@ -1,4 +1,9 @@
-"""The gateway's view of the worker fleet, built from workers' state events."""
+"""The gateway's view of the worker fleet, built from workers' state events.
+
+Per-model questions (``warm_on``) are answered from an index kept as events arrive
+(model -> workers holding it), so a request costs O(workers holding that model), never
+a walk of every worker's resident list.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +22,8 @@ class FleetView:
         self._clock = clock
         self._workers: dict[str, tuple[float, dict[str, Any]]] = {}
         self._demand: dict[str, float] = {}  # model id -> last announcement (any gateway)
+        self._resident: dict[str, frozenset[str]] = {}  # worker -> models it holds
+        self._warm: dict[str, set[str]] = {}  # model -> workers holding it
         self.load_rates = LoadRateRing()
 
     def observe(self, event: dict[str, Any]) -> None:
@@ -24,12 +31,33 @@ class FleetView:
         worker_id = str(event.get("worker_id", ""))
         if kind == "worker_state" and worker_id:
             self._workers[worker_id] = (self._clock(), event)
+            self._index(worker_id, _held(event))
             self.load_rates.observe(worker_id, event, self._clock())
         elif kind == "worker_gone":
-            self._workers.pop(worker_id, None)
-            self.load_rates.forget(worker_id)
+            self._forget(worker_id)
         elif kind == "demand" and isinstance(event.get("model_id"), str):
             self._demand[event["model_id"]] = self._clock()
+
+    def _index(self, worker_id: str, held: frozenset[str]) -> None:
+        """Keep ``_warm`` in step: O(models that changed on this worker)."""
+        before = self._resident.get(worker_id, frozenset())
+        if held == before:
+            return
+        for model_id in before - held:
+            holders = self._warm.get(model_id)
+            if holders is not None:
+                holders.discard(worker_id)
+                if not holders:
+                    del self._warm[model_id]
+        for model_id in held - before:
+            self._warm.setdefault(model_id, set()).add(worker_id)
+        self._resident[worker_id] = held
+
+    def _forget(self, worker_id: str) -> None:
+        self._workers.pop(worker_id, None)
+        self._index(worker_id, frozenset())
+        self._resident.pop(worker_id, None)
+        self.load_rates.forget(worker_id)
 
     def sample_load_rates(self) -> None:
         """A load-rate sample now (if one is due), of the live workers only."""
@@ -49,16 +77,30 @@ class FleetView:
         now = self._clock()
         for worker_id, (seen, _) in list(self._workers.items()):
             if now - seen > self._stale_after_s:
-                del self._workers[worker_id]
-                self.load_rates.forget(worker_id)
+                self._forget(worker_id)
         return [dict(state, last_seen_s_ago=round(now - seen, 3))
                 for seen, state in self._workers.values()]
 
+    def warm_on(self, model_id: str) -> list[str]:
+        """Ids of live workers holding ``model_id`` (device or host tier), sorted."""
+        now = self._clock()
+        live = []
+        for worker_id in self._warm.get(model_id, ()):
+            seen = self._workers.get(worker_id, (-float("inf"), None))[0]
+            if now - seen <= self._stale_after_s:
+                live.append(worker_id)
+        return sorted(live)
+
     def warm_models(self) -> dict[str, list[str]]:
-        """model id -> ids of live workers holding it (device or host tier)."""
-        warm: dict[str, list[str]] = {}
-        for state in self.workers():
-            resident = state.get("resident", {})
-            for model_id in {*resident.get("device", []), *resident.get("host", [])}:
-                warm.setdefault(model_id, []).append(state["worker_id"])
-        return warm
+        """model id -> ids of live workers holding it (device or host tier); the whole
+        fleet's map (per model, ``warm_on`` is the cheap question)."""
+        self.workers()  # silent workers age out of the index too
+        return {model_id: sorted(holders) for model_id, holders in self._warm.items()}
+
+
+def _held(event: dict[str, Any]) -> frozenset[str]:
+    resident = event.get("resident") or {}
+    if not isinstance(resident, dict):
+        return frozenset()
+    return frozenset(m for tier in ("device", "host") for m in resident.get(tier) or ()
+                     if isinstance(m, str))

@@ -6,6 +6,12 @@ queues with demand (any gateway's announcements, workers' subscriptions and resi
 models, this gateway's parked requests), and this gateway's parked requests' ages.
 Every gateway computes the same fleet-wide figures (aggregate them with ``max``).
 
+Bounded at any catalog size: ``queues`` holds the ``gateway.fleet_summary_models``
+most active queues (by backlog, then the oldest wait, then consumers), and
+``queues_omitted`` the count and the summed backlog and consumers of the rest; each
+worker's model lists (``subscriptions``, ``resident.device``, ``resident.host``) keep
+their first that many names, and ``counts`` says how many each holds in all.
+
 Desired workers: enough that the work now in the fleet (permits in use plus the
 backlog) fills ``target_permit_utilization`` of their permits:
 ``ceil((in_use + backlog) / (permits per worker x target))``, 0 with no work at all.
@@ -90,14 +96,21 @@ class FleetSummary:
             counts = await self._broker.queue_stats(sorted(models)) if models else {}
         except BrokerError as exc:  # the page still shows the workers
             counts, broker_error = {}, str(exc)
-        warm = self._fleet.warm_models()
+        limit = self._settings.gateway.fleet_summary_models
+        ranked = sorted(models, key=lambda m: (
+            -(counts[m].backlog if m in counts else 0), -oldest.get(m, 0.0),
+            -(counts[m].consumers if m in counts else 0), m))
+        shown, rest = sorted(ranked[:limit]), ranked[limit:]
         queues = [{"model": model_id,
                    "backlog": counts[model_id].backlog if model_id in counts else None,
                    "consumers": counts[model_id].consumers if model_id in counts else None,
                    "oldest_waiting_s": (round(oldest[model_id], 3) if model_id in oldest
                                         else None),  # None: nothing waits on this gateway
-                   "warm_on": sorted(warm.get(model_id, []))}
-                  for model_id in sorted(models)]
+                   "warm_on": self._fleet.warm_on(model_id)}
+                  for model_id in shown]
+        omitted = {"queues": len(rest),
+                   "backlog": sum(counts[m].backlog for m in rest if m in counts),
+                   "consumers": sum(counts[m].consumers for m in rest if m in counts)}
         in_use = sum(int(w.get("permits_in_use", 0)) for w in workers)
         cap = sum(int(w.get("permits_cap", 0)) for w in workers)
         backlog = sum(qs.backlog for qs in counts.values())
@@ -123,8 +136,9 @@ class FleetSummary:
             "promotions": sum(int((w.get("loads") or {}).get("host", 0)) for w in workers),
             "requests_waiting": len(self._parked),
         }
-        return {"at": time.time(), "totals": totals, "workers": workers, "queues": queues,
-                "load_rate": rates, "broker_error": broker_error}
+        return {"at": time.time(), "totals": totals,
+                "workers": [_bounded(w, limit) for w in workers], "queues": queues,
+                "queues_omitted": omitted, "load_rate": rates, "broker_error": broker_error}
 
     def _publish(self, summary: dict[str, Any]) -> None:
         totals = summary["totals"]
@@ -138,9 +152,10 @@ class FleetSummary:
         metrics.FLEET_TOTAL_BACKLOG.set(totals["backlog"])
         limit = self._settings.gateway.fleet_metrics_models
         queues = summary["queues"]
-        self._set_top(metrics.FLEET_BACKLOG, "backlog",
-                      top_n({q["model"]: q["backlog"] for q in queues
-                             if q["backlog"] is not None}, limit))
+        backlogs = top_n({q["model"]: q["backlog"] for q in queues
+                          if q["backlog"] is not None}, limit)
+        backlogs[OTHER] += summary["queues_omitted"]["backlog"]  # the tail, not shown
+        self._set_top(metrics.FLEET_BACKLOG, "backlog", backlogs)
         self._set_top(metrics.FLEET_OLDEST_WAITING, "oldest",
                       top_n({q["model"]: q["oldest_waiting_s"] for q in queues
                              if q["oldest_waiting_s"] is not None}, limit, combine=max))
@@ -153,3 +168,15 @@ class FleetSummary:
         for model, value in values.items():
             gauge.labels(model).set(value)
         self._labelled[key] = set(values) | {OTHER}
+
+
+def _bounded(state: dict[str, Any], limit: int) -> dict[str, Any]:
+    """A worker's state with each model list cut to its first ``limit`` names, and
+    ``counts`` of them all."""
+    resident = state.get("resident") or {}
+    subscriptions = list(state.get("subscriptions") or [])
+    device, host = list(resident.get("device") or []), list(resident.get("host") or [])
+    return {**state, "subscriptions": subscriptions[:limit],
+            "resident": {**resident, "device": device[:limit], "host": host[:limit]},
+            "counts": {"subscriptions": len(subscriptions), "device": len(device),
+                       "host": len(host)}}

@@ -67,3 +67,27 @@ def error_body(status: int, code: str, message: str, path: str = "") -> JSONResp
     if is_v2(path):
         return JSONResponse({"error": message}, status_code=status)
     return JSONResponse({"error": {"code": code, "message": message}}, status_code=status)
+
+
+# Requests the caller must change: the spec's 400 (/v1 tells some of them apart).
+BAD_REQUEST_CODES = frozenset({"bad_request", "invalid_input", "unsupported_content_type",
+                               "payload_fetch_forbidden"})
+
+
+def v2_error(error: ModelfleetError) -> JSONResponse:
+    """A modelfleet error as the v2 API answers it."""
+    status = 400 if error.code in BAD_REQUEST_CODES else STATUS_BY_CODE.get(error.code, 500)
+    headers = {}
+    if status == 503:
+        headers["Retry-After"] = str(getattr(error, "retry_after_s", 1))
+    if error.code in CLOSE_AFTER:
+        headers["Connection"] = "close"
+    return JSONResponse({"error": v2_message(error)}, status_code=status, headers=headers)
+
+
+def v2_message(error: ModelfleetError) -> str:
+    """The message /v2 (and gRPC) gives: the protocol's own words where clients check them
+    (Triton's examples look for "Request for unknown model"), then ours."""
+    if error.code == "model_not_found":
+        return f"Request for unknown model: {error.message}"
+    return error.message

@@ -46,7 +46,7 @@ from modelfleet.errors import ModelfleetError, RequestRejected
 from modelfleet.gateway.body import disconnect_waiter, read_body
 from modelfleet.gateway.encoding import inflate
 from modelfleet.gateway.exchange import Routed, answer_headers, exchange
-from modelfleet.gateway.http import CLOSE_AFTER, STATUS_BY_CODE
+from modelfleet.gateway.http import v2_error
 from modelfleet.gateway.inflight import RequestGuard
 from modelfleet.gateway.observe import RequestObserver
 from modelfleet.gateway.service import Answer, GatewayService
@@ -69,22 +69,6 @@ PLATFORM = "modelfleet_python"
 HEADER_LENGTH = "Inference-Header-Content-Length"
 
 ReadinessCheck = Callable[[], tuple[bool, str]]
-
-
-# Requests the caller must change: the spec's 400 (/v1 tells some of them apart).
-BAD_REQUEST_CODES = frozenset({"bad_request", "invalid_input", "unsupported_content_type",
-                               "payload_fetch_forbidden"})
-
-
-def v2_error(error: ModelfleetError) -> JSONResponse:
-    """A modelfleet error as the v2 API answers it."""
-    status = 400 if error.code in BAD_REQUEST_CODES else STATUS_BY_CODE.get(error.code, 500)
-    headers = {}
-    if status == 503:
-        headers["Retry-After"] = str(getattr(error, "retry_after_s", 1))
-    if error.code in CLOSE_AFTER:
-        headers["Connection"] = "close"
-    return JSONResponse({"error": error.message}, status_code=status, headers=headers)
 
 
 def tensor_metadata(specs: tuple[TensorSpec, ...]) -> list[dict[str, Any]]:

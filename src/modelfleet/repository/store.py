@@ -5,26 +5,43 @@ artifacts. ``LocalStore`` serves a folder in place. ``FsspecStore`` serves any f
 URL (``s3://``, ``gs://``, ``memory://``, ...) by copying a package into a local disk
 cache on first use; the cache is bounded in bytes and evicts least-recently-used
 packages that are not in use.
+
+A catalog refresh reads only what changed: ``manifest_stamps`` lists every manifest
+with a stamp that changes whenever the file does (an empty stamp: cannot tell, read it
+again), and ``read_manifest`` reads one.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import stat
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Literal, Protocol
 
-from modelfleet.errors import ConfigError, ModelLoadFailed, ModelNotFound
+from modelfleet.errors import ConfigError, ManifestError, ModelLoadFailed, ModelNotFound
 
 Source = Literal["repository", "disk"]
 _DONE = ".modelfleet-complete"
+# A file changed this recently may change again within the same mtime tick: its stamp
+# is left empty (read again next time) until it has settled.
+SETTLE_S = 2.0
+# What an fsspec listing says about a file that changes when its content does.
+_FSSPEC_STAMP_KEYS = ("ETag", "etag", "md5Hash", "md5", "generation", "mtime",
+                      "LastModified", "last_modified", "updated", "created")
 
 
 class ModelStore(Protocol):
-    def manifest_texts(self) -> Iterator[tuple[str, str]]:
-        """(location, TOML text) of every ``<model>/<version>/model.toml``."""
+    def manifest_stamps(self) -> Iterator[tuple[str, str]]:
+        """(location, stamp) of every ``<model>/<version>/model.toml``: the stamp changes
+        whenever the file does; an empty one means "cannot tell: read it"."""
+        ...
+
+    def read_manifest(self, location: str) -> str:
+        """The TOML text at a location ``manifest_stamps`` gave (``ManifestError``)."""
         ...
 
     def materialize(self, model_id: str, version: str) -> tuple[Path, Source]:
@@ -37,10 +54,49 @@ class LocalStore:
         if not root.is_dir():
             raise ConfigError(f"model repository {root} is not a folder")
         self.root = root
+        self._versions: dict[str, tuple[int, tuple[str, ...]]] = {}  # model -> (mtime, ..)
+        self._version_names: dict[tuple[str, ...], tuple[str, ...]] = {}
 
-    def manifest_texts(self) -> Iterator[tuple[str, str]]:
-        for path in sorted(self.root.glob("*/*/model.toml")):
-            yield str(path), path.read_text(encoding="utf-8")
+    def manifest_stamps(self) -> Iterator[tuple[str, str]]:
+        # One listing of the root, then per model folder a stat: its versions are listed
+        # again only when its mtime moved (a version folder came or went), so a refresh
+        # costs two stats a package and opens no file.
+        root = str(self.root)
+        settled = time.time() - SETTLE_S
+        listed: dict[str, tuple[int, tuple[str, ...]]] = {}
+        for model in _folders(root):
+            folder = os.path.join(root, model)
+            try:
+                mtime_ns = os.stat(folder).st_mtime_ns
+            except OSError:
+                continue
+            known = self._versions.get(model)
+            if known is not None and known[0] == mtime_ns \
+                    and mtime_ns / 1e9 <= settled:
+                versions = known[1]
+            else:  # most models hold the same few version names: one tuple for them all
+                found = tuple(_folders(folder))
+                versions = self._version_names.setdefault(found, found)
+            listed[model] = (mtime_ns, versions)
+            for version in versions:
+                path = os.path.join(folder, version, "model.toml")
+                try:
+                    st = os.stat(path)
+                except OSError:
+                    continue
+                if not stat.S_ISREG(st.st_mode):
+                    continue
+                # ctime and inode in the stamp catch a copy that kept an old mtime.
+                yield path, "" if st.st_mtime > settled else \
+                    f"{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_size}:{st.st_ino}"
+        self._versions = listed
+
+    def read_manifest(self, location: str) -> str:
+        try:
+            with open(location, encoding="utf-8") as file:
+                return file.read()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ManifestError(location, "(file)", f"cannot read: {exc}") from exc
 
     def materialize(self, model_id: str, version: str) -> tuple[Path, Source]:
         package = self.root / model_id / version
@@ -65,12 +121,22 @@ class FsspecStore:
         self._lock = threading.Lock()
         cache_dir.mkdir(parents=True, exist_ok=True)
 
-    def manifest_texts(self) -> Iterator[tuple[str, str]]:
-        # Remote filesystems cache listings with no expiry by default: list afresh.
+    def manifest_stamps(self) -> Iterator[tuple[str, str]]:
+        # Remote filesystems cache listings with no expiry by default: list afresh. One
+        # listing with details gives each file's info (etag, mtime...): no request per file.
         self._fs.invalidate_cache(self._root)
-        for path in sorted(self._fs.glob(f"{self._root.rstrip('/')}/*/*/model.toml")):
-            yield f"{self.url.rstrip('/')}/{path[len(self._root.rstrip('/')) + 1:]}", \
-                self._fs.cat_file(path).decode("utf-8")
+        base = self._root.rstrip("/")
+        found = self._fs.glob(f"{base}/*/*/model.toml", detail=True)
+        assert isinstance(found, Mapping)
+        for path in sorted(found):
+            yield f"{self.url.rstrip('/')}/{path[len(base) + 1:]}", _fsspec_stamp(found[path])
+
+    def read_manifest(self, location: str) -> str:
+        path = f"{self._root.rstrip('/')}/{location[len(self.url.rstrip('/')) + 1:]}"
+        try:
+            return bytes(self._fs.cat_file(path)).decode("utf-8")
+        except Exception as exc:  # fsspec backends raise their own errors
+            raise ManifestError(location, "(file)", f"cannot read: {exc!r}") from exc
 
     def materialize(self, model_id: str, version: str) -> tuple[Path, Source]:
         local = self._cache_dir / model_id / version
@@ -107,6 +173,22 @@ class FsspecStore:
                 continue
             shutil.rmtree(package, ignore_errors=True)
             total -= sizes[package]
+
+
+def _folders(path: str) -> list[str]:
+    """The sub-folders of ``path`` (not hidden), sorted; none if it cannot be listed."""
+    try:
+        with os.scandir(path) as entries:
+            return sorted(e.name for e in entries if not e.name.startswith(".") and e.is_dir())
+    except OSError:
+        return []
+
+
+def _fsspec_stamp(info: Mapping[str, object]) -> str:
+    """A listing entry's stamp: what changes with the content, and the size; empty when
+    the backend tells nothing that changes (read the file every time)."""
+    known = [f"{key}={info[key]}" for key in _FSSPEC_STAMP_KEYS if info.get(key) is not None]
+    return ";".join([*known, f"size={info.get('size')}"]) if known else ""
 
 
 def open_store(root: str, cache_dir: Path, cache_bytes: int) -> ModelStore:

@@ -4,6 +4,7 @@
     python -m modelfleet.sim --json --no-plot
     python -m modelfleet.sim --scoring noise_amplitude=0 --routers pull-affinity,round-robin
     python -m modelfleet.sim --scenario peers     # bench/peers: 1 worker, 32 clients
+    python -m modelfleet.sim --scenario peers-5000  # the same over 5,000 small models
 
 Every field of ``ScenarioConfig`` is an option (``--duration-s`` has the
 shorter alias ``--duration``). The table goes to stdout (or the JSON form with
@@ -44,6 +45,10 @@ HELP = {
     "clients": "closed-loop clients instead of the Poisson trace (0: open loop)",
     "cores": "CPUs per worker machine shared by all its work (0: not modelled)",
     "runtimes_per_worker": "runtime processes per worker; a model runs on crc32(id) % this",
+    "artifact_min_bytes": "peers catalog: smallest artifact (sizes log-uniform up to the max)",
+    "artifact_max_bytes": "peers catalog: largest artifact",
+    "rescore_cpu_per_model_s": "coordinator CPU per catalog model per re-score (an O(catalog) "
+                               "loop, as before issue 23; 0: none)",
 }
 
 
@@ -57,13 +62,14 @@ def build_parser() -> argparse.ArgumentParser:
         flag = "--" + field.name.replace("_", "-")
         flags = [flag, "--duration"] if field.name == "duration_s" else [flag]
         default = field.default
+        # argparse %-formats help strings: a literal % must be doubled.
+        text = f"{HELP.get(field.name, '')} (default: {default})".strip().replace("%", "%%")
         if isinstance(default, bool):
             parser.add_argument(*flags, action=argparse.BooleanOptionalAction, default=None,
-                                help=f"{HELP.get(field.name, '')} (default: {default})".strip())
+                                help=text)
             continue
         kind: Callable[[str], object] = float if default is None else type(default)
-        parser.add_argument(*flags, dest=field.name, type=kind, default=None,
-                            help=f"{HELP.get(field.name, '')} (default: {default})".strip())
+        parser.add_argument(*flags, dest=field.name, type=kind, default=None, help=text)
     parser.add_argument("--routers", default=None,
                         help=f"comma-separated, from: {', '.join(ROUTER_NAMES + ABLATIONS)} "
                              "(default: all four; pull-affinity alone with one worker)")

@@ -86,6 +86,7 @@ class Coordinator:
     consumers: dict[int, Consumer] = field(default_factory=dict)
     waiters: deque[Consumer] = field(default_factory=deque)  # the permit semaphore's FIFO
     counts: dict[int, tuple[int, int]] = field(default_factory=dict)  # as last counted
+    backlogged: set[int] = field(default_factory=set)  # those of counts with a backlog
     dirty: set[int] = field(default_factory=set)
     heard_upto: int = 0  # announcements (PullAffinity._heard_log) folded into dirty so far
     held_backlog: set[int] = field(default_factory=set)  # held queues last seen with backlog
@@ -390,8 +391,9 @@ class PullAffinity:
             coord.rescores += 1
         coord.worker.scores = dict(decision.scores)
         # The coordinator builds and scores a view of every candidate, not just these.
-        cpu_s = sim.config.decide_cpu_s + sim.config.decide_cpu_per_queue_s * len(
-            self._candidates(coord))
+        # (rescore_cpu_per_model_s: a build whose re-score walked the whole catalog.)
+        cpu_s = (sim.config.decide_cpu_s + sim.config.decide_cpu_per_queue_s * len(
+            self._candidates(coord)) + sim.config.rescore_cpu_per_model_s * len(self._names))
         steps = deque(actions_for(decision, snapshot, self.settings))
         sim.work(coord.worker, cpu_s, lambda: self._act(coord, steps), "serve")
 

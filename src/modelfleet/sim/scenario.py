@@ -108,6 +108,8 @@ class ScenarioConfig:
     predict_fixed_s: float = 0.0  # peers catalog: predict = fixed + MB * (a + rows * b)
     predict_s_per_mb: float = 0.0
     predict_row_s_per_mb: float = 0.0
+    artifact_min_bytes: int = 1 << 20  # peers catalog: artifact sizes log-uniform in these
+    artifact_max_bytes: int = 40 << 20
     # The control loop (pull-affinity): what the coordinator and the gateways wait for.
     broker: str = "rabbitmq"  # "rabbitmq" | "embedded": the costs in BROKERS
     rescore_s: float = 1.0  # periodic re-score, each tick x uniform(0.75, 1.25)
@@ -122,6 +124,9 @@ class ScenarioConfig:
     wake_on_held_backlog: bool = False  # also wake on a task's end for backlog in held queues
     decide_cpu_s: float = 0.0002  # coordinator CPU of one decision (snapshot + decide)
     decide_cpu_per_queue_s: float = 0.00001
+    # CPU per catalog model per re-score: a loop whose cost grows with the catalog, as the
+    # coordinator's did before issue 23 (pinned/loaded sets over every model). 0: none.
+    rescore_cpu_per_model_s: float = 0.0
     sample_s: float = 10.0  # time-series resolution of the plot
 
     @property
@@ -182,14 +187,16 @@ def _npz_overhead() -> int:
     return len(out.getvalue()) - mlp_weight_bytes(1)
 
 
-def peers_artifact_bytes(n: int = PEERS_MODELS, seed: int = PEERS_SEED) -> list[int]:
+def peers_artifact_bytes(n: int = PEERS_MODELS, seed: int = PEERS_SEED,
+                         min_bytes: int = PEERS_MIN_BYTES,
+                         max_bytes: int = PEERS_MAX_BYTES) -> list[int]:
     """The sizes of bench/peers' ``weights.npz`` files, in rank order (model-00 first).
 
     The same draw as ``bench/peers/catalog.py``: log-uniform targets, the hidden width
     whose weights come closest, then the bytes ``np.savez`` writes for them.
     """
     rng = np.random.default_rng(seed)
-    logs = rng.uniform(math.log(PEERS_MIN_BYTES), math.log(PEERS_MAX_BYTES), size=n)
+    logs = rng.uniform(math.log(min_bytes), math.log(max_bytes), size=n)
     per_unit = 4 * (MLP_IN + 1 + MLP_OUT)
     overhead = _npz_overhead()
     sizes = []
@@ -235,21 +242,34 @@ PEERS: dict[str, Any] = {
     "stats_s": 0.00016,
     "decide_cpu_s": 0.0002,
     "decide_cpu_per_queue_s": 0.00001,
-    # CPU per warm request in each process (bench/sim_vs_measured.py --probe, the kernel's
-    # per-thread accounting of a warm-c32 run; the runtime's without the predict), and the
-    # CPU the shared bench machine gave the system, from the bench's warm-c32 req/s
-    # (--calibrate): never fitted to the zipf row.
+    # CPU per warm request in each process: the --probe of an older build (the kernel's
+    # per-thread accounting of a warm-c32 run; the runtime's without the predict), the
+    # gateway's and the runtime's scaled by that build's warm-c32 req/s over this one's
+    # (287.5 / 397.7: the seam work made a warm request cheaper, the probe was not rerun).
+    # Then two figures fitted to the zipf row of the build held (bench/peers_measured.json;
+    # see bench/README_sim.md, "Calibration, round 2"): the CPU the shared machine gave the
+    # system under zipf load (1.5 cores; warm-c32 is bound by one runtime's loop and says
+    # 1.08), and a per-task latency that is not CPU (25 ms; warm-c1 says 0.05 ms: what the
+    # CPU model does not reproduce of a task waiting behind a load in its runtime's loop).
     "client_cpu_s": 0.000341,
-    "serve_cpu_s": 0.001174,
-    "runtime_cpu_s": 0.001433,
-    "cores": 1.01,
-    "task_overhead_s": 0.0,
+    "serve_cpu_s": 0.000836,
+    "runtime_cpu_s": 0.000948,
+    "cores": 1.5,
+    "task_overhead_s": 0.025,
     # Much of a load runs Python (zipfile, the handler's import, sizing) under the
     # runtime's GIL: it competes with that runtime's loop, not beside it.
     "load_holds_gil": True,
 }
 
-SCENARIOS: dict[str, dict[str, Any]] = {"fleet": {}, "peers": PEERS}
+# bench/peers at catalog scale (issue 23): 5,000 MLPs of 20 KB-1 MB, the rest as ``peers``.
+PEERS_5000: dict[str, Any] = {
+    **PEERS,
+    "models": 5_000,
+    "artifact_min_bytes": 20_000,
+    "artifact_max_bytes": 1_000_000,
+}
+
+SCENARIOS: dict[str, dict[str, Any]] = {"fleet": {}, "peers": PEERS, "peers-5000": PEERS_5000}
 """Named presets for ``--scenario``: field values on top of ``ScenarioConfig``'s defaults."""
 
 
@@ -335,8 +355,10 @@ def _lognormal_catalog(config: ScenarioConfig) -> Catalog:
 
 def _peers_catalog(config: ScenarioConfig) -> Catalog:
     """bench/peers' catalog: ``model-NN`` by rank, the bench's artifact sizes."""
-    sizes = peers_artifact_bytes(config.models)
-    names = tuple(f"model-{rank:02d}" for rank in range(config.models))
+    sizes = peers_artifact_bytes(config.models, PEERS_SEED, config.artifact_min_bytes,
+                                 config.artifact_max_bytes)
+    width = max(2, len(str(config.models - 1)))
+    names = tuple(f"model-{rank:0{width}d}" for rank in range(config.models))
     mb = [s / MB for s in sizes]
     n = config.models
     return Catalog(

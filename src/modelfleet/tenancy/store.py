@@ -22,6 +22,7 @@ from typing import Any
 
 from modelfleet.dlq.archive import default_location
 from modelfleet.errors import ConfigError, ModelfleetError
+from modelfleet.redaction import redact_url
 from modelfleet.tenancy import TenancyStoreError, TenancyStoreUnavailable, keys
 from modelfleet.tenancy.keys import Role
 
@@ -182,11 +183,11 @@ class _Postgres(_Database):
     blob = "BYTEA"
 
     def __init__(self, url: str, names: _Names) -> None:
-        from modelfleet.dlq.archive.postgres import _psycopg, redacted
+        from modelfleet.dlq.archive.postgres import _psycopg
 
         self._names = names
         self._psycopg = _psycopg()
-        self.where = redacted(url)
+        self.where = redact_url(url)
         self._lock = threading.Lock()
         try:
             self._db = self._psycopg.connect(url, autocommit=True, connect_timeout=10)

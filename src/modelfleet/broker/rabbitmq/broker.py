@@ -83,6 +83,7 @@ from modelfleet.messages import (
     encode_task,
     now_ms,
 )
+from modelfleet.redaction import redact_url
 from modelfleet.settings import BrokerSettings
 
 log = logging.getLogger(__name__)
@@ -105,12 +106,6 @@ def _time_left_s(task: Task) -> float:
     return max(0.001, (task.deadline_ms - now_ms()) / 1000)
 
 
-def redacted(url: str) -> str:
-    """The URL without its password, fit for logs and error messages."""
-    parsed = URL(url)
-    return str(parsed.with_password(None)) if parsed.password else url
-
-
 class AmqpBroker:
     """The Broker protocol on RabbitMQ. Connect once, share it across the process.
 
@@ -123,9 +118,9 @@ class AmqpBroker:
                  events_exchange: str = EVENTS_EXCHANGE, connection_name: str = "",
                  clock: Callable[[], float] = time.monotonic) -> None:
         if URL(settings.url).scheme not in ("amqp", "amqps"):
-            raise ConfigError(f"broker url {redacted(settings.url)!r} is not amqp:// or amqps://")
+            raise ConfigError(f"broker url {redact_url(settings.url)!r} is not amqp:// or amqps://")
         self._settings = settings
-        self._url = redacted(settings.url)
+        self._url = redact_url(settings.url)
         self._dead_letter_queue = dead_letter_queue
         self._events_exchange_name = events_exchange
         self._connection_name = (

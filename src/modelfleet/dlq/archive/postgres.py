@@ -20,6 +20,7 @@ from modelfleet.dlq.archive import (
 )
 from modelfleet.dlq.archive.backend import SqlArchive
 from modelfleet.errors import ConfigError
+from modelfleet.redaction import redact_url
 
 CONNECT_TIMEOUT_S = 10
 
@@ -33,21 +34,12 @@ def _psycopg() -> Any:
     return psycopg
 
 
-def redacted(url: str) -> str:
-    """The URL without its password, fit for messages."""
-    scheme, sep, rest = url.partition("://")
-    userinfo, at, host = rest.rpartition("@")
-    if not at or ":" not in userinfo:
-        return url
-    return f"{scheme}{sep}{userinfo.split(':', 1)[0]}:***@{host}"
-
-
 class PostgresArchive(SqlArchive):
     _dialect = "postgres"
 
     def __init__(self, url: str, table: str = DEFAULT_TABLE) -> None:
         self._psycopg = _psycopg()
-        self._where = redacted(url)
+        self._where = redact_url(url)
         self._table = check_table_name(table)
         self._lock = threading.Lock()
         try:

@@ -38,10 +38,9 @@ from modelfleet.gateway.control import check_config, flag, positive_int
 from modelfleet.gateway.exchange import Routed, record_exchange
 from modelfleet.gateway.grpc_api import inference_pb2 as pb
 from modelfleet.gateway.grpc_api.tensors import parameter_value, request_body, response_message
-from modelfleet.gateway.http import STATUS_BY_CODE
+from modelfleet.gateway.http import BAD_REQUEST_CODES, STATUS_BY_CODE, v2_message
 from modelfleet.gateway.observe import RequestObserver
 from modelfleet.gateway.oip import (
-    BAD_REQUEST_CODES,
     EXTENSIONS,
     infer_v2,
     model_metadata,
@@ -196,7 +195,8 @@ class InferenceServicer:
     async def repository_index(self, request: pb.RepositoryIndexRequest, context: Any
                                ) -> pb.RepositoryIndexResponse:
         principal = await self._operator(context)
-        rows = self._service.control.index(ready_only=request.ready)
+        # The whole index: the protocol has no paging fields (HTTP pages it: gateway/pages.py).
+        rows, _ = self._service.control.index(ready_only=request.ready)
         if principal is not None and self._gate is not None:
             owner_of = self._gate.owner_of
             rows = [row for row in rows if principal.may_control(owner_of(row["name"]))]
@@ -341,7 +341,7 @@ def _translated(method: Callable[[Any, Any], Awaitable[Any]]
         try:
             return await method(request, context)
         except ModelfleetError as exc:
-            await context.abort(grpc_status(exc), exc.message)
+            await context.abort(grpc_status(exc), v2_message(exc))
     return call
 
 

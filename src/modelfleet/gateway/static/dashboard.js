@@ -41,15 +41,16 @@ function renderWorkers(workers) {
     const row = document.createElement("tr");
     row.dataset.worker = w.worker_id;
     const resident = w.resident || {}, loads = w.loads || {}, ev = w.evictions || {};
-    const rb = w.resident_bytes || {};
+    const rb = w.resident_bytes || {}, counts = w.counts || {};
     cell(row, w.worker_id);
     cell(row, w.ready ? "yes" : "no", w.ready ? "" : "no");
     cell(row, (w.permits_in_use ?? 0) + " / " + (w.permits_cap ?? 0), "permits");
-    cell(row, (w.subscriptions || []).join(", ") || "–", "subscriptions");
-    cell(row, (resident.device || []).length, "num device-models")
+    const subs = w.subscriptions || [], moreSubs = (counts.subscriptions ?? subs.length) - subs.length;
+    cell(row, (subs.join(", ") || "–") + (moreSubs > 0 ? " … +" + moreSubs : ""), "subscriptions");
+    cell(row, counts.device ?? (resident.device || []).length, "num device-models")
       .title = (resident.device || []).join(", ");
     cell(row, bytes(rb.device || 0), "num");
-    cell(row, (resident.host || []).length, "num host-models")
+    cell(row, counts.host ?? (resident.host || []).length, "num host-models")
       .title = (resident.host || []).join(", ");
     cell(row, bytes(rb.host || 0), "num");
     cell(row, ((loads.repository || 0) + (loads.disk || 0)) + " / " + (loads.host || 0),
@@ -60,7 +61,7 @@ function renderWorkers(workers) {
   }
 }
 
-function renderQueues(queues) {
+function renderQueues(queues, omitted) {
   const body = document.querySelector("#queues tbody");
   body.replaceChildren();
   for (const q of queues) {
@@ -72,6 +73,16 @@ function renderQueues(queues) {
     cell(row, q.oldest_waiting_s == null ? "–" : q.oldest_waiting_s.toFixed(1) + " s",
          "num oldest");
     cell(row, (q.warm_on || []).join(", ") || "–", "warm-on");
+    body.appendChild(row);
+  }
+  if (omitted && omitted.queues > 0) {  // the summary is bounded: the tail as counts
+    const row = document.createElement("tr");
+    row.className = "omitted";
+    cell(row, "… " + omitted.queues + " more");
+    cell(row, omitted.backlog, "num backlog");
+    cell(row, omitted.consumers, "num consumers");
+    cell(row, "–");
+    cell(row, "–");
     body.appendChild(row);
   }
 }
@@ -158,7 +169,7 @@ function render(summary) {
   renderTotals(summary.totals);
   syncScope(summary.workers);
   renderWorkers(summary.workers);
-  renderQueues(summary.queues);
+  renderQueues(summary.queues, summary.queues_omitted);
   renderChart(summary.load_rate);
   const status = document.getElementById("status");
   status.textContent = (summary.broker_error ? "broker: " + summary.broker_error + " · " : "")
