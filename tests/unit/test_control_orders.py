@@ -233,7 +233,7 @@ async def test_a_gateway_started_later_obeys_the_kept_orders_and_tells_the_fleet
         assert await second.restore() == 2
         with pytest.raises(ModelUnavailable, match="'m' was unloaded"):
             second.check("m")
-        row = {r["name"]: r for r in second.index()}
+        row = {r["name"]: r for r in second.index()[0]}
         assert row["m"]["state"] == "UNAVAILABLE" and row["n"]["pinned"] is True
         told = await eventually(lambda: [e for e in seen if e["kind"] == CONTROL_ORDERS])
         assert told[0]["control"] == second.state.wire()
