@@ -33,6 +33,7 @@ import uvicorn
 
 from modelfleet import metrics
 from modelfleet.broker import Broker, create_broker
+from modelfleet.control.orders import OrderStore
 from modelfleet.dlq.archive import default_location
 from modelfleet.dlq.embedded import archiving
 from modelfleet.errors import ConfigError, ManifestError
@@ -45,6 +46,7 @@ from modelfleet.redaction import redact_url, secure_logging
 from modelfleet.repository import Catalog, ModelStore, open_store
 from modelfleet.settings import Settings
 from modelfleet.tenancy.plans import with_plans_file
+from modelfleet.tenancy.store import store_location
 from modelfleet.worker.coordinator import Coordinator
 from modelfleet.worker.health import create_health_app
 from modelfleet.worker.supervisor import RuntimeSupervisor
@@ -227,16 +229,29 @@ def _dead_letters_archived(broker: Broker, settings: Settings
     return archiving(broker, default_location())
 
 
+@contextlib.contextmanager
+def _kept_orders(settings: Settings) -> Generator[OrderStore, None, None]:
+    """The control orders' table in the deployment's database (``tenancy.db``, else the
+    dead-letter archive's): what an operator ordered outlives every process."""
+    orders = OrderStore(store_location(settings.tenancy.db))
+    log.info("control: orders kept in %s", orders.location)
+    try:
+        yield orders
+    finally:
+        orders.close()
+
+
 async def serve(settings: Settings) -> None:
     settings = with_plans_file(settings)  # a plans file's fan-out and priorities
     _secure_logs(settings)
     metrics.bound_models(settings.metrics_models)
     store, catalog = open_repository(settings)
-    with _listen(settings.gateway.host, settings.gateway.port) as listener:
+    with _listen(settings.gateway.host, settings.gateway.port) as listener, \
+            _kept_orders(settings) as orders:
         broker = await _connect(settings)
         try:
             service = GatewayService(settings, broker, catalog, listener.getsockname()[1],
-                                     runtimes_local=True)
+                                     runtimes_local=True, orders=orders)
             coordinator = Coordinator(settings, broker, catalog,
                                       RuntimeSupervisor(settings, catalog, store))
             await service.start()
@@ -271,10 +286,12 @@ async def serve(settings: Settings) -> None:
 async def gateway(settings: Settings) -> None:
     _secure_logs(settings)
     store, catalog = open_repository(settings)
-    with _listen(settings.gateway.host, settings.gateway.port) as listener:
+    with _listen(settings.gateway.host, settings.gateway.port) as listener, \
+            _kept_orders(settings) as orders:
         broker = await _connect(settings)
         try:
-            service = GatewayService(settings, broker, catalog, listener.getsockname()[1])
+            service = GatewayService(settings, broker, catalog, listener.getsockname()[1],
+                                     orders=orders)
             await service.start()
             try:
                 log.info("modelfleet gateway on http://%s:%d (broker: %s)",

@@ -63,7 +63,8 @@ LATE_REPLIES = Counter("modelfleet_gateway_late_replies_total",
                        "Replies that found no waiting request (duplicate or after deadline)")
 CONTROL_COMMANDS = Counter("modelfleet_control_commands_total",
                            "Control API commands this gateway ran (load, unload, pin, "
-                           "unpin, route), by outcome: ok, failed, timed_out",
+                           "unpin, route), by outcome: ok, failed, timed_out, not_kept "
+                           "(given, but the database refused to keep it)",
                            ["action", "outcome"])
 PAYLOAD_STORE_BYTES = Gauge("modelfleet_gateway_payload_store_bytes",
                             "Bytes of request payloads held for workers to fetch")

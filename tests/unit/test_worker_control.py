@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from modelfleet.broker.embedded import MemoryBroker
-from modelfleet.control import Command, Revision
+from modelfleet.control import Command, ControlState, Revision, orders_announcement
 from modelfleet.control.commands import Action
 from modelfleet.errors import ModelLoadFailed, NoCapacity
 from modelfleet.ipc.protocol import RuntimeStats
@@ -212,6 +212,30 @@ async def test_unload_drops_the_model_and_refuses_what_was_queued(repo: Path,
                      and a["control"]["m"]["loaded"][0] is False)
     assert (await worker.command("load", "m", "1"))["ok"]
     assert "m@1" in (await worker.stats()).resident_versions
+
+
+async def test_orders_a_gateway_tells_are_obeyed_by_a_worker_that_never_heard_them(
+        repo: Path, worker: Worker) -> None:
+    """A worker started after the orders were given (every process restarted; the
+    gateway read them from the database) learns them from ``control_orders``."""
+    add_version(repo, "m", "1")
+    add_version(repo, "p", "1")
+    worker.refresh()
+    assert (await worker.command("load", "m", "1"))["ok"]
+    told = ControlState()
+    told.set("m", "loaded", False, Revision(time.time(), "gw-kept"))
+    told.set("p", "pinned", True, Revision(time.time(), "gw-kept"))
+    await worker.broker.publish_event(orders_announcement("gw-kept", told))
+    await until(lambda: _resident(worker, "p@1", "m@1"))
+    assert worker.coordinator.control.refusal("m") is not None
+    assert worker.coordinator.control.pinned("p")
+    await eventually(lambda: (a := worker.announced()) is not None
+                     and a["control"].get("m", {}).get("loaded", [True])[0] is False)
+
+
+async def _resident(worker: Worker, present: str, absent: str) -> bool:
+    resident = (await worker.stats()).resident_versions
+    return present in resident and absent not in resident
 
 
 async def test_a_failed_load_is_answered_with_why_and_announced(repo: Path,

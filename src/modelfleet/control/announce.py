@@ -14,6 +14,9 @@ from modelfleet.control.state import ControlState
 from modelfleet.control.versions import Holdings, Versions
 
 WORKER_CONTROL = "worker_control"
+# A gateway's copy of the orders, told to the fleet at its start-up and whenever a
+# worker's announcement lacks one: ``{"kind": "control_orders", "origin", "control"}``.
+CONTROL_ORDERS = "control_orders"
 
 
 def announcement(worker_id: str, at: float, ready: bool, state: ControlState,
@@ -24,6 +27,10 @@ def announcement(worker_id: str, at: float, ready: bool, state: ControlState,
             "resident": {m: sorted(vs) for m, vs in resident.items() if vs},
             "failed": {m: sorted(vs) for m, vs in failed.items() if vs},
             "pinned": {m: sorted(vs) for m, vs in (pinned or {}).items() if vs}}
+
+
+def orders_announcement(origin: str, state: ControlState) -> dict[str, Any]:
+    return {"kind": CONTROL_ORDERS, "origin": origin, "control": state.wire()}
 
 
 def holdings_of(event: Mapping[str, Any]) -> Holdings | None:

@@ -6,8 +6,10 @@ field of each model is a last-writer-wins register: an order carries the time it
 given and the gateway that took it, and the newest order wins however often and in
 whatever order the copies arrive. Workers re-announce their copy every second
 (``{"kind": "worker_control"}``), so a gateway or worker started after an order
-learns it from the fleet; the orders are lost only when every worker and gateway
-restarts at once (the repository's ``model.toml`` then rules again).
+learns it from the fleet. Gateways also keep the orders they give in the
+deployment's database (``control.orders``), read them back at start-up and tell
+them again (``{"kind": "control_orders"}``) to any worker whose announcement lacks
+one, so the orders survive every worker and gateway restarting at once.
 
 Ties (same time, same gateway) cannot happen for two different orders: a gateway
 stamps its orders with a strictly increasing clock.
@@ -73,6 +75,29 @@ class ControlState:
         """The version an operator's load put on the unversioned route, if any."""
         order = self._orders.get(model_id, {}).get("version")
         return str(order.value) if order is not None and order.value else None
+
+    def orders_of(self, model_id: str) -> dict[Field, tuple[bool | str, Revision]]:
+        """The orders known for one model, by field (what ``control.orders`` keeps)."""
+        return {field: (order.value, order.revision)
+                for field, order in self._orders.get(model_id, {}).items()}
+
+    def newer_than(self, wire: object) -> bool:
+        """Does this state hold an order that the ``wire()`` copy lacks, or has older?
+
+        A gateway asks of each worker's announcement: a worker that restarted (or
+        missed an order) is told the orders again (``control_orders``).
+        """
+        if not self._orders:
+            return False
+        other = wire if isinstance(wire, Mapping) else {}
+        for model_id, fields in self._orders.items():
+            theirs = other.get(model_id)
+            for field, order in fields.items():
+                known = _parse(field, theirs.get(field)) if isinstance(theirs, Mapping) \
+                    else None
+                if known is None or known.revision < order.revision:
+                    return True
+        return False
 
     def models(self) -> Iterator[str]:
         return iter(sorted(self._orders))

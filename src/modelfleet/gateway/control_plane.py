@@ -9,6 +9,11 @@ out a command: publish it as an event, then collect the named workers' results.
 Both request-path questions cost O(1) in the catalog and the fleet: the route reads
 only the announcements of workers that mention the model (an index, model -> workers,
 kept as announcements arrive), and the repository index is read a page at a time.
+
+With an ``OrderBook`` (the deployment's database, ``control.orders``) every order it
+gives is kept there too; ``restore`` reads them back at start-up and tells the fleet,
+and any worker whose announcement lacks one of this gateway's orders (it restarted,
+or missed it) is told them again (``{"kind": "control_orders"}``).
 """
 
 from __future__ import annotations
@@ -23,16 +28,20 @@ from typing import Any, Literal
 from modelfleet import metrics
 from modelfleet.broker import Broker
 from modelfleet.control import (
+    CONTROL_ORDERS,
     Command,
     ControlState,
     Holdings,
     Result,
     RevisionClock,
     holdings_of,
+    orders_announcement,
     route,
 )
 from modelfleet.control.commands import Action
+from modelfleet.control.orders import OrderBook, OrderStoreError
 from modelfleet.errors import (
+    BrokerUnavailable,
     DeadlineExceeded,
     ModelfleetError,
     ModelUnavailable,
@@ -71,8 +80,12 @@ class _Collect:
 
 class ControlPlane:
     def __init__(self, settings: Settings, broker: Broker, catalog: Catalog,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, orders: OrderBook | None = None
+                 ) -> None:
         self._settings = settings.control
+        self._orders = orders
+        self._told_at = float("-inf")  # when the orders were last told to the fleet
+        self._telling: asyncio.Task[None] | None = None
         self._broker = broker
         self._catalog = catalog
         self._clock = clock
@@ -91,6 +104,8 @@ class ControlPlane:
             command = Command.from_event(event)
             if command is not None:
                 command.apply(self.state)
+        elif kind == CONTROL_ORDERS:
+            self.state.merge(event.get("control"))
         elif kind == "control_result":
             result = Result.from_event(event)
             if result is not None and result.command_id in self._pending:
@@ -105,6 +120,8 @@ class ControlPlane:
                 self._holdings[holdings.worker_id] = (self._clock(), holdings,
                                                       bool(event.get("ready", True)))
                 self._reindex(holdings.worker_id, before[1] if before else None, holdings)
+                if self.state.newer_than(event.get("control")):
+                    self._tell_soon()
 
     def _reindex(self, worker_id: str, before: Holdings | None, after: Holdings | None
                  ) -> None:
@@ -124,6 +141,33 @@ class ControlPlane:
         gone = self._holdings.pop(worker_id, None)
         if gone is not None:
             self._reindex(worker_id, gone[1], None)
+
+    # -- the orders kept ----------------------------------------------------------
+    async def restore(self) -> int:
+        """Take the orders kept in the database and tell them to the fleet; returns
+        how many models have orders. Errors of the database are raised."""
+        if self._orders is None:
+            return 0
+        changed = self.state.merge(await asyncio.to_thread(self._orders.wire))
+        await self._tell()
+        return len(changed)
+
+    def _tell_soon(self) -> None:
+        """Tell the orders again, at most once per ``control.announce_interval_s``."""
+        if self._telling is not None and not self._telling.done():
+            return
+        if self._clock() - self._told_at < self._settings.announce_interval_s:
+            return
+        self._telling = asyncio.get_running_loop().create_task(self._tell(),
+                                                               name="control-orders")
+
+    async def _tell(self) -> None:
+        self._told_at = self._clock()
+        try:
+            await self._broker.publish_event(orders_announcement(self._revisions.origin,
+                                                                 self.state))
+        except BrokerUnavailable:
+            self._told_at = float("-inf")  # the next announcement lacking them asks again
 
     def holdings(self) -> list[Holdings]:
         """Live workers' latest announcements (silent ones age out)."""
@@ -249,6 +293,17 @@ class ControlPlane:
         await self._run(model_id, "pin" if pinned else "unpin", "", workers, version)
         return Outcome(model_id, version, tuple(sorted(workers)))
 
+    async def _keep(self, action: Action, model_id: str) -> None:
+        assert self._orders is not None
+        try:
+            await asyncio.to_thread(self._orders.put, model_id, self.state)
+        except OrderStoreError as exc:
+            metrics.CONTROL_COMMANDS.labels(action, "not_kept").inc()
+            raise type(exc)(
+                f"the {action} of '{model_id}' was given to the fleet but could not be kept "
+                f"in {self._orders.location}, so it is forgotten if every gateway and worker "
+                f"restarts: {exc.message}; give it again once the database is back") from exc
+
     def _choose(self, model_id: str, version: str, count: int, ready: list[str]
                 ) -> frozenset[str]:
         """Workers already warm first, then those holding another version (they must
@@ -276,6 +331,8 @@ class ControlPlane:
             # BrokerUnavailable here: nobody heard it, so it is not applied here either.
             await self._broker.publish_event(command.event())
             command.apply(self.state)  # this gateway's next request obeys it at once
+            if self._orders is not None:  # kept: it outlives every process's memory
+                await self._keep(action, model_id)
             timeout_s = self._settings.command_timeout_s
             try:
                 await asyncio.wait_for(collect.done.wait(), timeout_s)

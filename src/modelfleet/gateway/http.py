@@ -34,6 +34,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "broker_error": 503,
     "shutting_down": 503,
     "too_many_connections": 503,
+    "order_store_unavailable": 503,
     "deadline_exceeded": 504,
     "model_too_large": 507,
 }

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from modelfleet.broker import Broker, Inbox
+from modelfleet.control.orders import OrderBook
 from modelfleet.errors import (
     BrokerError,
     BrokerUnavailable,
@@ -106,7 +107,8 @@ def public_url(settings: Settings, bound_port: int | None = None,
 
 class GatewayService:
     def __init__(self, settings: Settings, broker: Broker, catalog: Catalog,
-                 bound_port: int | None = None, runtimes_local: bool = False) -> None:
+                 bound_port: int | None = None, runtimes_local: bool = False,
+                 orders: OrderBook | None = None) -> None:
         self.settings = settings
         self.broker = broker
         self.catalog = catalog
@@ -114,7 +116,8 @@ class GatewayService:
         self._announcer = uuid.uuid4().hex[:16]  # names this gateway in its announcements
         self.payloads = PayloadStore(settings.gateway.payload_store_bytes, settings.secret)
         self.fleet = FleetView(settings.gateway.worker_stale_after_s)
-        self.control = ControlPlane(settings, broker, catalog)  # unloads, pins, the route
+        # unloads, pins, the route; the orders kept in ``orders`` (the deployment's db)
+        self.control = ControlPlane(settings, broker, catalog, orders=orders)
         self.requests = RequestsInFlight()
         self._cancels: set[asyncio.Task[None]] = set()
         self._inbox: Inbox | None = None
@@ -127,6 +130,9 @@ class GatewayService:
         self.statistics = InferenceStatistics(uuid.uuid4().hex[:12])
 
     async def start(self) -> None:
+        restored = await self.control.restore()  # before the first request is routed
+        if restored:
+            log.info("control: %d model(s) have orders kept from before this start", restored)
         self._inbox = await self.broker.open_inbox()
         self._loops = [
             asyncio.create_task(self._receive_replies(self._inbox), name="gateway-replies"),

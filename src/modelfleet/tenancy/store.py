@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from modelfleet.dlq.archive import default_location
-from modelfleet.errors import ConfigError
+from modelfleet.errors import ConfigError, ModelfleetError
 from modelfleet.redaction import redact_url
 from modelfleet.tenancy import TenancyStoreError, TenancyStoreUnavailable, keys
 from modelfleet.tenancy.keys import Role
@@ -93,8 +93,20 @@ def open_store(location: str) -> TenantStore:
     """The store at ``location`` (a file, ``sqlite:///path`` or ``postgresql://``), its
     tables created if missing. ConfigError for an unknown URL; TenancyStoreUnavailable
     when it cannot be opened."""
+    return TenantStore(open_database(location))
+
+
+def open_database(location: str, label: str = "the tenants' store",
+                  error: type[ModelfleetError] = TenancyStoreError,
+                  unavailable: type[ModelfleetError] = TenancyStoreUnavailable) -> _Database:
+    """One connection to the deployment's database at ``location`` (a file,
+    ``sqlite:///path`` or ``postgresql://``), its driver's errors translated into
+    ``error`` and ``unavailable`` (messages name ``label``). ConfigError for an unknown
+    URL; ``unavailable`` when it cannot be opened. Other stores that keep their tables in
+    this database (``control.orders``) open it here too."""
+    names = _Names(label, error, unavailable)
     if location.startswith(("postgresql://", "postgres://")):
-        return TenantStore(_Postgres(location))
+        return _Postgres(location, names)
     if location.startswith("sqlite://"):
         location = location.removeprefix("sqlite://")
         if not location.startswith("/"):
@@ -103,7 +115,16 @@ def open_store(location: str) -> TenantStore:
     elif "://" in location:
         raise ConfigError(f"store {location.split('://')[0]}:// is not supported: pass a "
                           "file path (SQLite) or a postgresql:// URL")
-    return TenantStore(_Sqlite(Path(location).expanduser()))
+    return _Sqlite(Path(location).expanduser(), names)
+
+
+@dataclass(frozen=True)
+class _Names:
+    """What a database's errors are called, and how its messages name it."""
+
+    label: str
+    error: type[ModelfleetError]
+    unavailable: type[ModelfleetError]
 
 
 class _Database:
@@ -135,8 +156,9 @@ class _Database:
 
 
 class _Sqlite(_Database):
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, names: _Names) -> None:
         self.where = str(path)
+        self._names = names
         self._lock = threading.Lock()
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -144,15 +166,15 @@ class _Sqlite(_Database):
                                        isolation_level=None)
             self._db.execute("PRAGMA journal_mode=WAL")
         except (OSError, sqlite3.Error) as exc:
-            raise TenancyStoreUnavailable(f"cannot open the tenants' store {path}: {exc}; "
-                                          "check the path (tenancy.db, $MODELFLEET_DLQ_DB) "
-                                          "and its permissions") from exc
+            raise names.unavailable(f"cannot open {names.label} {path}: {exc}; check the "
+                                    "path (tenancy.db, $MODELFLEET_DLQ_DB) and its "
+                                    "permissions") from exc
 
     def _translate(self, exc: Exception, what: str) -> Exception | None:
         if isinstance(exc, sqlite3.OperationalError):
-            return TenancyStoreUnavailable(f"{what}: {exc}")
+            return self._names.unavailable(f"{what}: {exc}")
         if isinstance(exc, sqlite3.Error):
-            return TenancyStoreError(f"{what}: {exc}")
+            return self._names.error(f"{what}: {exc}")
         return None
 
 
@@ -160,23 +182,24 @@ class _Postgres(_Database):
     mark = "%s"
     blob = "BYTEA"
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, names: _Names) -> None:
         from modelfleet.dlq.archive.postgres import _psycopg
 
+        self._names = names
         self._psycopg = _psycopg()
         self.where = redact_url(url)
         self._lock = threading.Lock()
         try:
             self._db = self._psycopg.connect(url, autocommit=True, connect_timeout=10)
         except self._psycopg.Error as exc:
-            raise TenancyStoreUnavailable(
-                f"cannot connect to the tenants' store {self.where}: {exc}".strip()) from exc
+            raise names.unavailable(
+                f"cannot connect to {names.label} {self.where}: {exc}".strip()) from exc
 
     def _translate(self, exc: Exception, what: str) -> Exception | None:
         if isinstance(exc, self._psycopg.OperationalError):
-            return TenancyStoreUnavailable(f"{what}: {exc}".strip())
+            return self._names.unavailable(f"{what}: {exc}".strip())
         if isinstance(exc, self._psycopg.Error):
-            return TenancyStoreError(f"{what}: {exc}".strip())
+            return self._names.error(f"{what}: {exc}".strip())
         return None
 
 

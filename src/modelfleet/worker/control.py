@@ -6,6 +6,9 @@ reaches a worker's address):
 - ``{"kind": "control"}``: an operator's order. Every worker records it in its
   ``ControlState``; the workers the command names carry it out on their runtimes
   (load, unload, pin, unpin) and answer ``{"kind": "control_result"}``.
+- ``{"kind": "control_orders"}``: a gateway's copy of the orders (merged), told at
+  its start-up (the orders kept in the deployment's database) and whenever this
+  worker's announcement lacks one of them (it restarted, or missed an order).
 - ``{"kind": "worker_control"}``: another worker's re-announcement: its copy of the
   orders (merged: a worker that missed an order learns it here) and the versions it
   holds (for the route, which every worker computes like the gateways do).
@@ -28,6 +31,7 @@ from typing import Any, Protocol
 from modelfleet import metrics
 from modelfleet.broker import Broker
 from modelfleet.control import (
+    CONTROL_ORDERS,
     Command,
     ControlState,
     Holdings,
@@ -176,6 +180,9 @@ class ControlAgent:
                 self._commands.add(task)
                 task.add_done_callback(self._commands.discard)
             self._wake.set()
+        elif kind == CONTROL_ORDERS:  # a gateway's copy: what it kept, or what we lack
+            if self.state.merge(event.get("control")):
+                self._wake.set()
         elif kind == "worker_gone":
             self._others.pop(str(event.get("worker_id", "")), None)
         else:
