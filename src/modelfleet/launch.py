@@ -59,7 +59,7 @@ class _Server(uvicorn.Server):
 
 
 def open_repository(settings: Settings) -> tuple[ModelStore, Catalog]:
-    store = open_store(settings.repo, settings.state_dir / "disk-cache",
+    store = open_store(settings.repo, settings.disk_cache_path,
                        settings.runtime.disk_cache_bytes)
     return store, Catalog.from_store(store)
 

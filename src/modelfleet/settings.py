@@ -211,3 +211,9 @@ class Settings(BaseSettings):
     @property
     def state_dir(self) -> Path:
         return Path.home() / ".cache" / "modelfleet"
+
+    @property
+    def disk_cache_path(self) -> Path:
+        """Where a remote repository's packages are cached (``runtime.disk_cache_dir``)."""
+        configured = self.runtime.disk_cache_dir
+        return Path(configured).expanduser() if configured else self.state_dir / "disk-cache"

@@ -66,8 +66,10 @@ class FsspecStore:
         cache_dir.mkdir(parents=True, exist_ok=True)
 
     def manifest_texts(self) -> Iterator[tuple[str, str]]:
-        # Remote filesystems cache listings with no expiry by default: list afresh.
-        self._fs.invalidate_cache(self._root)
+        # Remote filesystems cache listings with no expiry by default: list afresh. The
+        # whole cache: invalidating the root drops its parents' listings, not the model
+        # folders' below it, where a new version of a known model appears (s3fs, gcsfs).
+        self._fs.invalidate_cache()
         for path in sorted(self._fs.glob(f"{self._root.rstrip('/')}/*/*/model.toml")):
             yield f"{self.url.rstrip('/')}/{path[len(self._root.rstrip('/')) + 1:]}", \
                 self._fs.cat_file(path).decode("utf-8")
