@@ -13,11 +13,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+import s3fs
+from moto import server as moto_server
 
 from tests.procs import EXAMPLES, serve
-
-pytest.importorskip("s3fs", reason="modelfleet[s3] (s3fs) is part of the dev extra")
-moto_server = pytest.importorskip("moto.server", reason="moto[server] is in the dev extra")
 
 BUCKET = "fleet-models"
 
@@ -39,8 +38,6 @@ def s3_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, str]]:
 
 
 def _upload(local: Path, remote: str) -> None:
-    import s3fs
-
     fs = s3fs.S3FileSystem()
     if not fs.exists(BUCKET):
         fs.mkdir(BUCKET)
