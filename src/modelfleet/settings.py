@@ -169,6 +169,11 @@ class WorkerSettings(_Section):
     # to half of what its other runtimes take, for replica_keep_s.
     replica_at_tasks: int = Field(default=0, ge=0)
     replica_keep_s: float = Field(default=10, ge=0)
+    # CUDA devices this worker has (the GPU pool's overlay sets it to the node's
+    # nvidia.com/gpu count). 0, a CPU worker: it never pulls a model whose manifest says
+    # device = "cuda", and the gateway answers such a model 503 while no live worker
+    # has a device. Declared, not probed: no torch import, nothing guessed at startup.
+    gpus: int = Field(default=0, ge=0)
 
 
 class _EnvSource(EnvSettingsSource):

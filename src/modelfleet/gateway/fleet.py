@@ -62,3 +62,7 @@ class FleetView:
             for model_id in {*resident.get("device", []), *resident.get("host", [])}:
                 warm.setdefault(model_id, []).append(state["worker_id"])
         return warm
+
+    def has_gpu_worker(self) -> bool:
+        """Does a live worker have a CUDA device (``worker.gpus``), to run ``device = "cuda"``?"""
+        return any(int(state.get("gpus") or 0) > 0 for state in self.workers())
