@@ -55,6 +55,7 @@ from modelfleet.errors import (
 from modelfleet.ipc.protocol import PRELOAD_ENV, SETTINGS_ENV, Launcher, Runtime, Started
 from modelfleet.repository import Catalog, ModelStore
 from modelfleet.settings import BrokerSettings, Settings
+from modelfleet.worker.devices import runtime_device_env
 from modelfleet.worker.isolation.environments import (
     EnvironmentBuilder,
     EnvironmentBuildFailed,
@@ -128,8 +129,10 @@ class SupervisedRuntime:
     def __init__(self, name: str, settings: Settings, launcher: Launcher,
                  on_change: Callable[[], None],
                  isolation: Callable[[], Isolation] | None = None,
-                 device_budget_bytes: int | None = None) -> None:
+                 device_budget_bytes: int | None = None,
+                 device_env: dict[str, str] | None = None) -> None:
         self.name = name
+        self._device_env = device_env or {}  # CUDA_VISIBLE_DEVICES (worker/devices.py)
         self._device_budget_bytes = device_budget_bytes  # a shared one's starting part
         self._settings = settings
         self._launcher = launcher
@@ -347,6 +350,7 @@ class SupervisedRuntime:
             self._settings, self._device_budget_bytes).model_dump_json(),
                     **runtime_env(limit)})
         env.update(compute_thread_env(env, self._settings))
+        env.update(self._device_env)
         env.update(extra_env or {})
         started = await self._launcher.launch(self.name, python, env, standby)
         handle = None
@@ -438,7 +442,8 @@ class RuntimeSupervisor:
         share = pool_bytes(settings) // settings.worker.shared_runtimes
         self.shared = [
             SupervisedRuntime(f"runtime-{i}", settings, self._launcher, self._changed,
-                              device_budget_bytes=share)
+                              device_budget_bytes=share, device_env=runtime_device_env(
+                                  i, settings.worker.gpus, os.environ))
             for i in range(settings.worker.shared_runtimes)
         ]
         # Which shared runtimes hold each model, and one device budget split among them.
