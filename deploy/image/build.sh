@@ -42,8 +42,12 @@ fi
 echo "image: wheels (pip wheel '.[s3,gcs]')"
 rm -f "$OUT"/wheelhouse/modelfleet-*.whl  # this tree's, always afresh
 "$PYTHON" -m pip wheel --quiet --disable-pip-version-check --wheel-dir "$OUT/wheelhouse" \
-    '.[s3,gcs]'
+    '.[s3,gcs]' \
+    `# Debian's python3 is 3.11.2: redis needs this below 3.11.3, pip here may be newer` \
+    'async-timeout>=4.0.3' 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
 
 echo "image: podman build $IMAGE"
-podman build --quiet --network none --build-arg "BASE=$BASE" -f Containerfile -t "$IMAGE" \
+# Chroot isolation: the RUN steps need no cgroups or namespaces of their own (a build
+# inside a container, on a host with hybrid cgroups, has neither to give).
+podman build --quiet --format docker --isolation chroot --build-arg "BASE=$BASE" -f Containerfile -t "$IMAGE" \
     "$OUT"
