@@ -136,8 +136,10 @@ def _started(args: list[str], env: dict[str, str], log_path: Path, ready_url: st
 
 
 def serve(tmp_path: Path, env: dict[str, str] | None = None, name: str = "serve",
-          repo: Path = EXAMPLES, broker: str = "memory") -> tuple[Proc, str]:
-    """Start ``modelfleet serve``; returns (process, base URL). Caller stops it."""
+          repo: Path | str = EXAMPLES, broker: str = "memory") -> tuple[Proc, str]:
+    """Start ``modelfleet serve``; returns (process, base URL). Caller stops it.
+
+    ``repo``: a folder, or any fsspec URL (``s3://bucket/models``)."""
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     proc = _started(["serve", "--repo", str(repo), "--port", str(port), "--broker", broker],

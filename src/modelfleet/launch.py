@@ -63,7 +63,7 @@ class _Server(uvicorn.Server):
 
 
 def open_repository(settings: Settings) -> tuple[ModelStore, Catalog]:
-    store = open_store(settings.repo, settings.state_dir / "disk-cache",
+    store = open_store(settings.repo, settings.disk_cache_path,
                        settings.runtime.disk_cache_bytes)
     catalog = Catalog.from_store(store)
     # What start-up made lives for the process: out of the cyclic GC's passes, which

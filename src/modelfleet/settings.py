@@ -191,6 +191,11 @@ class WorkerSettings(_Section):
     # to half of what its other runtimes take, for replica_keep_s.
     replica_at_tasks: int = Field(default=0, ge=0)
     replica_keep_s: float = Field(default=10, ge=0)
+    # CUDA devices this worker has (the GPU pool's overlay sets it to the node's
+    # nvidia.com/gpu count). 0, a CPU worker: it never pulls a model whose manifest says
+    # device = "cuda", and the gateway answers such a model 503 while no live worker
+    # has a device. Declared, not probed: no torch import, nothing guessed at startup.
+    gpus: int = Field(default=0, ge=0)
 
 
 class _EnvSource(EnvSettingsSource):
@@ -238,6 +243,11 @@ class Settings(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         return (init_settings, _EnvSource(settings_cls), dotenv_settings, file_secret_settings)
 
+    @property
+    def disk_cache_path(self) -> Path:
+        """Where a remote repository's packages are cached (``runtime.disk_cache_dir``)."""
+        configured = self.runtime.disk_cache_dir
+        return Path(configured).expanduser() if configured else self.state_dir / "disk-cache"
 
 
 def unknown_settings(environ: Mapping[str, str] | None = None) -> list[str]:

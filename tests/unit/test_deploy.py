@@ -27,7 +27,8 @@ from modelfleet.settings import BrokerSettings, Settings
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 SCHEMAS = DEPLOY / "schemas"
-KUSTOMIZATIONS = ["base", "overlays/dev", "overlays/production", "overlays/keda-rabbitmq"]
+KUSTOMIZATIONS = ["base", "overlays/dev", "overlays/production", "overlays/keda-rabbitmq",
+                  "overlays/gpu-pool"]
 CRD_SCHEMAS = {
     ("keda.sh/v1alpha1", "ScaledObject"): "keda.sh_v1alpha1_scaledobject.json",
     ("keda.sh/v1alpha1", "TriggerAuthentication"): "keda.sh_v1alpha1_triggerauthentication.json",
@@ -234,3 +235,39 @@ def test_grafana_dashboard_names_only_exported_metrics() -> None:
     for needed in ("Resident models against loads per minute", "Backlog by model",
                    "Oldest waiting", "Permits used / cap", "Desired workers"):
         assert needed.lower() in titles.lower(), needed
+
+
+def test_the_gpu_pool_runs_one_runtime_per_device_on_gpu_nodes_only() -> None:
+    docs = render("overlays/gpu-pool")
+    pod = one(docs, "Deployment", "modelfleet-worker-gpu")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    with pytest.MonkeyPatch.context() as patch:  # what the worker itself makes of them
+        for key, value in env.items():
+            if value is not None:
+                patch.setenv(key, value)
+        worker = Settings().worker
+    requested = container["resources"]["requests"]["nvidia.com/gpu"]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == requested
+    assert worker.gpus == int(requested) > 0  # declares the devices it gets
+    assert worker.shared_runtimes == worker.gpus  # one runtime per device
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in \
+        pod["tolerations"]
+    assert container["image"] == one(docs, "Deployment", "modelfleet-worker")["spec"][
+        "template"]["spec"]["containers"][0]["image"]  # one image for every role
+    assert container["args"][0] == "worker"
+    assert "kill -TERM 1" in " ".join(container["lifecycle"]["preStop"]["exec"]["command"])
+    # The CPU pool beside it declares no device: it never pulls a CUDA-only model.
+    cpu = one(docs, "Deployment", "modelfleet-worker")["spec"]["template"]["spec"]
+    assert "nvidia.com/gpu" not in cpu["containers"][0]["resources"]["requests"]
+    assert "MODELFLEET_WORKER__GPUS" not in {e["name"] for e in cpu["containers"][0]["env"]}
+    assert Settings().worker.gpus == 0
+    scaled = one(docs, "ScaledObject", "modelfleet-worker-gpu")
+    assert scaled["spec"]["scaleTargetRef"]["name"] == "modelfleet-worker-gpu"
+    assert scaled["spec"]["minReplicaCount"] >= 1  # from zero it could never scale up
+    for trigger in scaled["spec"]["triggers"]:
+        assert metrics_in(trigger["metadata"]["query"]) <= exported_metrics()
+    pdb = one(docs, "PodDisruptionBudget", "modelfleet-worker-gpu")
+    assert pdb["spec"]["selector"]["matchLabels"] == one(
+        docs, "Deployment", "modelfleet-worker-gpu")["spec"]["selector"]["matchLabels"]

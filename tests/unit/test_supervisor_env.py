@@ -6,7 +6,9 @@ import os
 
 import pytest
 
+from modelfleet.errors import ConfigError
 from modelfleet.settings import BrokerSettings, RuntimeSettings, Settings, WorkerSettings
+from modelfleet.worker.devices import runtime_device_env
 from modelfleet.worker.supervisor import (
     THREAD_VARIABLES,
     _is_secret,
@@ -38,3 +40,16 @@ def test_runtimes_share_the_cores_between_their_compute_thread_pools(
     # What the operator set wins, variable by variable.
     told = compute_thread_env({"OMP_NUM_THREADS": "6"}, two)
     assert "OMP_NUM_THREADS" not in told and told["OPENBLAS_NUM_THREADS"] == "4"
+
+
+def test_shared_runtime_i_of_a_gpu_worker_sees_device_i() -> None:
+    assert [runtime_device_env(i, 2, {}) for i in range(3)] == [
+        {"CUDA_VISIBLE_DEVICES": "0"}, {"CUDA_VISIBLE_DEVICES": "1"},
+        {"CUDA_VISIBLE_DEVICES": "0"}]  # more runtimes than devices: they take turns
+    assert runtime_device_env(5, 0, {"CUDA_VISIBLE_DEVICES": "3"}) == {}  # a CPU worker
+    # The devices the node gave the worker, by their own numbers.
+    given = {"CUDA_VISIBLE_DEVICES": "2, 3"}
+    assert [runtime_device_env(i, 2, given)["CUDA_VISIBLE_DEVICES"] for i in (0, 1)] == [
+        "2", "3"]
+    with pytest.raises(ConfigError, match=r"worker\.gpus is 2 but CUDA_VISIBLE_DEVICES=.5."):
+        runtime_device_env(0, 2, {"CUDA_VISIBLE_DEVICES": "5"})

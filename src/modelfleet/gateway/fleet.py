@@ -97,6 +97,10 @@ class FleetView:
         self.workers()  # silent workers age out of the index too
         return {model_id: sorted(holders) for model_id, holders in self._warm.items()}
 
+    def has_gpu_worker(self) -> bool:
+        """Does a live worker have a CUDA device (``worker.gpus``), to run ``device = "cuda"``?"""
+        return any(int(state.get("gpus") or 0) > 0 for state in self.workers())
+
 
 def _held(event: dict[str, Any]) -> frozenset[str]:
     resident = event.get("resident") or {}

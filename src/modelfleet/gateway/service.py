@@ -175,6 +175,11 @@ class GatewayService:
         """Run one request through the fleet; raises a ModelfleetError for every failure."""
         self.control.check(model_id)  # refused while an operator has it unloaded
         manifest = self.catalog.get(model_id).version(self.control.route(model_id, version))
+        if manifest.device == "cuda" and not self.fleet.has_gpu_worker():
+            # Queued, it would wait for its deadline: CPU workers never pull it.
+            raise NoCapacity(f"model '{model_id}' needs a CUDA device (device = \"cuda\") "
+                             "and no live worker has one (a GPU worker declares its devices "
+                             "with MODELFLEET_WORKER__GPUS)", retry_after_s=5)
         url = url_payload(body, content_type)
         if url is None and content_type not in manifest.accepts:
             raise UnsupportedContentType(

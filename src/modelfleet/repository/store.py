@@ -122,9 +122,12 @@ class FsspecStore:
         cache_dir.mkdir(parents=True, exist_ok=True)
 
     def manifest_stamps(self) -> Iterator[tuple[str, str]]:
-        # Remote filesystems cache listings with no expiry by default: list afresh. One
-        # listing with details gives each file's info (etag, mtime...): no request per file.
-        self._fs.invalidate_cache(self._root)
+        # Remote filesystems cache listings with no expiry by default: list afresh. The
+        # whole cache: invalidating the root drops its parents' listings, not the model
+        # folders' below it, where a new version of a known model appears (s3fs, gcsfs).
+        # One listing with details gives each file's info (etag, mtime...): no request
+        # per file.
+        self._fs.invalidate_cache()
         base = self._root.rstrip("/")
         found = self._fs.glob(f"{base}/*/*/model.toml", detail=True)
         assert isinstance(found, Mapping)

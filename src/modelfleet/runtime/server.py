@@ -79,7 +79,7 @@ class RuntimeService:
     def __init__(self, settings: Settings, own_process: bool = False) -> None:
         """``own_process``: this is a runtime process of its own, so its RSS is its models'
         (the memory guard is on); an in-process runtime shares the coordinator's."""
-        store = open_store(settings.repo, settings.state_dir / "disk-cache",
+        store = open_store(settings.repo, settings.disk_cache_path,
                            settings.runtime.disk_cache_bytes)
         margin = settings.runtime.rss_margin
         floor = settings.runtime.rss_margin_floor_bytes

@@ -221,6 +221,7 @@ class Coordinator:
             "worker_id": self.worker_id,
             "at": self._clock(),
             "ready": self.ready,
+            "gpus": self._settings.worker.gpus,  # the gateway's 503 for CUDA-only models
             "accepting_cold_work": self.ready and self._loader_free(),
             "subscriptions": sorted(self._consumers),
             "resident": {"device": device, "host": host},
@@ -555,6 +556,9 @@ class Coordinator:
         """Pull this model's queue? Isolated models' runtimes start only once in demand."""
         if model_id not in self._catalog:
             return False
+        if self._catalog.get(model_id).manifest.device == "cuda" \
+                and not self._settings.worker.gpus:
+            return False  # a CPU worker never pulls a CUDA-only model
         if self._catalog.get(model_id).manifest.isolated and model_id not in self._demand \
                 and model_id not in self._consumers:
             return False

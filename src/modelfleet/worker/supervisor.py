@@ -63,6 +63,7 @@ from modelfleet.errors import (
 from modelfleet.ipc.protocol import PRELOAD_ENV, SETTINGS_ENV, Launcher, Runtime, Started
 from modelfleet.repository import Catalog, ModelStore
 from modelfleet.settings import BrokerSettings, Settings
+from modelfleet.worker.devices import runtime_device_env
 from modelfleet.worker.isolation.environments import (
     EnvironmentBuilder,
     EnvironmentBuildFailed,
@@ -137,11 +138,13 @@ class SupervisedRuntime:
     def __init__(self, name: str, settings: Settings, launcher: Launcher,
                  on_change: Callable[[], None],
                  isolation: Callable[[], Isolation] | None = None,
-                 device_budget_bytes: int | None = None, eager_standby: bool = False) -> None:
+                 device_budget_bytes: int | None = None, eager_standby: bool = False,
+                 device_env: dict[str, str] | None = None) -> None:
         self.name = name
         # A spare from the first start, not only after a crash (the quarantine runtime:
         # crashes are what it is for).
         self._eager_standby = eager_standby
+        self._device_env = device_env or {}  # CUDA_VISIBLE_DEVICES (worker/devices.py)
         self._device_budget_bytes = device_budget_bytes  # a shared one's starting part
         self._settings = settings
         self._launcher = launcher
@@ -360,6 +363,7 @@ class SupervisedRuntime:
             self._settings, self._device_budget_bytes).model_dump_json(),
                     **runtime_env(limit)})
         env.update(compute_thread_env(env, self._settings))
+        env.update(self._device_env)
         env.update(extra_env or {})
         started = await self._launcher.launch(self.name, python, env, standby)
         handle = None
@@ -451,7 +455,8 @@ class RuntimeSupervisor:
         share = pool_bytes(settings) // settings.worker.shared_runtimes
         self.shared = [
             SupervisedRuntime(f"runtime-{i}", settings, self._launcher, self._changed,
-                              device_budget_bytes=share)
+                              device_budget_bytes=share, device_env=runtime_device_env(
+                                  i, settings.worker.gpus, os.environ))
             for i in range(settings.worker.shared_runtimes)
         ]
         # Which shared runtimes hold each model, and one device budget split among them.
