@@ -35,7 +35,7 @@ class RequestObserver:
     def __init__(self, log_format: str, model_labels: ModelLabels | None = None) -> None:
         # Per-request lines at INFO only when asked for JSON logs: text logs stay quiet.
         self._level = logging.INFO if log_format == "json" else logging.DEBUG
-        self._label = model_labels or ModelLabels()
+        self._label = model_labels if model_labels is not None else ModelLabels()
 
     def label(self, model_id: str) -> str:
         """The bounded ``model`` label value for ``model_id``."""
