@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -23,9 +22,9 @@ from kserve import InferenceGRPCClient, InferInput, InferRequest
 
 from modelfleet.gateway.grpc_api import inference_pb2 as pb
 from tests.conftest import rabbitmq_url, require_rabbitmq
+from tests.e2e.test_oip import repository as oip_repository
 from tests.e2e.test_oip_extensions import SIMPLE_HANDLER, SIMPLE_MANIFEST
 from tests.procs import (
-    EXAMPLES,
     ROOT,
     Proc,
     free_port,
@@ -40,54 +39,10 @@ ROWS = np.array([[5.1, 3.5, 1.4, 0.2], [6.3, 3.3, 6.0, 2.5]], np.float32)
 
 
 def repository(root: Path) -> Path:
-    """simple (Triton's example model), words (BYTES in and out), nap (sleeps), iris."""
+    """test_oip's repository (iris, words: BYTES in and out, nap: sleeps, plain), and a
+    stand-in for Triton's ``simple``."""
+    oip_repository(root)
     write_package(root, "simple", SIMPLE_MANIFEST, SIMPLE_HANDLER)
-    write_package(root, "words", """\
-        name = "words"
-        entrypoint = "handler:Words"
-        [[inputs]]
-        name = "text"
-        datatype = "BYTES"
-        shape = [-1]
-        [[outputs]]
-        name = "length"
-        datatype = "INT32"
-        shape = [-1]
-        [[outputs]]
-        name = "upper"
-        datatype = "BYTES"
-        shape = [-1]
-        """, """\
-        from modelfleet import Model
-
-        class Words(Model):
-            def predict(self, batch):
-                return [{"length": [len(t) for t in item["text"]],
-                         "upper": [t.upper() for t in item["text"]]} for item in batch]
-        """)
-    write_package(root, "nap", """\
-        name = "nap"
-        entrypoint = "handler:Nap"
-        timeout_s = 30
-        [[inputs]]
-        name = "seconds"
-        datatype = "FP32"
-        shape = [1]
-        [[outputs]]
-        name = "slept"
-        datatype = "FP32"
-        shape = [1]
-        """, """\
-        import time
-        from modelfleet import Model
-
-        class Nap(Model):
-            def predict(self, batch):
-                for item in batch:
-                    time.sleep(float(item["seconds"][0]))
-                return [{"slept": item["seconds"]} for item in batch]
-        """)
-    shutil.copytree(EXAMPLES / "iris", root / "iris")
     return root
 
 
