@@ -191,11 +191,6 @@ class WorkerSettings(_Section):
     # to half of what its other runtimes take, for replica_keep_s.
     replica_at_tasks: int = Field(default=0, ge=0)
     replica_keep_s: float = Field(default=10, ge=0)
-    # Take the counts of queues nobody here holds from the gateways' announcements instead
-    # of asking the broker (worker/announced.py). Off by default: with it on, fan-out caps
-    # were overshot by a transient third worker in tests/e2e/test_pull_affinity.py (2 of 7
-    # runs); exact counts cost one passive declare per candidate queue per count.
-    estimate_announced_counts: bool = False
     # CUDA devices this worker has (the GPU pool's overlay sets it to the node's
     # nvidia.com/gpu count). 0, a CPU worker: it never pulls a model whose manifest says
     # device = "cuda", and the gateway answers such a model 503 while no live worker

@@ -128,8 +128,7 @@ async def fleet(tmp_path: Path) -> AsyncIterator[Fleet]:
         write_package(repo, name, f'name = "{name}"\nversion = "1"\n'
                       'entrypoint = "handler:Echo"\naccepts = ["text/plain"]\n', MODEL)
     settings = Settings(repo=str(repo), state_dir=tmp_path / "state", broker={"url": "memory"},
-                        worker={"worker_id": "w-me", "permits": 4,
-                                "estimate_announced_counts": True})
+                        worker={"worker_id": "w-me", "permits": 4})
     broker = CountingBroker(settings.broker)
     await broker.connect()
     store, catalog = open_repository(settings)

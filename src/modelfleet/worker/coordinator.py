@@ -430,8 +430,8 @@ class Coordinator:
         """Of the queues to count, those the fleet's announcements say enough of: not
         held, resident, pinned or loading here (those are counted exactly), with a fresh
         announced count. Their estimates go into ``_counts``; returns them."""
-        estimated: set[str] = set()
-        for model_id in ask if self._settings.worker.estimate_announced_counts else ():
+        estimated = set()
+        for model_id in ask:
             if model_id in self._consumers or model_id in here \
                     or model_id in self._tasks.running:
                 continue
