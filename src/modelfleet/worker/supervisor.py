@@ -545,12 +545,6 @@ class RuntimeSupervisor:
             if not self.spread.running_at(model_id, runtime.name):
                 self.pool.release(runtime.name, model_id)
 
-    def refused_for_memory(self, runtime: SupervisedRuntime, model_id: str) -> None:
-        """The runtime refused the model's load for memory: the room held for it is
-        reckoned afresh at the next ``prepare`` (the budgets have moved since)."""
-        if runtime in self.shared:
-            self.pool.release(runtime.name, model_id)
-
     async def prepare(self, runtime: SupervisedRuntime, model_id: str) -> None:
         """Before a task runs: if its model is not resident there, the pool's free bytes
         go to that runtime first (the room for a miss is kept once, for the pool)."""

@@ -34,7 +34,7 @@ from modelfleet.worker.supervisor import RuntimeSupervisor, SupervisedRuntime
 from modelfleet.worker.tasklog import TaskLog
 
 # Memory refusals of a shared runtime asked again (see _past_memory_refusals), by code.
-MEMORY_RETRIES = {"no_capacity": 8, "model_too_large": 4}
+MEMORY_RETRIES = {"no_capacity": 8, "model_too_large": 3}
 MEMORY_RETRY_PAUSE_S = 0.1
 
 log = logging.getLogger("modelfleet.worker")
@@ -273,7 +273,6 @@ class TaskRunner:
                 return reply
             tries += 1
             metrics.MEMORY_RETRIES.labels(code).inc()
-            self._supervisor.refused_for_memory(runtime, delivery.task.model_id)
             await asyncio.sleep(MEMORY_RETRY_PAUSE_S * tries)
             reply = await self._run_on(runtime, delivery, queue_wait_ms=max(
                 0, received_ms - delivery.task.enqueued_ms))
