@@ -584,11 +584,6 @@ class RuntimeSupervisor:
     def is_quarantine(self, runtime: SupervisedRuntime) -> bool:
         return runtime is self._quarantine
 
-    def is_shared(self, runtime: SupervisedRuntime) -> bool:
-        """One of the shared runtimes of the pooled budget (not an isolated model's own, not
-        the quarantine)."""
-        return any(runtime is shared for shared in self.shared)
-
     def crashed_alone(self, model_id: str) -> None:
         """A task of the model crashed a runtime alone: its tasks go to quarantine a while."""
         self._crashing[model_id] = time.monotonic()
