@@ -202,3 +202,9 @@ RUNTIME_LOADS_REFUSED = Counter("modelfleet_runtime_loads_refused_total",
 RUNTIME_DEVICE_RESERVED = Gauge("modelfleet_runtime_device_reserved_bytes",
                                 "Bytes the CUDA caching allocator holds in each runtime "
                                 "(0 without CUDA)", ["runtime"])
+
+MEMORY_RETRIES = Counter(
+    "modelfleet_worker_memory_retries_total",
+    "Tasks a shared runtime refused for memory (its RSS guard: no_capacity; a budget moved "
+    "away under a concurrent miss: model_too_large) asked again shortly, by code",
+    ["code"])

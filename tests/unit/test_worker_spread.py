@@ -228,3 +228,29 @@ async def test_a_model_larger_than_the_whole_pool_is_refused_saying_so(
     assert sum(b.budget_bytes for b in budgets) == 6 * MB
     await worker.send("big", "still-served")
     await worker.replies_for(1)
+
+
+async def test_two_misses_that_do_not_fit_the_pool_together_both_get_answers(
+        pooled_worker: Worker) -> None:
+    """Two 4 MB models missed at once on a 6 MB pool: one runtime's room is taken for the
+    other's load, so a load meets a budget that just moved away (``model_too_large``). The
+    worker asks that runtime again within the task's deadline: every caller gets its
+    answer, and the pool still never holds more than itself."""
+    worker = pooled_worker
+    before = REGISTRY.get_sample_value("modelfleet_worker_memory_retries_total",
+                                       {"code": "model_too_large"}) or 0.0
+    tasks = []
+    for round_ in range(3):
+        for model in ("big", "other"):
+            tasks.append(await worker.send(model, f"{model}-{round_} 0.05"))
+    replies = []
+    for _ in tasks:
+        replies.append(await asyncio.wait_for(worker.replies.get(), 60))
+    assert sorted(r.request_id for r in replies) == sorted(t.request_id for t in tasks)
+    failed = [(r.error_code, r.error_message) for r in replies if r.status != "ok"]
+    assert failed == []
+    budgets = await worker.budgets()
+    assert sum(b.budget_bytes for b in budgets) == 6 * MB
+    after = REGISTRY.get_sample_value("modelfleet_worker_memory_retries_total",
+                                      {"code": "model_too_large"}) or 0.0
+    assert after >= before  # counted when it happened (it need not, on a quiet machine)

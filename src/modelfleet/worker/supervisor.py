@@ -545,6 +545,12 @@ class RuntimeSupervisor:
             if not self.spread.running_at(model_id, runtime.name):
                 self.pool.release(runtime.name, model_id)
 
+    def refused_for_memory(self, runtime: SupervisedRuntime, model_id: str) -> None:
+        """The runtime refused the model's load for memory: the room held for it is
+        reckoned afresh at the next ``prepare`` (the budgets have moved since)."""
+        if self.is_shared(runtime):
+            self.pool.release(runtime.name, model_id)
+
     async def prepare(self, runtime: SupervisedRuntime, model_id: str) -> None:
         """Before a task runs: if its model is not resident there, the pool's free bytes
         go to that runtime first (the room for a miss is kept once, for the pool)."""
@@ -583,6 +589,11 @@ class RuntimeSupervisor:
 
     def is_quarantine(self, runtime: SupervisedRuntime) -> bool:
         return runtime is self._quarantine
+
+    def is_shared(self, runtime: SupervisedRuntime) -> bool:
+        """One of the shared runtimes of the pooled budget (not an isolated model's own, not
+        the quarantine)."""
+        return any(runtime is shared for shared in self.shared)
 
     def crashed_alone(self, model_id: str) -> None:
         """A task of the model crashed a runtime alone: its tasks go to quarantine a while."""

@@ -33,6 +33,10 @@ from modelfleet.worker.gate import CrashWitness, SuspectGate
 from modelfleet.worker.supervisor import RuntimeSupervisor, SupervisedRuntime
 from modelfleet.worker.tasklog import TaskLog
 
+# Memory refusals of a shared runtime asked again (see _past_memory_refusals), by code.
+MEMORY_RETRIES = {"no_capacity": 8, "model_too_large": 4}
+MEMORY_RETRY_PAUSE_S = 0.1
+
 log = logging.getLogger("modelfleet.worker")
 
 
@@ -138,6 +142,8 @@ class TaskRunner:
                         deadline.reschedule(asyncio.get_running_loop().time())
                     reply = await self._run_on(runtime, delivery, queue_wait_ms=max(
                         0, received_ms - task.enqueued_ms))
+                    reply = await self._past_memory_refusals(runtime, delivery, reply,
+                                                             received_ms)
             except TimeoutError:
                 self._count_dropped(task)
                 await delivery.ack()
@@ -252,6 +258,26 @@ class TaskRunner:
                     return False
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, 1.0)
+
+    async def _past_memory_refusals(self, runtime: SupervisedRuntime, delivery: Delivery,
+                                    reply: EncodedReply, received_ms: int) -> EncodedReply:
+        """A runtime of the pooled budget that refused a load for memory (its RSS guard:
+        ``no_capacity``; a budget moved away under a concurrent miss: ``model_too_large``)
+        is asked again shortly, within the task's deadline, instead of failing the caller:
+        the pool moves room and the guard sheds in well under a second. A model that does
+        not fit at all is still refused after MEMORY_RETRIES[code] tries."""
+        tries = 0
+        while reply.status == "error" and self._supervisor.is_shared(runtime):
+            code = reply.decode().error_code
+            if tries >= MEMORY_RETRIES.get(code, 0):
+                return reply
+            tries += 1
+            metrics.MEMORY_RETRIES.labels(code).inc()
+            self._supervisor.refused_for_memory(runtime, delivery.task.model_id)
+            await asyncio.sleep(MEMORY_RETRY_PAUSE_S * tries)
+            reply = await self._run_on(runtime, delivery, queue_wait_ms=max(
+                0, received_ms - delivery.task.enqueued_ms))
+        return reply
 
     async def _run_on(self, runtime: SupervisedRuntime, delivery: Delivery,
                       queue_wait_ms: float) -> EncodedReply:
