@@ -15,7 +15,7 @@ broker to the gateway, the one place that decodes it.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import msgpack
@@ -91,9 +91,12 @@ class Reply:
                    worker_id=worker_id, timings_ms=timings_ms or {})
 
 
+# The codec packs a message's own fields (``vars``: a shallow view, never mutated here)
+# rather than ``dataclasses.asdict``, which deep-copies every field on the warm path.
 def encode_task(task: Task) -> bytes:
-    data = asdict(task)
-    data.pop("delivery_count")
+    data = dict(vars(task))
+    del data["delivery_count"]
+    data["payload"] = vars(task.payload)
     packed: bytes = msgpack.packb(data, use_bin_type=True)
     return packed
 
@@ -105,7 +108,7 @@ def decode_task(raw: bytes, delivery_count: int = 0) -> Task:
 
 
 def encode_reply(reply: Reply) -> bytes:
-    packed: bytes = msgpack.packb(asdict(reply), use_bin_type=True)
+    packed: bytes = msgpack.packb(vars(reply), use_bin_type=True)
     return packed
 
 
