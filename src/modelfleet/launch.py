@@ -34,7 +34,7 @@ import uvicorn
 from modelfleet import metrics
 from modelfleet.broker import Broker, create_broker
 from modelfleet.control.orders import OrderStore
-from modelfleet.dlq.archive import default_location
+from modelfleet.database import default_location
 from modelfleet.dlq.embedded import archiving
 from modelfleet.errors import ConfigError, ManifestError
 from modelfleet.gateway.app import create_app
@@ -226,14 +226,14 @@ def _dead_letters_archived(broker: Broker, settings: Settings
     """On the embedded broker, serve archives its own dead letters (nobody else can)."""
     if settings.broker.url != "memory":
         return contextlib.nullcontext()
-    return archiving(broker, default_location())
+    return archiving(broker, default_location(settings.state_dir))
 
 
 @contextlib.contextmanager
 def _kept_orders(settings: Settings) -> Generator[OrderStore, None, None]:
     """The control orders' table in the deployment's database (``tenancy.db``, else the
-    dead-letter archive's): what an operator ordered outlives every process."""
-    orders = OrderStore(store_location(settings.tenancy.db))
+    default location in ``state_dir``): what an operator ordered outlives every process."""
+    orders = OrderStore(store_location(settings.tenancy.db, settings.state_dir))
     log.info("control: orders kept in %s", orders.location)
     try:
         yield orders

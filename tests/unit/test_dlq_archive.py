@@ -47,9 +47,10 @@ def archive(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Archive]
         yield opened
         opened.close()
         return
-    from modelfleet.dlq.archive.postgres import PostgresArchive
+    from modelfleet.dlq.archive.backend import SqlArchive
 
-    pg = PostgresArchive(POSTGRES_URL, table=f"dlq_test_{uuid.uuid4().hex[:12]}")
+    pg = open_archive(POSTGRES_URL, table=f"dlq_test_{uuid.uuid4().hex[:12]}")
+    assert isinstance(pg, SqlArchive)
     try:
         yield pg
     finally:

@@ -8,7 +8,7 @@ reads them all back at start-up (``wire``) before it announces them to the fleet
 
 The database is the one the tenants' store and the dead-letter archive use
 (``tenancy.db``, else ``$MODELFLEET_DLQ_DB``, else ``~/.cache/modelfleet/dlq.sqlite3``;
-SQLite or PostgreSQL), opened through ``tenancy.store.open_database``; the table
+SQLite or PostgreSQL), opened through ``modelfleet.database``; the table
 ``modelfleet_control_orders`` is created on open. Values are stored as JSON. Methods
 are synchronous and thread-safe; async callers run them in a thread. Driver errors
 become ``OrderStoreError`` / ``OrderStoreUnavailable`` here, once.
@@ -20,8 +20,8 @@ import json
 from typing import Any, Protocol
 
 from modelfleet.control.state import FIELDS, ControlState
+from modelfleet.database import Names, open_database
 from modelfleet.errors import ModelfleetError
-from modelfleet.tenancy.store import open_database
 
 TABLE = "modelfleet_control_orders"
 _SCHEMA = f"""CREATE TABLE IF NOT EXISTS {TABLE} (
@@ -64,15 +64,11 @@ class OrderBook(Protocol):
 
 class OrderStore:
     def __init__(self, location: str) -> None:
-        self._db = open_database(location, "the control orders' database", OrderStoreError,
-                                 OrderStoreUnavailable)
+        self._db = open_database(location, Names(
+            "the control orders' database", OrderStoreError, OrderStoreUnavailable,
+            "tenancy.db, $MODELFLEET_DLQ_DB, state_dir"))
         self._q = self._db.mark
-        try:
-            with self._db.run("create the control orders' table") as db:
-                db.execute(_SCHEMA)
-        except Exception:
-            self._db.close()
-            raise
+        self._db.create([_SCHEMA], "create the control orders' table")
 
     @property
     def location(self) -> str:

@@ -25,8 +25,9 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from modelfleet.broker import Broker, create_broker
+from modelfleet.database import default_location
 from modelfleet.dlq import render
-from modelfleet.dlq.archive import Archive, ArchiveError, default_location, open_archive
+from modelfleet.dlq.archive import Archive, ArchiveError, open_archive
 from modelfleet.dlq.classify import FAILURE_CLASSES
 from modelfleet.dlq.consumer import archive_dead_letters
 from modelfleet.dlq.records import DeadLetterRecord, Selection
@@ -61,7 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
         sub = commands.add_parser(name, help=help_, description=help_)
         sub.add_argument("--db", default=default_location(),
                          help="archive: a SQLite file or a postgresql:// URL "
-                              "(env MODELFLEET_DLQ_DB; default ~/.cache/modelfleet/dlq.sqlite3)")
+                              "(env MODELFLEET_DLQ_DB; default dlq.sqlite3 in "
+                              "$MODELFLEET_STATE_DIR, ~/.cache/modelfleet)")
         if broker:
             sub.add_argument("--broker", default=os.environ.get("MODELFLEET_BROKER", "memory"),
                              help="amqp://user:pass@host:port/ (env MODELFLEET_BROKER)")

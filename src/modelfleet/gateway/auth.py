@@ -170,7 +170,7 @@ async def tenant_gate(settings: Settings, catalog: Catalog, embedded: bool
         yield None
         return
     plans = load_plans(tenancy.plans_file)
-    store: TenantStore = open_store(store_location(tenancy.db))
+    store: TenantStore = open_store(store_location(tenancy.db, settings.state_dir))
     try:
         if not await asyncio.to_thread(store.keys):
             log.warning("auth on and no API key exists yet: make one with 'modelfleet keys "

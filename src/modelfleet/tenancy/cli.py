@@ -39,7 +39,8 @@ def _db_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--db", default=store_location(os.environ.get("MODELFLEET_TENANCY__DB",
                                                                       "")),
                         help="a SQLite file or a postgresql:// URL (env MODELFLEET_TENANCY__DB, "
-                             "else MODELFLEET_DLQ_DB; default ~/.cache/modelfleet/dlq.sqlite3)")
+                             "else MODELFLEET_DLQ_DB; default dlq.sqlite3 in "
+                             "$MODELFLEET_STATE_DIR, ~/.cache/modelfleet)")
 
 
 def _plan_flag(parser: argparse.ArgumentParser, required: bool = False) -> None:

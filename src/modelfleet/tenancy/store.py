@@ -1,28 +1,23 @@
-"""Tenants, grants, API keys and usage rows, in the dead-letter archive's database.
+"""Tenants, grants, API keys and usage rows, in the deployment's database.
 
-One location names the database for both (``tenancy.db``, else ``$MODELFLEET_DLQ_DB``,
-else ``~/.cache/modelfleet/dlq.sqlite3``): a file path or ``sqlite:///path`` is SQLite,
-``postgresql://...`` is PostgreSQL (``psycopg`` 3). Tables of their own, next to the
-archive's. Keys are stored as a salted digest (``modelfleet.tenancy.keys``), never as
-given. Methods are synchronous and thread-safe; async callers run them in a thread.
-Driver errors are translated here, once, into ``TenancyStoreError`` and
-``TenancyStoreUnavailable``.
+The database is ``modelfleet.database``'s (``tenancy.db``, else its default location: a
+file path or ``sqlite:///path`` is SQLite, ``postgresql://...`` is PostgreSQL); tables of
+their own, next to the dead-letter archive's and the control orders'. Keys are stored as a
+salted digest (``modelfleet.tenancy.keys``), never as given. Methods are synchronous and
+thread-safe; async callers run them in a thread. Driver errors reach callers as
+``TenancyStoreError`` and ``TenancyStoreUnavailable`` (translated in ``Database.run``).
 """
 
 from __future__ import annotations
 
-import sqlite3
-import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from modelfleet.dlq.archive import default_location
-from modelfleet.errors import ConfigError, ModelfleetError
-from modelfleet.redaction import redact_url
+from modelfleet.database import Database, Names, default_location, open_database
+from modelfleet.errors import ConfigError
 from modelfleet.tenancy import TenancyStoreError, TenancyStoreUnavailable, keys
 from modelfleet.tenancy.keys import Role
 
@@ -84,123 +79,20 @@ class UsageRow:
     bytes_out: int
 
 
-def store_location(configured: str = "") -> str:
-    """``tenancy.db`` if set, else the dead-letter archive's location."""
-    return configured or default_location()
+NAMES = Names("the tenants' store", TenancyStoreError, TenancyStoreUnavailable,
+              "tenancy.db, $MODELFLEET_DLQ_DB, state_dir")
+
+
+def store_location(configured: str = "", state_dir: Path | None = None) -> str:
+    """``tenancy.db`` if set, else the deployment database's default location."""
+    return configured or default_location(state_dir)
 
 
 def open_store(location: str) -> TenantStore:
     """The store at ``location`` (a file, ``sqlite:///path`` or ``postgresql://``), its
     tables created if missing. ConfigError for an unknown URL; TenancyStoreUnavailable
     when it cannot be opened."""
-    return TenantStore(open_database(location))
-
-
-def open_database(location: str, label: str = "the tenants' store",
-                  error: type[ModelfleetError] = TenancyStoreError,
-                  unavailable: type[ModelfleetError] = TenancyStoreUnavailable) -> _Database:
-    """One connection to the deployment's database at ``location`` (a file,
-    ``sqlite:///path`` or ``postgresql://``), its driver's errors translated into
-    ``error`` and ``unavailable`` (messages name ``label``). ConfigError for an unknown
-    URL; ``unavailable`` when it cannot be opened. Other stores that keep their tables in
-    this database (``control.orders``) open it here too."""
-    names = _Names(label, error, unavailable)
-    if location.startswith(("postgresql://", "postgres://")):
-        return _Postgres(location, names)
-    if location.startswith("sqlite://"):
-        location = location.removeprefix("sqlite://")
-        if not location.startswith("/"):
-            raise ConfigError("an sqlite:// store URL needs an absolute path "
-                              "(sqlite:///var/lib/modelfleet.sqlite3); or pass a file path")
-    elif "://" in location:
-        raise ConfigError(f"store {location.split('://')[0]}:// is not supported: pass a "
-                          "file path (SQLite) or a postgresql:// URL")
-    return _Sqlite(Path(location).expanduser(), names)
-
-
-@dataclass(frozen=True)
-class _Names:
-    """What a database's errors are called, and how its messages name it."""
-
-    label: str
-    error: type[ModelfleetError]
-    unavailable: type[ModelfleetError]
-
-
-class _Database:
-    """One connection, used under a lock; the driver's errors translated once."""
-
-    mark = "?"
-    blob = "BLOB"
-    where = ""
-    _db: Any
-    _lock: threading.Lock
-
-    def _translate(self, exc: Exception, what: str) -> Exception | None:
-        raise NotImplementedError
-
-    @contextmanager
-    def run(self, what: str) -> Iterator[Any]:
-        with self._lock:
-            try:
-                yield self._db
-            except Exception as exc:
-                ours = self._translate(exc, f"{what} in {self.where}")
-                if ours is None:
-                    raise
-                raise ours from exc
-
-    def close(self) -> None:
-        with self._lock:
-            self._db.close()
-
-
-class _Sqlite(_Database):
-    def __init__(self, path: Path, names: _Names) -> None:
-        self.where = str(path)
-        self._names = names
-        self._lock = threading.Lock()
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(path, timeout=10, check_same_thread=False,
-                                       isolation_level=None)
-            self._db.execute("PRAGMA journal_mode=WAL")
-        except (OSError, sqlite3.Error) as exc:
-            raise names.unavailable(f"cannot open {names.label} {path}: {exc}; check the "
-                                    "path (tenancy.db, $MODELFLEET_DLQ_DB) and its "
-                                    "permissions") from exc
-
-    def _translate(self, exc: Exception, what: str) -> Exception | None:
-        if isinstance(exc, sqlite3.OperationalError):
-            return self._names.unavailable(f"{what}: {exc}")
-        if isinstance(exc, sqlite3.Error):
-            return self._names.error(f"{what}: {exc}")
-        return None
-
-
-class _Postgres(_Database):
-    mark = "%s"
-    blob = "BYTEA"
-
-    def __init__(self, url: str, names: _Names) -> None:
-        from modelfleet.dlq.archive.postgres import _psycopg
-
-        self._names = names
-        self._psycopg = _psycopg()
-        self.where = redact_url(url)
-        self._lock = threading.Lock()
-        try:
-            self._db = self._psycopg.connect(url, autocommit=True, connect_timeout=10)
-        except self._psycopg.Error as exc:
-            raise names.unavailable(
-                f"cannot connect to {names.label} {self.where}: {exc}".strip()) from exc
-
-    def _translate(self, exc: Exception, what: str) -> Exception | None:
-        if isinstance(exc, self._psycopg.OperationalError):
-            return self._names.unavailable(f"{what}: {exc}".strip())
-        if isinstance(exc, self._psycopg.Error):
-            return self._names.error(f"{what}: {exc}".strip())
-        return None
+    return TenantStore(open_database(location, NAMES))
 
 
 def _now_ms() -> int:
@@ -208,16 +100,11 @@ def _now_ms() -> int:
 
 
 class TenantStore:
-    def __init__(self, database: _Database) -> None:
+    def __init__(self, database: Database) -> None:
         self._db = database
         self._q = database.mark
-        try:
-            with database.run("create the tenants' tables") as db:
-                for statement in _SCHEMA.format(blob=database.blob).split(";"):
-                    db.execute(statement)
-        except Exception:
-            database.close()
-            raise
+        database.create(_SCHEMA.format(blob=database.blob).split(";"),
+                        "create the tenants' tables")
 
     @property
     def location(self) -> str:

@@ -1,9 +1,9 @@
 """The ``Archive`` protocol: where dead letters are kept, and which one a URL names.
 
-Two implementations: ``sqlite.SqliteArchive`` (stdlib ``sqlite3``, the default, one
-file) and ``postgres.PostgresArchive`` (``psycopg`` 3, for a fleet whose archivers
-run on several machines). Both upsert by request id and raise only the errors
-below; a database library's own exceptions never leave them.
+One implementation, ``backend.SqlArchive``, over the deployment's database
+(``modelfleet.database``: SQLite, the default, one file; or PostgreSQL, for a fleet whose
+archivers run on several machines). It upserts by request id and raises only the errors
+below; a database library's own exceptions never leave it.
 
 Methods are synchronous and thread-safe: async callers run them in a thread
 (``asyncio.to_thread``) so that a slow database never stalls a broker connection.
@@ -17,14 +17,12 @@ Methods are synchronous and thread-safe: async callers run them in a thread
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 from typing import Protocol
 
+from modelfleet.database import Names, open_database
 from modelfleet.dlq.records import DeadLetterRecord, Selection, SignatureCount
 from modelfleet.errors import ConfigError, ModelfleetError
 
-DB_ENV = "MODELFLEET_DLQ_DB"
 DEFAULT_TABLE = "modelfleet_dead_letters"
 
 
@@ -38,6 +36,10 @@ class ArchiveUnavailable(ArchiveError):
     """The archive cannot be opened or reached: check the path, permissions or server."""
 
     code = "archive_unavailable"
+
+
+NAMES = Names("the dead-letter archive", ArchiveError, ArchiveUnavailable,
+              "--db, $MODELFLEET_DLQ_DB, state_dir")
 
 
 class Archive(Protocol):
@@ -67,32 +69,14 @@ class Archive(Protocol):
     def close(self) -> None: ...
 
 
-def default_location() -> str:
-    """``$MODELFLEET_DLQ_DB``, else ``~/.cache/modelfleet/dlq.sqlite3`` (the state dir)."""
-    return os.environ.get(DB_ENV) or str(Path.home() / ".cache" / "modelfleet" / "dlq.sqlite3")
-
-
 def open_archive(location: str, table: str = DEFAULT_TABLE) -> Archive:
-    """A file path or ``sqlite:///path`` gives SQLite; ``postgresql://...`` gives PostgreSQL.
+    """The archive at ``location`` (a file path, ``sqlite:///path`` or ``postgresql://...``;
+    see ``modelfleet.database``), its table created if missing. Raises ConfigError for a
+    URL we do not know, ArchiveUnavailable when the archive cannot be opened."""
+    from modelfleet.dlq.archive.backend import SqlArchive
 
-    Creates the table if it is missing. Raises ConfigError for a URL we do not know,
-    ArchiveUnavailable when the archive cannot be opened.
-    """
-    if location.startswith(("postgresql://", "postgres://")):
-        from modelfleet.dlq.archive.postgres import PostgresArchive
-
-        return PostgresArchive(location, table)
-    if location.startswith("sqlite://"):
-        location = location.removeprefix("sqlite://")
-        if not location.startswith("/"):
-            raise ConfigError("an sqlite:// archive URL needs an absolute path "
-                              "(sqlite:///var/lib/dlq.sqlite3); or pass a plain file path")
-    elif "://" in location:
-        raise ConfigError(f"archive {location.split('://')[0]}:// is not supported: pass a "
-                          "file path (SQLite) or a postgresql:// URL")
-    from modelfleet.dlq.archive.sqlite import SqliteArchive
-
-    return SqliteArchive(Path(location).expanduser(), table)
+    table = check_table_name(table)
+    return SqlArchive(open_database(location, NAMES), table)
 
 
 def check_table_name(table: str) -> str:

@@ -1,16 +1,16 @@
-"""What both archive backends share: the queries, run through a backend's guard.
+"""The dead-letter archive over the deployment's database (``modelfleet.database``).
 
-A backend (``SqliteArchive``, ``PostgresArchive``) opens its connection and supplies
-``_guard`` (serialise access, translate its driver's errors once, at this boundary);
-everything else is the same SQL in two dialects (``modelfleet.dlq.archive.statements``).
+The connection, its lock and the translation of driver errors are the database's
+(``Database.run``); here is only the archive's SQL, the same in both dialects but for
+placeholders and column types (``modelfleet.dlq.archive.statements``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
+from modelfleet.database import Database, Dialect
 from modelfleet.dlq.archive import statements as sql
 from modelfleet.dlq.records import DeadLetterRecord, Selection, SignatureCount
 
@@ -18,26 +18,28 @@ _T = TypeVar("_T")
 
 
 class SqlArchive:
-    _table: str
-    _dialect: sql.Dialect
-    _db: Any
+    def __init__(self, database: Database, table: str) -> None:
+        self._database = database
+        self._table = table  # checked by open_archive: a plain identifier
+        self._dialect: Dialect = database.dialect
+        database.create(sql.create_table(table, self._dialect), "create the archive table")
 
-    def _guard(self, what: str) -> AbstractContextManager[None]:
-        raise NotImplementedError
+    @property
+    def location(self) -> str:
+        where = self._database.where
+        return where if self._dialect == "sqlite" else f"{where} (table {self._table})"
 
-    def _create_table(self, *prelude: str) -> None:
-        """Create the table if needed (after ``prelude`` statements); close on failure."""
-        try:
-            with self._guard("create the archive table"):
-                for statement in [*prelude, *sql.create_table(self._table, self._dialect)]:
-                    self._db.execute(statement)
-        except Exception:
-            self._db.close()
-            raise
+    def close(self) -> None:
+        self._database.close()
+
+    def drop(self) -> None:
+        """Drop the table (tests, and tearing a deployment down)."""
+        self._run(f"drop {self._table}", lambda db: db.execute(
+            f"DROP TABLE IF EXISTS {self._table}"))
 
     def _run(self, what: str, body: Callable[[Any], _T]) -> _T:
-        with self._guard(what):
-            return body(self._db)
+        with self._database.run(what) as db:
+            return body(db)
 
     def get(self, request_id: str) -> DeadLetterRecord | None:
         row = self._run(f"read {request_id}", lambda db: db.execute(

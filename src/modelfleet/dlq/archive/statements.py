@@ -7,11 +7,10 @@ The two dialects differ here only in placeholders and column types; both support
 from __future__ import annotations
 
 from dataclasses import astuple, fields
-from typing import Any, Literal, cast
+from typing import Any, cast
 
+from modelfleet.database import Dialect
 from modelfleet.dlq.records import DeadLetterRecord, Selection, SignatureCount
-
-Dialect = Literal["sqlite", "postgres"]
 
 # Column type per field kind, per dialect.
 _TYPES: dict[Dialect, dict[str, str]] = {
