@@ -208,3 +208,10 @@ MEMORY_RETRIES = Counter(
     "Tasks a shared runtime refused for memory (its RSS guard: no_capacity; a budget moved "
     "away under a concurrent miss: model_too_large) asked again shortly, by code",
     ["code"])
+
+TENANT_REQUESTS = Counter("modelfleet_tenant_requests_total",
+                          "Inference requests per tenant (the first tenancy.metric_tenants_max "
+                          "seen; the rest as '(other)') and usage outcome",
+                          ["tenant", "outcome"])
+AUTH_REFUSALS = Counter("modelfleet_gateway_auth_refusals_total",
+                        "Requests refused by the auth layer, by status", ["status"])

@@ -35,9 +35,9 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from prometheus_client import Counter
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from modelfleet import metrics
 from modelfleet.errors import ModelfleetError, ModelNotFound
 from modelfleet.gateway.http import error_body, is_v2, v2_message
 from modelfleet.repository import Catalog
@@ -52,13 +52,6 @@ from modelfleet.tenancy.store import TenantStore, open_store, store_location
 from modelfleet.tenancy.usage import UsageMeter, outcome_of
 
 log = logging.getLogger("modelfleet.gateway")
-
-TENANT_REQUESTS = Counter("modelfleet_tenant_requests_total",
-                          "Inference requests per tenant (the first tenancy.metric_tenants_max "
-                          "seen; the rest as '(other)') and usage outcome",
-                          ["tenant", "outcome"])
-AUTH_REFUSALS = Counter("modelfleet_gateway_auth_refusals_total",
-                        "Requests refused by the auth layer, by status", ["status"])
 
 Kind = Literal["open", "model", "catalog", "control", "index", "admin", "operator", "key"]
 _MODEL_PATH = re.compile(r"^/v[12]/models/([^/]+)(/.*)?$")
@@ -256,7 +249,7 @@ class AuthMiddleware:
     async def _refuse(self, exc: ModelfleetError, scope: Scope, receive: Receive,
                       send: Send) -> None:
         status, headers = _refusal(exc)
-        AUTH_REFUSALS.labels(str(status)).inc()
+        metrics.AUTH_REFUSALS.labels(str(status)).inc()
         path = scope.get("path", "")
         response = error_body(status, exc.code, v2_message(exc) if is_v2(path) else exc.message,
                               path)
@@ -271,7 +264,7 @@ class AuthMiddleware:
         try:
             release = await self.gate.limits.admit(tenant, principal.plan, self.gate.lease_s)
         except RateLimited as exc:
-            TENANT_REQUESTS.labels(label, "rate_limited").inc()
+            metrics.TENANT_REQUESTS.labels(label, "rate_limited").inc()
             if self.gate.owner_of(model) is not None:
                 self.gate.meter.record(tenant, model, "rate_limited")
             await self._refuse(exc, scope, receive, send)
@@ -284,7 +277,7 @@ class AuthMiddleware:
             CALLER.reset(caller)
             await release()
             outcome = outcome_of(seen.status)
-            TENANT_REQUESTS.labels(label, outcome).inc()
+            metrics.TENANT_REQUESTS.labels(label, outcome).inc()
             if self.gate.owner_of(model) is not None:  # usage rows for real models only
                 self.gate.meter.record(tenant, model, outcome, seen.timing_s("predict"),
                                        seen.timing_s("model_load"), seen.bytes_in,

@@ -31,9 +31,9 @@ from typing import Any
 import grpc
 from google.protobuf import json_format
 
-from modelfleet import __version__
+from modelfleet import __version__, metrics
 from modelfleet.errors import ModelfleetError, ModelNotFound, RequestRejected
-from modelfleet.gateway.auth import TENANT_REQUESTS, TenantGate
+from modelfleet.gateway.auth import TenantGate
 from modelfleet.gateway.control import check_config, flag, positive_int
 from modelfleet.gateway.exchange import Routed, record_exchange
 from modelfleet.gateway.grpc_api import inference_pb2 as pb
@@ -279,7 +279,7 @@ class InferenceServicer:
         try:
             release = await gate.limits.admit(tenant, principal.plan, gate.lease_s)
         except ModelfleetError:
-            TENANT_REQUESTS.labels(label, "rate_limited").inc()
+            metrics.TENANT_REQUESTS.labels(label, "rate_limited").inc()
             gate.meter.record(tenant, model, "rate_limited")
             raise
         token = CALLER.set(principal)
@@ -292,7 +292,7 @@ class InferenceServicer:
             CALLER.reset(token)
             await release()
             outcome = outcome_of(seen.status)
-            TENANT_REQUESTS.labels(label, outcome).inc()
+            metrics.TENANT_REQUESTS.labels(label, outcome).inc()
             gate.meter.record(tenant, model, outcome, seen.timings_ms.get("predict", 0) / 1000,
                               seen.timings_ms.get("model_load", 0) / 1000, seen.bytes_in,
                               seen.bytes_out)
