@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Literal
 
 from modelfleet import metrics
+from modelfleet.backoff import Backoff
 from modelfleet.errors import (
     ConfigError,
     ModelfleetError,
@@ -228,7 +229,7 @@ class SupervisedRuntime:
         return True
 
     async def _run(self) -> None:
-        backoff = 0.2
+        backoff = Backoff(0.2, max(0.2, self._settings.worker.restart_backoff_max_s))
         while not self.stopped:
             reason = "crashed"
             try:
@@ -237,7 +238,7 @@ class SupervisedRuntime:
                 self._set("ready")
                 self._keep_standby()
                 self._started.set()
-                backoff = 0.2
+                backoff.reset()
                 reason = await self._watch_until_down()
             except (EnvironmentBuildFailed, ConfigError, ModelLoadFailed, ModelNotFound) as exc:
                 # Deterministic: restarting will not help; answer tasks with it meanwhile.
@@ -262,9 +263,9 @@ class SupervisedRuntime:
             if self._standby_ready():
                 log.warning("runtime %s %s; its standby takes over", self.name, reason)
                 continue
-            log.warning("runtime %s %s; restarting in %.1fs", self.name, reason, backoff)
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, self._settings.worker.restart_backoff_max_s)
+            pause = backoff.next()
+            log.warning("runtime %s %s; restarting in %.1fs", self.name, reason, pause)
+            await asyncio.sleep(pause)
 
     async def _fail(self, exc: ModelfleetError) -> None:
         """Park in ``failed`` (tasks get ``exc`` at once) until a retry is asked for."""

@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
 from modelfleet import metrics
+from modelfleet.backoff import Backoff
 from modelfleet.broker import Broker, Delivery
 from modelfleet.errors import BrokerUnavailable, ModelfleetError, RuntimeCrashed
 from modelfleet.ipc.protocol import InferCall, Runtime
@@ -246,7 +247,7 @@ class TaskRunner:
 
         True once sent; False when the deadline passed first (nobody waits any more).
         """
-        pause = 0.05
+        backoff = Backoff(0.05, 1.0)
         while True:
             try:
                 await send()
@@ -256,8 +257,7 @@ class TaskRunner:
                     log.info("%s for %s dropped: the broker was down until its deadline "
                              "(%s)", what, task.request_id, exc)
                     return False
-                await asyncio.sleep(pause)
-                pause = min(pause * 2, 1.0)
+                await backoff.sleep()
 
     async def _past_memory_refusals(self, runtime: SupervisedRuntime, delivery: Delivery,
                                     reply: EncodedReply, received_ms: int) -> EncodedReply:
