@@ -78,7 +78,6 @@ class ControlAgent:
                  placement: Placement, worker_id: str, ready: Callable[[], bool],
                  clock: Callable[[], float] = time.time) -> None:
         self._settings = settings.control
-        self._reconnect_s = settings.broker.reconnect_max_backoff_s / 5
         self._broker = broker
         self._catalog = catalog
         self._placement = placement
@@ -99,8 +98,9 @@ class ControlAgent:
 
     # -- lifecycle -------------------------------------------------------------------
     async def start(self) -> None:
-        self._loops = [asyncio.create_task(self._listen(), name="control-events"),
-                       asyncio.create_task(self._tick_loop(), name="control-tick")]
+        """Start carrying out orders; events reach ``observe`` from the worker's one
+        subscription (the coordinator's), not from one of its own."""
+        self._loops = [asyncio.create_task(self._tick_loop(), name="control-tick")]
 
     async def stop(self) -> None:
         tasks = [*self._loops, *self._commands, *self._warming.values()]
@@ -160,13 +160,6 @@ class ControlAgent:
             v for (m, v), at in self._retry_at.items() if m == model_id and now < at}
 
     # -- events --------------------------------------------------------------------------
-    async def _listen(self) -> None:
-        while True:
-            with contextlib.suppress(BrokerUnavailable):
-                async for event in self._broker.events():
-                    self.observe(event)
-            await asyncio.sleep(self._reconnect_s)
-
     def observe(self, event: dict[str, Any]) -> None:
         kind = event.get("kind")
         if kind == "control":

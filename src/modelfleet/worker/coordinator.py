@@ -239,9 +239,13 @@ class Coordinator:
         self._supervisor.changed.set()
 
     async def _listen_events(self) -> None:
+        """The worker's one subscription to the fleet's events, fanned out here: control
+        orders and peers' holdings to the control agent, gateways' announcements to the
+        counts, cancels to the task runner, demand to the re-score."""
         while True:
             try:
                 async for event in self._broker.events():
+                    self.control.observe(event)
                     self._announced.observe(event, self._clock())
                     if event.get("kind") == "cancel":
                         self._cancel(event.get("request_id"))
