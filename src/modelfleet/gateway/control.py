@@ -71,12 +71,7 @@ def control_router(service: GatewayService) -> APIRouter:
     async def load(model: str, request: Request) -> Response:
         try:
             params = await _parameters(request)
-            unknown = sorted(set(params) - {"workers", "version", "pinned", "config"})
-            if unknown:  # e.g. tritonclient's files=: not how models are made here
-                raise RequestRejected(
-                    f"load takes the parameters workers, version, pinned and config; not "
-                    f"{', '.join(unknown)} (a model's package is published to the "
-                    "repository)")
+            check_load_parameters(params)
             config = load_config(service.catalog, model, params["config"]) \
                 if "config" in params else ""
             workers = positive_int(params.get("workers", 1), "workers")
@@ -120,6 +115,25 @@ def control_router(service: GatewayService) -> APIRouter:
             return v2_error(exc)
 
     return router
+
+
+LOAD_PARAMETERS = frozenset({"workers", "version", "pinned", "config"})
+
+
+def check_load_parameters(params: dict[str, Any]) -> None:
+    """``RequestRejected`` naming what a load does not take (tritonclient's ``files=``
+    among them: not how models are made here)."""
+    unknown = sorted(set(params) - LOAD_PARAMETERS)
+    if not unknown:
+        return
+    files = [name for name in unknown if name.startswith("file:")]
+    named = [name for name in unknown if name not in files]
+    if files:
+        named.append(f"files ({len(files)} 'file:' parameter(s))")
+    raise RequestRejected(
+        f"load takes the parameters workers, version, pinned and config; not "
+        f"{', '.join(named)}: a load does not take model files (a model's package is "
+        "published to the repository, and its settings are given with config)")
 
 
 def load_config(catalog: Catalog, model: str, config: object) -> str:

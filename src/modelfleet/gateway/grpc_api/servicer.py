@@ -32,9 +32,9 @@ import grpc
 from google.protobuf import json_format
 
 from modelfleet import __version__
-from modelfleet.errors import ModelfleetError, ModelNotFound, RequestRejected
+from modelfleet.errors import ModelfleetError, ModelNotFound
 from modelfleet.gateway.auth import TENANT_REQUESTS, TenantGate
-from modelfleet.gateway.control import flag, load_config, positive_int
+from modelfleet.gateway.control import check_load_parameters, flag, load_config, positive_int
 from modelfleet.gateway.exchange import Routed, record_exchange
 from modelfleet.gateway.grpc_api import inference_pb2 as pb
 from modelfleet.gateway.grpc_api.tensors import parameter_value, request_body, response_message
@@ -222,10 +222,7 @@ class InferenceServicer:
 
     async def _load(self, request: pb.RepositoryModelLoadRequest) -> None:
         params = {name: parameter_value(value) for name, value in request.parameters.items()}
-        unknown = sorted(set(params) - {"workers", "version", "pinned", "config"})
-        if unknown:
-            raise RequestRejected(f"load takes the parameters workers, version, pinned and "
-                                  f"config; not {', '.join(unknown)}")
+        check_load_parameters(params)
         if isinstance(params.get("config"), bytes):
             params["config"] = params["config"].decode("utf-8", "replace")
         version = params.get("version")

@@ -1,0 +1,165 @@
+"""The calls Triton's model-control examples make (simple_http_model_control.py and
+simple_grpc_model_control.py of triton-inference-server/client), made the same way by
+tritonclient against ``modelfleet serve``, asserting what those examples assert: the
+index counts the repository's models, a load with a malformed config fails ("failed to
+load"), one with ``{"max_batch_size":"16"}`` is applied (the model's configuration then
+says 16), an unload makes the model not ready, and a load of a model that does not
+exist fails ("failed to load"). Beyond them: the model serves under its config, a load
+without one takes it back to model.toml's, and a config that does not map is a 400
+that names what.
+
+The repository is a stand-in for the one those examples expect: Triton's ``simple``
+(INPUT0 + INPUT1 INT32, a batch of [16], max_batch_size 8) and as many other models as
+the example counts (7 for HTTP, 8 for gRPC). tritonclient.grpc runs in a process of its
+own (tests/clients/triton_grpc.py: it and kserve collide in one protobuf pool).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.http as triton
+from tritonclient.utils import InferenceServerException
+
+from tests.e2e.test_oip_extensions import SIMPLE_HANDLER
+from tests.procs import ROOT, free_port, serve, write_package
+
+# Triton's own simple model: a batch dimension, then 16; it batches up to 8.
+TRITON_SIMPLE = """\
+    name = "simple"
+    entrypoint = "handler:Simple"
+    [batching]
+    max_batch_size = 8
+    [[inputs]]
+    name = "INPUT0"
+    datatype = "INT32"
+    shape = [-1, 16]
+    [[inputs]]
+    name = "INPUT1"
+    datatype = "INT32"
+    shape = [-1, 16]
+    [[outputs]]
+    name = "OUTPUT0"
+    datatype = "INT32"
+    shape = [-1, 16]
+    [[outputs]]
+    name = "OUTPUT1"
+    datatype = "INT32"
+    shape = [-1, 16]
+    """
+OTHERS = ("simple_string", "simple_identity", "simple_sequence", "simple_int8",
+          "simple_dyna_sequence", "simple_repeat", "simple_fp32")
+
+
+def stand_in(root: Path, models: int) -> Path:
+    """``simple`` and ``models - 1`` others (the examples only count them)."""
+    write_package(root, "simple", TRITON_SIMPLE, SIMPLE_HANDLER)
+    for name in OTHERS[:models - 1]:
+        write_package(root, name, f'name = "{name}"\nentrypoint = "handler:Simple"\n',
+                      SIMPLE_HANDLER)
+    return root
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    """(HTTP host:port, gRPC host:port) of one ``modelfleet serve`` on 7 models."""
+    tmp = tmp_path_factory.mktemp("triton-control")
+    port = free_port()
+    proc, base = serve(tmp, repo=stand_in(tmp / "repo", 7),
+                       env={"MODELFLEET_GATEWAY__GRPC_PORT": str(port)})
+    try:
+        yield base.removeprefix("http://"), f"127.0.0.1:{port}"
+    finally:
+        proc.stop()
+
+
+def message_of(call: Any) -> str:
+    with pytest.raises(InferenceServerException) as info:
+        call()
+    return str(info.value.message())
+
+
+def test_the_http_model_control_examples_calls(served: tuple[str, str]) -> None:
+    client = triton.InferenceServerClient(url=served[0], network_timeout=120)
+    assert len(client.get_model_repository_index()) == 7
+    client.load_model("simple")
+    assert client.is_model_ready("simple")
+    # The example's config "with wrong format": not JSON.
+    wrong = '"parameters": {"config": {{"max_batch_size": "16"}}}'
+    assert "failed to load" in message_of(lambda: client.load_model("simple", config=wrong))
+    client.load_model("simple", config='{"max_batch_size":"16"}')
+    assert client.get_model_config("simple")["max_batch_size"] == 16
+    client.unload_model("simple")
+    assert not client.is_model_ready("simple")
+    assert "failed to load" in message_of(lambda: client.load_model("wrong_model_name"))
+
+
+def test_a_config_serves_until_a_load_without_one(served: tuple[str, str]) -> None:
+    client = triton.InferenceServerClient(url=served[0], network_timeout=120)
+    client.load_model("simple", config=json.dumps({
+        "max_batch_size": 4, "dynamic_batching": {"max_queue_delay_microseconds": 500}}))
+    config = client.get_model_config("simple")
+    assert config["max_batch_size"] == 4
+    assert config["dynamic_batching"] == {"preferred_batch_size": [4],
+                                          "max_queue_delay_microseconds": 500}
+    rows = np.arange(32, dtype=np.int32).reshape(2, 16)
+    inputs = [triton.InferInput("INPUT0", [2, 16], "INT32"),
+              triton.InferInput("INPUT1", [2, 16], "INT32")]
+    inputs[0].set_data_from_numpy(rows)
+    inputs[1].set_data_from_numpy(np.ones_like(rows))
+    assert np.array_equal(client.infer("simple", inputs).as_numpy("OUTPUT0"), rows + 1)
+    client.load_model("simple")  # no config: model.toml's again
+    config = client.get_model_config("simple")
+    assert config["max_batch_size"] == 8
+    assert config["dynamic_batching"] == {"preferred_batch_size": [8],
+                                          "max_queue_delay_microseconds": 0}
+
+
+def test_a_config_that_does_not_map_names_what(served: tuple[str, str]) -> None:
+    client = triton.InferenceServerClient(url=served[0], network_timeout=120)
+    with pytest.raises(InferenceServerException) as info:
+        client.load_model("simple", config=json.dumps({
+            "backend": "onnxruntime", "max_batch_size": 4,
+            "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [16]}]}))
+    assert info.value.status() == "400"
+    message = info.value.message()
+    assert message.startswith("failed to load 'simple'")
+    assert "backend, input differ(s)" in message and "model.toml" in message
+    assert client.get_model_config("simple")["max_batch_size"] == 8  # nothing applied
+
+
+def triton_grpc_control(address: str) -> dict[str, Any]:
+    args = [sys.executable, "-m", "tests.clients.triton_grpc", "--model-control", address]
+    done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return seen
+
+
+def test_the_grpc_model_control_examples_calls(tmp_path: Path) -> None:
+    port = free_port()
+    proc, _ = serve(tmp_path, repo=stand_in(tmp_path / "repo", 8),
+                    env={"MODELFLEET_GATEWAY__GRPC_PORT": str(port)})
+    try:
+        seen = triton_grpc_control(f"127.0.0.1:{port}")
+    finally:
+        proc.stop()
+    assert seen["index"] == 8
+    assert seen["ready_after_load"] and not seen["ready_after_unload"]
+    assert "failed to load" in seen["wrong_format"][1]
+    assert seen["max_batch_size"] == 16
+    # The example expects Triton's StatusCode.INTERNAL "failed to poll from model
+    # repository" for a load carrying files (its own TODO says INVALID_ARGUMENT is the
+    # right status): modelfleet answers INVALID_ARGUMENT, naming the parameter it refuses.
+    status, message = seen["files"]
+    assert status == "StatusCode.INVALID_ARGUMENT" and "failed to load" in message
+    assert "files" in message
+    assert seen["live_after_files"]
+    assert "failed to load" in seen["wrong_model"][1]
