@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,8 +29,9 @@ import pytest
 import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
+from tests.e2e.test_control import wait_for
 from tests.e2e.test_oip_extensions import SIMPLE_HANDLER
-from tests.procs import ROOT, free_port, serve, write_package
+from tests.procs import ROOT, Proc, free_port, serve, write_package
 
 # Triton's own simple model: a batch dimension, then 16; it batches up to 8.
 TRITON_SIMPLE = """\
@@ -163,3 +165,89 @@ def test_the_grpc_model_control_examples_calls(tmp_path: Path) -> None:
     assert "files" in message
     assert seen["live_after_files"]
     assert "failed to load" in seen["wrong_model"][1]
+
+
+# A stand-in for simple whose OUTPUT0 says how many requests its predict was given at once.
+SIZES_MANIFEST = TRITON_SIMPLE.replace("max_batch_size = 8",
+                                       "max_batch_size = 8\n    max_delay_ms = 200")
+SIZES_HANDLER = """\
+    import numpy as np
+    from modelfleet import Model
+
+    class Sizes(Model):
+        def predict(self, batch):
+            return [{"OUTPUT0": np.full_like(t["INPUT0"], len(batch)),
+                     "OUTPUT1": t["INPUT1"]} for t in batch]
+    """
+
+
+def batch_sizes(url: str, key: str, requests: int = 6) -> set[int]:
+    """The batch sizes ``requests`` concurrent requests were predicted in."""
+    client = triton.InferenceServerClient(url=url, network_timeout=120,
+                                          concurrency=requests)
+    headers = {"Authorization": f"Bearer {key}"}
+    rows = np.zeros((1, 16), dtype=np.int32)
+    inputs = [triton.InferInput("INPUT0", [1, 16], "INT32"),
+              triton.InferInput("INPUT1", [1, 16], "INT32")]
+    for tensor in inputs:
+        tensor.set_data_from_numpy(rows)
+    pending = [client.async_infer("simple", inputs, headers=headers) for _ in range(requests)]
+    return {int(p.get_result().as_numpy("OUTPUT0")[0, 0]) for p in pending}
+
+
+@pytest.mark.rabbitmq
+def test_a_config_holds_on_gateway_and_worker_and_outlives_their_restart(
+        tmp_path: Path) -> None:
+    """On a gateway and a worker joined by RabbitMQ: a load's config is what the worker's
+    batcher takes (max_batch_size 1: every request predicted alone), an operator of
+    another tenant cannot give one, and after both restart the kept order holds again."""
+    from tests.conftest import rabbitmq_url, require_rabbitmq
+    from tests.procs import gateway, provision_key, worker
+
+    require_rabbitmq()
+    repo = tmp_path / "repo"
+    write_package(repo, "simple", SIZES_MANIFEST,
+                  SIZES_HANDLER.replace("class Sizes", "class Simple"))
+    tag = f"cfg{uuid.uuid4().hex[:8]}"  # a fleet of its own on the shared RabbitMQ
+    env = {"MODELFLEET_BROKER__QUEUE_PREFIX": f"{tag}.",
+           "MODELFLEET_BROKER__EVENTS_EXCHANGE": f"{tag}.events",
+           "MODELFLEET_WORKER__RESCORE_INTERVAL_S": "0.5"}
+    procs: list[Proc] = []
+    try:
+        gw, base = gateway(tmp_path, rabbitmq_url(), env, "gw", repo=repo)
+        procs.append(gw)
+        procs.append(worker(tmp_path, rabbitmq_url(), env, "w0", repo=repo)[0])
+        key = gw.api_key
+        url = base.split("@", 1)[1]
+        headers = {"Authorization": f"Bearer {key}"}
+        client = triton.InferenceServerClient(url=url, network_timeout=120)
+        client.load_model("simple", config='{"max_batch_size": "1"}', headers=headers)
+        assert client.get_model_config("simple", headers=headers)["max_batch_size"] == 1
+        assert batch_sizes(url, key) == {1}
+
+        outsider = provision_key(str(tmp_path / "tenants.sqlite3"), role="operator",
+                                 tenant="outsiders")
+        with pytest.raises(InferenceServerException) as info:
+            client.load_model("simple", config='{"max_batch_size": "8"}',
+                              headers={"Authorization": f"Bearer {outsider}"})
+        assert info.value.status() == "404" and "failed to load" in info.value.message()
+        assert client.get_model_config("simple", headers=headers)["max_batch_size"] == 1
+
+        for proc in reversed(procs):  # every process of the fleet restarts
+            proc.stop()
+        procs.clear()
+        procs.append(worker(tmp_path, rabbitmq_url(), env, "w1", repo=repo)[0])
+        gw, base = gateway(tmp_path, rabbitmq_url(), env, "gw2", repo=repo)
+        procs.append(gw)
+        url = base.split("@", 1)[1]
+        client = triton.InferenceServerClient(url=url, network_timeout=120)
+        headers = {"Authorization": f"Bearer {gw.api_key}"}
+        # The gateway read the order back before it became ready; the worker is told it.
+        assert client.get_model_config("simple", headers=headers)["max_batch_size"] == 1
+        wait_for(lambda: batch_sizes(url, gw.api_key) == {1},
+                 what="the restarted worker to serve under the kept config")
+        client.load_model("simple", headers=headers)  # no config: model.toml's again
+        assert client.get_model_config("simple", headers=headers)["max_batch_size"] == 8
+    finally:
+        for proc in procs:
+            proc.stop()
