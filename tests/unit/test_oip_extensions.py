@@ -333,3 +333,17 @@ def test_grpc_contents_out_of_range_are_refused() -> None:
     half.inputs.add(name="h", datatype="FP16", shape=[1])
     with pytest.raises(RequestRejected, match="raw_input_contents"):
         request_body(half)
+
+
+def test_an_image_inputs_layout_is_in_its_config_and_must_fit_its_shape() -> None:
+    image = SIMPLE.replace('shape = [-1, 16]\n[[outputs]]',
+                           'shape = [-1, 3, 8, 8]\nformat = "NCHW"\n[[outputs]]', 1)
+    config = model_config(parse_manifest(image, "x"))
+    assert config["input"][0]["format"] == "FORMAT_NCHW" and config["input"][0]["dims"] == [
+        3, 8, 8]
+    with pytest.raises(ManifestError, match="layout of 3 dimensions"):
+        parse_manifest(SIMPLE.replace('shape = [-1, 16]\n[[outputs]]',
+                                      'shape = [-1, 16]\nformat = "NHWC"\n[[outputs]]', 1),
+                       "x")
+    with pytest.raises(ManifestError, match="an input's image layout"):
+        parse_manifest(SIMPLE.replace('labels = "labels.txt"', 'format = "NCHW"'), "x")

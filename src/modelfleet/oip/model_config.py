@@ -85,7 +85,7 @@ def model_config(manifest: Manifest, policy: VersionPolicy = ALL_VERSIONS) -> di
         "backend": BACKEND,
         "version_policy": policy_config(policy),
         "max_batch_size": manifest.batching.max_batch_size if with_batch else 0,
-        "input": [{**_tensor(s, with_batch), "format": "FORMAT_NONE"}
+        "input": [{**_tensor(s, with_batch), "format": f"FORMAT_{s.format}"}
                   for s in manifest.inputs],
         "output": [_tensor(s, with_batch) for s in manifest.outputs],
         "parameters": {},
