@@ -100,7 +100,9 @@ def test_the_http_model_control_examples_calls(served: tuple[str, str]) -> None:
     assert client.get_model_config("simple")["max_batch_size"] == 16
     client.unload_model("simple")
     assert not client.is_model_ready("simple")
-    assert "failed to load" in message_of(lambda: client.load_model("wrong_model_name"))
+    missing = message_of(lambda: client.load_model("wrong_model_name"))
+    assert "failed to load" in missing
+    assert missing.startswith("failed to load 'wrong_model_name': no model named")
 
 
 def test_a_config_serves_until_a_load_without_one(served: tuple[str, str]) -> None:
@@ -164,7 +166,8 @@ def test_the_grpc_model_control_examples_calls(tmp_path: Path) -> None:
     assert status == "StatusCode.INVALID_ARGUMENT" and "failed to load" in message
     assert "files" in message
     assert seen["live_after_files"]
-    assert "failed to load" in seen["wrong_model"][1]
+    assert seen["wrong_model"][0] == "StatusCode.NOT_FOUND"
+    assert seen["wrong_model"][1].startswith("failed to load 'wrong_model_name'")
 
 
 # A stand-in for simple whose OUTPUT0 says how many requests its predict was given at once.

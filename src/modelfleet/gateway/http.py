@@ -88,8 +88,8 @@ def v2_error(error: ModelfleetError) -> JSONResponse:
 def v2_message(error: ModelfleetError) -> str:
     """The message /v2 (and gRPC) gives: the protocol's own words where clients check them
     (Triton's examples look for "Request for unknown model"), then ours."""
-    if error.code == "model_not_found":
-        return f"Request for unknown model: {error.message}"
+    if error.code == "model_not_found" and not error.message.startswith("failed to load"):
+        return f"Request for unknown model: {error.message}"  # (a load's: Triton's words)
     return error.message
 
 
