@@ -213,6 +213,8 @@ def test_a_load_config_chooses_the_versions_served(tmp_path: Path) -> None:
     assert not config_override({"version_policy": {"all": {}}}, entry)
     assert "not in the repository" in refusal(
         {"version_policy": {"specific": {"versions": [7]}}}, entry)
+    assert "whole numbers" in refusal(
+        {"version_policy": {"specific": {"versions": ["v2"]}}}, entry)
     assert "num_versions" in refusal({"version_policy": {"latest": {"num_versions": 0}}},
                                      entry)
     assert "version_policy" in refusal({"version_policy": {"newest": {}}}, entry)

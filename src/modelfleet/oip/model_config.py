@@ -252,7 +252,12 @@ def _version_policy(value: object, entry: CatalogEntry, problems: list[str]
         problems.append("version_policy.specific.versions must name one version or more")
         return None
     have = [m.version for m in entry.versions]
-    named = [str(v) for v in versions]
+    if any(_whole(v) is None for v in versions):
+        problems.append(f"version_policy.specific.versions {versions!r}: versions are whole "
+                        "numbers in Triton's configuration (a version named otherwise is "
+                        "addressed by its name in the URL, and served under policy all)")
+        return None
+    named = [str(_whole(v)) for v in versions]
     missing = [v for v in named if v not in have]
     if missing:
         problems.append(f"version_policy.specific.versions {', '.join(missing)}: not in "
