@@ -9,14 +9,16 @@ without one takes it back to model.toml's, and a config that does not map is a 4
 that names what.
 
 The repository is a stand-in for the one those examples expect: Triton's ``simple``
-(INPUT0 + INPUT1 INT32, a batch of [16], max_batch_size 8) and as many other models as
-the example counts (7 for HTTP, 8 for gRPC). tritonclient.grpc runs in a process of its
-own (tests/clients/triton_grpc.py: it and kserve collide in one protobuf pool).
+(INPUT0 + INPUT1 INT32, a batch of [16], max_batch_size 8; two versions here) and as
+many other models as the example counts (7 for HTTP, 8 for gRPC). tritonclient.grpc
+runs in a process of its own (tests/clients/triton_grpc.py: it and kserve collide in
+one protobuf pool).
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import uuid
@@ -61,8 +63,13 @@ OTHERS = ("simple_string", "simple_identity", "simple_sequence", "simple_int8",
 
 
 def stand_in(root: Path, models: int) -> Path:
-    """``simple`` and ``models - 1`` others (the examples only count them)."""
-    write_package(root, "simple", TRITON_SIMPLE, SIMPLE_HANDLER)
+    """``simple`` (versions 1 and 2) and ``models - 1`` others (the examples only count
+    them)."""
+    folder = write_package(root, "simple", TRITON_SIMPLE, SIMPLE_HANDLER)
+    shutil.copytree(folder, root / "simple" / "2")
+    manifest = root / "simple" / "2" / "model.toml"
+    manifest.write_text(manifest.read_text().replace('name = "simple"',
+                                                     'name = "simple"\nversion = "2"'))
     for name in OTHERS[:models - 1]:
         write_package(root, name, f'name = "{name}"\nentrypoint = "handler:Simple"\n',
                       SIMPLE_HANDLER)
@@ -137,6 +144,33 @@ def test_a_config_that_does_not_map_names_what(served: tuple[str, str]) -> None:
     assert message.startswith("failed to load 'simple'")
     assert "backend, input differ(s)" in message and "model.toml" in message
     assert client.get_model_config("simple")["max_batch_size"] == 8  # nothing applied
+
+
+def test_a_configs_version_policy_chooses_what_is_served(served: tuple[str, str]) -> None:
+    client = triton.InferenceServerClient(url=served[0], network_timeout=120)
+    assert client.get_model_metadata("simple")["versions"] == ["1", "2"]
+    client.load_model("simple", config=json.dumps(
+        {"version_policy": {"specific": {"versions": [1]}}}))
+    assert client.get_model_metadata("simple")["versions"] == ["1"]
+    assert client.get_model_config("simple")["version_policy"] == {
+        "specific": {"versions": [1]}}
+    rows = np.zeros((1, 16), dtype=np.int32)
+    inputs = [triton.InferInput("INPUT0", [1, 16], "INT32"),
+              triton.InferInput("INPUT1", [1, 16], "INT32")]
+    for tensor in inputs:
+        tensor.set_data_from_numpy(rows)
+    assert client.infer("simple", inputs).get_response()["model_version"] == "1"
+    with pytest.raises(InferenceServerException) as info:
+        client.infer("simple", inputs, model_version="2")
+    assert info.value.status() == "404"
+    assert "version '2' is not served: the version policy" in info.value.message()
+    client.load_model("simple", config=json.dumps(
+        {"version_policy": {"latest": {"num_versions": 1}}}))
+    assert client.infer("simple", inputs).get_response()["model_version"] == "2"
+    client.load_model("simple")  # every version again
+    assert client.get_model_metadata("simple")["versions"] == ["1", "2"]
+    assert client.infer("simple", inputs, model_version="1").get_response()[
+        "model_version"] == "1"
 
 
 def triton_grpc_control(address: str) -> dict[str, Any]:
