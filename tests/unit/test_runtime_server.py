@@ -65,5 +65,9 @@ async def test_a_tasks_batching_override_is_what_the_batcher_takes() -> None:
         await service.infer(task("banner", b"hi", "text/plain"), 0, ["text/plain"], "w", 0.0)
         own = loaded.manifest.batching
         assert loaded.batcher.settings == (own.max_batch_size, own.max_delay_ms / 1000)
+        refused = decode_reply((await service.infer(
+            task("banner", b"hi", "text/plain"), 0, ["text/plain"], "w", 0.0,
+            {"max_batch_size": 0})).data)  # out of bounds: a clear failure, no hang
+        assert refused.status == "error" and "[batching] override" in refused.error_message
     finally:
         await service.close()

@@ -73,8 +73,13 @@ class LoadedModel:
     def configure(self, batching: Mapping[str, int | float]) -> None:
         """Batch as model.toml says, with an operator's override of it (``batching``:
         ``ConfigOverride.batching``, checked by the gateway; empty: model.toml's own)."""
-        wanted = merged_batching(self.manifest.batching, dict(batching)) if batching \
-            else self.manifest.batching
+        try:
+            wanted = merged_batching(self.manifest.batching, dict(batching)) if batching \
+                else self.manifest.batching
+        except ValueError as exc:  # pydantic's ValidationError: not one a gateway passed
+            raise ConfigError(f"model '{self.manifest.name}': the [batching] override "
+                              f"{dict(batching)} does not fit model.toml's bounds: "
+                              f"{exc}") from exc
         settings = (wanted.max_batch_size, wanted.max_delay_ms / 1000)
         if self.batcher.settings != settings:
             self.batcher.configure(*settings)
