@@ -1,7 +1,9 @@
 """What Triton's gRPC examples do, with tritonclient.grpc, against one address; prints one
-JSON line of what it saw (run by tests/e2e/test_grpc.py in a process of its own).
+JSON line of what it saw (run by tests/e2e/test_grpc.py and test_triton_model_control.py
+in a process of its own).
 
     python -m tests.clients.triton_grpc HOST:PORT [API_KEY]
+    python -m tests.clients.triton_grpc --model-control HOST:PORT
 """
 
 from __future__ import annotations
@@ -72,5 +74,27 @@ def main(url: str, key: str | None) -> dict[str, Any]:
     return seen
 
 
+def model_control(url: str) -> dict[str, Any]:
+    """The calls of simple_grpc_model_control.py, in its order."""
+    client = grpcclient.InferenceServerClient(url=url)
+    seen: dict[str, Any] = {"index": len(client.get_model_repository_index().models)}
+    client.load_model("simple")
+    seen["ready_after_load"] = client.is_model_ready("simple")
+    seen["wrong_format"] = refused(lambda: client.load_model(
+        "simple", config='"parameters": {"config": {{"max_batch_size": "16"}}}'))
+    client.load_model("simple", config='{"max_batch_size":"16"}')
+    seen["max_batch_size"] = client.get_model_config("simple").config.max_batch_size
+    client.unload_model("simple")
+    seen["ready_after_unload"] = client.is_model_ready("simple")
+    seen["files"] = refused(lambda: client.load_model(
+        "simple", config="{}", files={"file:" + "A" * 256: b"a"}))
+    seen["live_after_files"] = client.is_server_live()
+    seen["wrong_model"] = refused(lambda: client.load_model("wrong_model_name"))
+    return seen
+
+
 if __name__ == "__main__":
-    print(json.dumps(main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None)))
+    if sys.argv[1] == "--model-control":
+        print(json.dumps(model_control(sys.argv[2])))
+    else:
+        print(json.dumps(main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None)))

@@ -207,6 +207,17 @@ def test_grpc_with_auth(tmp_path: Path) -> None:
             call(address, "RepositoryIndex", pb.RepositoryIndexRequest(),
                  pb.RepositoryIndexResponse, metadata=(("authorization", f"Bearer {owner}"),))
         assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        # An operator of another tenant loading simple (with a config): NOT_FOUND, worded
+        # as a load of a model that does not exist.
+        stranger = provision_key(str(db), role="operator", tenant="outsiders")
+        config = pb.ModelRepositoryParameter(string_param='{"max_batch_size": 4}')
+        with pytest.raises(grpc.RpcError) as info:
+            call(address, "RepositoryModelLoad", pb.RepositoryModelLoadRequest(
+                model_name="simple", parameters={"config": config}),
+                pb.RepositoryModelLoadResponse,
+                metadata=(("authorization", f"Bearer {stranger}"),))
+        assert info.value.code() == grpc.StatusCode.NOT_FOUND
+        assert str(info.value.details()).startswith("failed to load 'simple'")
     finally:
         proc.stop()
 

@@ -219,3 +219,31 @@ def test_a_model_folder_is_listed_again_only_when_it_changed(
     assert not refresh(catalog, store) and listed == [tmp_path.name]  # the root only
     package(tmp_path, "b", version="2")  # a new version folder: b's mtime moves
     assert refresh(catalog, store).changed == ("b",) and "b" in listed and "a" not in listed
+
+
+def test_an_operators_override_serves_across_refreshes_until_taken_back(
+        tmp_path: Path) -> None:
+    from modelfleet.errors import ModelNotFound
+    from modelfleet.repository.overrides import ConfigOverride, VersionPolicy
+
+    package(tmp_path, "a", "1")
+    package(tmp_path, "a", "2")
+    store = LocalStore(tmp_path)
+    catalog = Catalog.from_store(store)
+    override = ConfigOverride(max_batch_size=4, versions=VersionPolicy("latest", latest=1))
+    assert catalog.configure("a", override) and not catalog.configure("a", override)
+    assert catalog.generation == 0  # not a refresh: a scan under way still installs
+    served = catalog.get("a")
+    assert [m.version for m in served.versions] == ["2"]
+    assert served.manifest.batching.max_batch_size == 4
+    with pytest.raises(ModelNotFound, match="version '1' is not served: the version policy"):
+        served.version("1")
+    assert [m.version for m in catalog.original("a").versions] == ["1", "2"]
+    assert [e.manifest.batching.max_batch_size for e in catalog] == [4]
+    package(tmp_path, "a", "2", description="edited")
+    assert refresh(catalog, store).changed == ("a",)
+    assert catalog.get("a").manifest.description == "edited"
+    assert catalog.get("a").manifest.batching.max_batch_size == 4  # still overridden
+    catalog.configure("a", None)
+    assert [m.version for m in catalog.get("a").versions] == ["1", "2"]
+    assert catalog.get("a").manifest.batching.max_batch_size == 1

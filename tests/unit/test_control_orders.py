@@ -21,7 +21,7 @@ import pytest
 from modelfleet.broker.embedded import MemoryBroker
 from modelfleet.control import CONTROL_ORDERS, ControlState, Revision
 from modelfleet.control.orders import TABLE, OrderStore, OrderStoreError, OrderStoreUnavailable
-from modelfleet.errors import ConfigError, ModelUnavailable
+from modelfleet.errors import ConfigError, ModelNotFound, ModelUnavailable
 from modelfleet.gateway.control_plane import ControlPlane
 from modelfleet.settings import BrokerSettings, Settings
 from tests.unit.test_control_plane import answering, repo, worker
@@ -309,3 +309,41 @@ async def test_a_gateway_without_a_store_restores_nothing(tmp_path: Path) -> Non
         assert seen == [] and p.available("m")
     finally:
         listener.cancel()
+
+
+async def test_a_loads_config_is_kept_and_served_again_after_every_restart(
+        tmp_path: Path, location: str) -> None:
+    broker = MemoryBroker(BrokerSettings())
+    await broker.connect()
+    store = OrderStore(location)
+    first = plane(tmp_path, broker, store)
+    first.observe(worker("a", {"m": {"1"}}))
+    workers = asyncio.create_task(answering(broker, first, {"a": (True, "")}, []))
+    await asyncio.sleep(0)
+    config = '{"max_batch_size":4,"versions":{"latest":1}}'
+    try:
+        await first.load("m", None, 1, config)
+    finally:
+        workers.cancel()
+    assert store.wire()["m"]["config"][0] == config
+    served = first._catalog.get("m")
+    assert [m.version for m in served.versions] == ["2"]
+    assert served.manifest.batching.max_batch_size == 4
+    store.close()
+
+    broker = MemoryBroker(BrokerSettings())  # every gateway and worker restarted
+    await broker.connect()
+    store = OrderStore(location)
+    try:
+        second = plane(tmp_path, broker, store)
+        assert second._catalog.get("m").manifest.batching.max_batch_size == 1
+        await second.restore()
+        again = second._catalog.get("m")
+        assert [m.version for m in again.versions] == ["2"]
+        assert again.manifest.batching.max_batch_size == 4
+        with pytest.raises(ModelNotFound, match="version '1' is not served"):
+            again.version("1")  # what a request for it is answered
+        with pytest.raises(ModelNotFound, match="version '1' is not served"):
+            await second.load("m", "1", 1, config)  # a version its own config leaves out
+    finally:
+        store.close()

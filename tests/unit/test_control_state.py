@@ -81,3 +81,22 @@ def test_each_command_records_its_order() -> None:
     assert state.pinned("m", False)
     Command("5", "m", "unpin", clock.next()).apply(state)
     assert not state.pinned("m", True)
+
+
+def test_a_load_gives_its_config_and_one_without_takes_it_back() -> None:
+    state = ControlState()
+    taken: list[tuple[str, str, object]] = []
+    state.watch(lambda model, field, value: taken.append((model, field, value)))
+    clock = RevisionClock("gw")
+    command = Command("1", "m", "load", clock.next(), config='{"max_batch_size":4}')
+    assert Command.from_event(command.event()) == command
+    command.apply(state)
+    assert state.config("m") == '{"max_batch_size":4}'
+    assert ("m", "config", '{"max_batch_size":4}') in taken
+    Command("2", "m", "pin", clock.next()).apply(state)
+    assert state.config("m") == '{"max_batch_size":4}'  # other orders leave it
+    Command("3", "m", "load", clock.next()).apply(state)
+    assert state.config("m") == "" and taken[-1][1:] in (("config", ""), ("version", ""))
+    copy = ControlState()
+    copy.merge(state.wire())
+    assert copy.config("m") == ""

@@ -13,9 +13,11 @@ from modelfleet.errors import ManifestError, RequestRejected
 from modelfleet.gateway.statistics import InferenceStatistics, model_stats
 from modelfleet.model.tensors import classify
 from modelfleet.oip.codec import parse_request
-from modelfleet.oip.model_config import config_conflicts, model_config, parse_config
+from modelfleet.oip.model_config import config_override, model_config, parse_config
 from modelfleet.oip.signature import check_request
-from modelfleet.repository.manifest import load_manifest, parse_manifest
+from modelfleet.repository.catalog import CatalogEntry
+from modelfleet.repository.manifest import Manifest, load_manifest, parse_manifest
+from modelfleet.repository.overrides import ConfigOverride
 
 SIMPLE = """
 name = "simple"
@@ -143,18 +145,79 @@ def test_model_config_without_a_batch_dimension_keeps_every_dim() -> None:
     assert config["max_batch_size"] == 0 and config["input"][0]["dims"] == [1, 16]
 
 
-def test_a_load_config_is_accepted_where_it_says_what_model_toml_says(tmp_path: Path) -> None:
+def entry_of(*manifests: Manifest) -> CatalogEntry:
+    return CatalogEntry(tuple(manifests))
+
+
+def refusal(given: dict[str, object], entry: CatalogEntry) -> str:
+    with pytest.raises(RequestRejected) as info:
+        config_override(given, entry)
+    return info.value.message
+
+
+def test_a_load_config_that_says_what_model_toml_says_overrides_nothing(
+        tmp_path: Path) -> None:
     manifest = load_manifest(package(tmp_path))
-    same = model_config(manifest)
-    assert config_conflicts(same, manifest) == []
-    assert config_conflicts({"name": "simple", "max_batch_size": "8",
-                             "backend": "python"}, manifest) == []
-    assert config_conflicts({"max_batch_size": 4, "instance_group": [{"count": 2}]},
-                            manifest) == ["instance_group", "max_batch_size"]
+    assert config_override(model_config(manifest), entry_of(manifest)).to_json() == ""
+    assert not config_override({"name": "simple", "backend": ""}, entry_of(manifest))
     with pytest.raises(RequestRejected, match="not JSON"):
         parse_config("{nope")
     with pytest.raises(RequestRejected, match="JSON object"):
         parse_config("[1]")
+
+
+def test_a_load_config_overrides_batching_as_triton_writes_it(tmp_path: Path) -> None:
+    manifest = load_manifest(package(tmp_path))
+    override = config_override({"max_batch_size": "16"}, entry_of(manifest))  # int64 text
+    assert override.batching() == {"max_batch_size": 16}
+    applied = override.apply(manifest)
+    assert (applied.batching.max_batch_size, applied.batching.max_delay_ms) == (16, 1.5)
+    assert model_config(applied)["max_batch_size"] == 16
+    both = config_override({"max_batch_size": 4, "dynamic_batching": {
+        "preferred_batch_size": [4], "max_queue_delay_microseconds": "250"}},
+        entry_of(manifest))
+    assert both.batching() == {"max_batch_size": 4, "max_delay_ms": 0.25}
+    assert ConfigOverride.from_json(both.to_json()) == both  # as the order travels
+
+
+def test_a_load_config_names_every_field_that_does_not_map(tmp_path: Path) -> None:
+    manifest = load_manifest(package(tmp_path))
+    entry = entry_of(manifest)
+    message = refusal({"backend": "onnxruntime", "instance_group": [{"count": 2}],
+                       "input": [{"name": "X", "data_type": "TYPE_FP32", "dims": [3]}]},
+                      entry)
+    assert "backend, input, instance_group differ(s)" in message and "model.toml" in message
+    assert "preferred_batch_size" in refusal(
+        {"dynamic_batching": {"preferred_batch_size": [2, 8]}}, entry)
+    assert "dynamic_batching.priority_levels" in refusal(
+        {"dynamic_batching": {"priority_levels": 3}}, entry)
+    assert "max_batch_size" in refusal({"max_batch_size": 5000}, entry)  # over 1024
+    assert "whole number" in refusal({"max_batch_size": "many"}, entry)
+    flat = parse_manifest(SIMPLE.replace("[-1, 16]", "[1, 16]").replace(
+        'labels = "labels.txt"', ""), "x")
+    assert "no batch dimension" in refusal({"max_batch_size": 8}, entry_of(flat))
+    assert not config_override({"max_batch_size": 0}, entry_of(flat))
+
+
+def test_a_load_config_chooses_the_versions_served(tmp_path: Path) -> None:
+    one = load_manifest(package(tmp_path))
+    entry = entry_of(one, one.model_copy(update={"version": "2"}),
+                     one.model_copy(update={"version": "3"}))
+    latest = config_override({"version_policy": {"latest": {"num_versions": 2}}}, entry)
+    assert latest.policy.served(["1", "2", "3"]) == ("2", "3")
+    specific = config_override({"version_policy": {"specific": {"versions": [1, "3"]}}},
+                               entry)
+    assert specific.policy.served(["1", "2", "3"]) == ("1", "3")
+    assert model_config(one, specific.policy)["version_policy"] == {
+        "specific": {"versions": [1, 3]}}
+    assert not config_override({"version_policy": {"all": {}}}, entry)
+    assert "not in the repository" in refusal(
+        {"version_policy": {"specific": {"versions": [7]}}}, entry)
+    assert "whole numbers" in refusal(
+        {"version_policy": {"specific": {"versions": ["v2"]}}}, entry)
+    assert "num_versions" in refusal({"version_policy": {"latest": {"num_versions": 0}}},
+                                     entry)
+    assert "version_policy" in refusal({"version_policy": {"newest": {}}}, entry)
 
 
 # --- statistics -----------------------------------------------------------------------
@@ -272,3 +335,17 @@ def test_grpc_contents_out_of_range_are_refused() -> None:
     half.inputs.add(name="h", datatype="FP16", shape=[1])
     with pytest.raises(RequestRejected, match="raw_input_contents"):
         request_body(half)
+
+
+def test_an_image_inputs_layout_is_in_its_config_and_must_fit_its_shape() -> None:
+    image = SIMPLE.replace('shape = [-1, 16]\n[[outputs]]',
+                           'shape = [-1, 3, 8, 8]\nformat = "NCHW"\n[[outputs]]', 1)
+    config = model_config(parse_manifest(image, "x"))
+    assert config["input"][0]["format"] == "FORMAT_NCHW" and config["input"][0]["dims"] == [
+        3, 8, 8]
+    with pytest.raises(ManifestError, match="layout of 3 dimensions"):
+        parse_manifest(SIMPLE.replace('shape = [-1, 16]\n[[outputs]]',
+                                      'shape = [-1, 16]\nformat = "NHWC"\n[[outputs]]', 1),
+                       "x")
+    with pytest.raises(ManifestError, match="an input's image layout"):
+        parse_manifest(SIMPLE.replace('labels = "labels.txt"', 'format = "NCHW"'), "x")

@@ -51,3 +51,23 @@ def test_numpy_results_encode_as_json() -> None:
 
     body, ctype = encode_result({"x": np.float32(1.5), "v": np.arange(3)})
     assert ctype == "application/json" and body == b'{"x":1.5,"v":[0,1,2]}'
+
+
+async def test_a_tasks_batching_override_is_what_the_batcher_takes() -> None:
+    service = RuntimeService(Settings(repo=str(EXAMPLES)))
+    try:
+        assert decode_reply((await service.infer(
+            task("banner", b"hi", "text/plain"), 0, ["text/plain"], "w", 0.0,
+            {"max_batch_size": 6, "max_delay_ms": 2.5})).data).status == "ok"
+        loaded = service.host.loaded("banner", "1")
+        assert loaded is not None and loaded.batcher.settings == (6, 0.0025)
+        # The next task without one: back to model.toml's [batching].
+        await service.infer(task("banner", b"hi", "text/plain"), 0, ["text/plain"], "w", 0.0)
+        own = loaded.manifest.batching
+        assert loaded.batcher.settings == (own.max_batch_size, own.max_delay_ms / 1000)
+        refused = decode_reply((await service.infer(
+            task("banner", b"hi", "text/plain"), 0, ["text/plain"], "w", 0.0,
+            {"max_batch_size": 0})).data)  # out of bounds: a clear failure, no hang
+        assert refused.status == "error" and "[batching] override" in refused.error_message
+    finally:
+        await service.close()

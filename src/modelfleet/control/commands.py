@@ -27,11 +27,15 @@ class Command:
     version: str = ""  # load: the version to warm; route: the version the route takes
     workers: tuple[str, ...] = ()  # the workers that must act and answer
     named: bool = False  # load: the operator named the version (else the route's was taken)
+    config: str = ""  # load: the override of model.toml's settings it gives ("": none)
 
     def apply(self, state: ControlState) -> bool:
         """Record this command's order; True if it changed the state."""
         if self.action == "load":
             changed = state.set(self.model_id, "loaded", True, self.revision)
+            # Every load says how the model is configured: a load without a config
+            # takes it back to its model.toml.
+            changed |= state.set(self.model_id, "config", self.config, self.revision)
             if not self.named:  # a load of no named version: the route follows the newest
                 changed |= state.set(self.model_id, "version", "", self.revision)
             return changed
@@ -44,7 +48,8 @@ class Command:
     def event(self) -> dict[str, Any]:
         return {"kind": "control", "command_id": self.command_id, "model_id": self.model_id,
                 "action": self.action, "at": self.revision.at, "origin": self.revision.origin,
-                "version": self.version, "workers": list(self.workers), "named": self.named}
+                "version": self.version, "workers": list(self.workers), "named": self.named,
+                "config": self.config}
 
     @classmethod
     def from_event(cls, event: dict[str, Any]) -> Command | None:
@@ -56,11 +61,11 @@ class Command:
                     or not all(isinstance(w, str) for w in workers):
                 return None
             fields = (event["command_id"], event["model_id"], event["origin"],
-                      event.get("version", ""))
+                      event.get("version", ""), event.get("config", ""))
             if not all(isinstance(f, str) for f in fields):
                 return None
             return cls(fields[0], fields[1], action, Revision(float(at), fields[2]),
-                       fields[3], tuple(workers), event.get("named") is True)
+                       fields[3], tuple(workers), event.get("named") is True, fields[4])
         except KeyError:
             return None
 

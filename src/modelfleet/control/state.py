@@ -22,9 +22,12 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
-Field = Literal["loaded", "pinned", "version"]
+# config: the override of the model's model.toml settings that the last load gave, as
+# ``repository.overrides.ConfigOverride.to_json`` writes it ("": model.toml's own).
+Field = Literal["loaded", "pinned", "version", "config"]
 FIELDS: tuple[Field, ...] = get_args(Field)
-_TYPES: dict[Field, type] = {"loaded": bool, "pinned": bool, "version": str}
+_TYPES: dict[Field, type] = {"loaded": bool, "pinned": bool, "version": str, "config": str}
+Watcher = Callable[[str, Field, bool | str], None]
 
 
 @dataclass(frozen=True, order=True)
@@ -47,6 +50,12 @@ class ControlState:
     def __init__(self) -> None:
         self._orders: dict[str, dict[Field, Order]] = {}
         self.revision = 0  # moves at every order taken (``control.pins`` caches by it)
+        self._watchers: list[Watcher] = []
+
+    def watch(self, watcher: Watcher) -> None:
+        """Call ``watcher(model, field, value)`` with every order that changes the state
+        (however it arrived: a command, a gossiped copy, the database)."""
+        self._watchers.append(watcher)
 
     def set(self, model_id: str, field: Field, value: bool | str, revision: Revision) -> bool:
         """Take an order unless a newer one for the same field is known; True if it changed."""
@@ -59,6 +68,8 @@ class ControlState:
             return False
         fields[field] = Order(value, revision)
         self.revision += 1
+        for watcher in self._watchers:
+            watcher(model_id, field, value)
         return True
 
     def loaded(self, model_id: str) -> bool:
@@ -75,6 +86,11 @@ class ControlState:
         """The version an operator's load put on the unversioned route, if any."""
         order = self._orders.get(model_id, {}).get("version")
         return str(order.value) if order is not None and order.value else None
+
+    def config(self, model_id: str) -> str:
+        """The override of model.toml's settings the last load gave ("": none)."""
+        order = self._orders.get(model_id, {}).get("config")
+        return str(order.value) if order is not None else ""
 
     def orders_of(self, model_id: str) -> dict[Field, tuple[bool | str, Revision]]:
         """The orders known for one model, by field (what ``control.orders`` keeps)."""

@@ -39,7 +39,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from modelfleet import metrics
 from modelfleet.errors import ModelfleetError, ModelNotFound
-from modelfleet.gateway.http import error_body, is_v2, v2_message
+from modelfleet.gateway.http import error_body, is_v2, load_failed, v2_message
 from modelfleet.repository import Catalog
 from modelfleet.settings import Settings
 from modelfleet.tenancy import Forbidden, RateLimited, TenancyStoreError, Unauthenticated
@@ -217,7 +217,11 @@ class AuthMiddleware:
         try:
             principal = await self._admit(route, _header(scope, b"authorization"))
         except (Unauthenticated, Forbidden, ModelNotFound, TenancyStoreError) as exc:
-            await self._refuse(exc, scope, receive, send)
+            refusal: ModelfleetError = exc
+            if isinstance(exc, ModelNotFound) and route.kind == "control" \
+                    and scope["path"].rstrip("/").endswith("/load"):
+                refusal = load_failed(route.model, exc)  # worded as a missing model's is
+            await self._refuse(refusal, scope, receive, send)
             return
         if route.kind == "catalog" and principal.role != "admin":
             await self._filtered(scope, receive, send, lambda name: principal.may_use(

@@ -9,9 +9,12 @@
 ``load`` takes optional ``parameters`` in its JSON body (or the same names as query
 parameters): ``workers`` (warm on that many workers, default 1), ``version`` (warm that
 version and put it on the unversioned route once warm), ``pinned`` (pin it too), and
-``config`` (tritonclient's ``load_model(config=...)``: accepted where it says what the
-model's model.toml says; each field that differs is named in a 400, since a model's
-configuration is its model.toml in the repository; see oip/model_config.py).
+``config`` (tritonclient's ``load_model(config=...)``: its max_batch_size, dynamic
+batching and version policy override the model's model.toml settings on every gateway
+and worker until the next load, which without a config takes it back to model.toml's;
+any other field must say what model.toml says, and each that does not is named in a
+400: see oip/model_config.py). A load's errors begin "failed to load '<model>'", as
+Triton's do.
 ``index`` takes ``ready`` (only models that take requests), and ``limit`` and
 ``cursor`` (gateway/pages.py), in its JSON body or as query parameters. Without
 either it answers the protocol's JSON array, bounded to the first ``DEFAULT_LIMIT``
@@ -29,10 +32,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from modelfleet.errors import ModelfleetError, RequestRejected
-from modelfleet.gateway.http import v2_error
+from modelfleet.gateway.http import load_failed, v2_error
 from modelfleet.gateway.pages import decode_cursor, encode_cursor, page_limit
 from modelfleet.gateway.service import GatewayService
-from modelfleet.oip.model_config import config_conflicts, parse_config
+from modelfleet.oip.model_config import config_override, parse_config
 from modelfleet.repository import Catalog
 
 MAX_CONTROL_BODY_BYTES = 64 * 1024
@@ -68,27 +71,22 @@ def control_router(service: GatewayService) -> APIRouter:
     async def load(model: str, request: Request) -> Response:
         try:
             params = await _parameters(request)
-            unknown = sorted(set(params) - {"workers", "version", "pinned", "config"})
-            if unknown:  # e.g. tritonclient's files=: not how models are made here
-                raise RequestRejected(
-                    f"load takes the parameters workers, version, pinned and config; not "
-                    f"{', '.join(unknown)} (a model's package is published to the "
-                    "repository)")
-            if "config" in params:
-                check_config(service.catalog, model, params["config"], params.get("version"))
+            check_load_parameters(params)
+            config = load_config(service.catalog, model, params["config"]) \
+                if "config" in params else ""
             workers = positive_int(params.get("workers", 1), "workers")
             version = params.get("version")
             if version is not None and not isinstance(version, str | int):
                 raise RequestRejected(f"'version' must be a string, got {version!r}")
             pinned = flag(params.get("pinned", False), "pinned")
             outcome = await plane.load(model, None if version is None else str(version),
-                                       workers)
+                                       workers, config)
             if pinned:
                 await plane.pin(model, True)
             return JSONResponse({"name": outcome.model_id, "version": outcome.version,
                                  "warm_on": list(outcome.workers), "pinned": pinned})
         except ModelfleetError as exc:
-            return v2_error(exc)
+            return v2_error(load_failed(model, exc))
 
     @router.post("/models/{model}/unload")
     async def unload(model: str, request: Request) -> Response:
@@ -119,20 +117,32 @@ def control_router(service: GatewayService) -> APIRouter:
     return router
 
 
-def check_config(catalog: Catalog, model: str, config: object, version: object) -> None:
-    """``RequestRejected`` unless a load's ``config`` says what the model's manifest says."""
+LOAD_PARAMETERS = frozenset({"workers", "version", "pinned", "config"})
+
+
+def check_load_parameters(params: dict[str, Any]) -> None:
+    """``RequestRejected`` naming what a load does not take (tritonclient's ``files=``
+    among them: not how models are made here)."""
+    unknown = sorted(set(params) - LOAD_PARAMETERS)
+    if not unknown:
+        return
+    files = [name for name in unknown if name.startswith("file:")]
+    named = [name for name in unknown if name not in files]
+    if files:
+        named.append(f"files ({len(files)} 'file:' parameter(s))")
+    raise RequestRejected(
+        f"load takes the parameters workers, version, pinned and config; not "
+        f"{', '.join(named)}: a load does not take model files (a model's package is "
+        "published to the repository, and its settings are given with config)")
+
+
+def load_config(catalog: Catalog, model: str, config: object) -> str:
+    """The control order a load's ``config`` gives (``ConfigOverride.to_json``: "" for a
+    config that overrides nothing); ``RequestRejected`` naming what does not map."""
     given = parse_config(config)
     if "name" in given and given["name"] != model:
         raise RequestRejected(f"the config names model {given['name']!r}, not {model!r}")
-    entry = catalog.get(model)
-    manifest = entry.version(None if version is None else str(version))
-    differ = config_conflicts(given, manifest)
-    if differ:
-        raise RequestRejected(
-            f"the config's {', '.join(differ)} differ(s) from model '{model}' version "
-            f"{manifest.version}'s model.toml; modelfleet takes a model's configuration from "
-            f"its model.toml in the repository (GET /v2/models/{model}/config shows it): "
-            f"publish a new version to change it")
+    return config_override(given, catalog.original(model)).to_json()
 
 
 async def _json_body(request: Request) -> dict[str, Any]:

@@ -39,6 +39,7 @@ from modelfleet.control import (
     route,
 )
 from modelfleet.control.commands import Action
+from modelfleet.control.configs import follow_configs
 from modelfleet.control.orders import OrderBook, OrderStoreError
 from modelfleet.errors import (
     BrokerUnavailable,
@@ -49,6 +50,7 @@ from modelfleet.errors import (
     error_from_code,
 )
 from modelfleet.repository import Catalog
+from modelfleet.repository.overrides import ConfigOverride
 from modelfleet.settings import Settings
 
 
@@ -90,6 +92,7 @@ class ControlPlane:
         self._catalog = catalog
         self._clock = clock
         self.state = ControlState()
+        follow_configs(self.state, catalog)
         self._revisions = RevisionClock(f"gateway-{uuid.uuid4().hex[:12]}", clock)
         self._holdings: dict[str, tuple[float, Holdings, bool]] = {}  # worker -> (seen, .., ready)
         self._mentions: dict[str, set[str]] = {}  # model -> workers whose holdings name it
@@ -255,16 +258,21 @@ class ControlPlane:
         return dict(sorted(found.items()))
 
     # -- commands -------------------------------------------------------------------
-    async def load(self, model_id: str, version: str | None, workers: int) -> Outcome:
+    async def load(self, model_id: str, version: str | None, workers: int,
+                   config: str = "") -> Outcome:
         """Warm the model (``version``, else its route) on ``workers`` workers, and on
         every worker that holds another version of it; answer when all are warm.
+
+        ``config``: the override of its model.toml settings it serves with from now on
+        (``ConfigOverride.to_json``; "": model.toml's own), on every gateway and worker.
 
         A named version takes the unversioned route once it is warm on all of them;
         a version that fails anywhere never does (the error names the worker and why).
         """
-        entry = self._catalog.get(model_id)
+        # The versions the model serves under this load's config, not the last one's.
+        entry = self._catalog.view(model_id, ConfigOverride.from_json(config))
         if version is not None:
-            entry.version(version)  # ModelNotFound for a version the repository lacks
+            entry.version(version)  # ModelNotFound for a version not served
         ready = self._ready_workers()
         if workers > len(ready):
             raise NoCapacity(f"asked to warm '{model_id}' on {workers} worker(s); "
@@ -272,7 +280,8 @@ class ControlPlane:
         versions = [m.version for m in entry.versions]
         target = version or route(model_id, versions, None, self.holdings_of(model_id))
         chosen = self._choose(model_id, target, workers, ready)
-        await self._run(model_id, "load", target, chosen, target, named=version is not None)
+        await self._run(model_id, "load", target, chosen, target, named=version is not None,
+                        config=config)
         if version is not None:
             await self._run(model_id, "route", version, frozenset(), version)
         return Outcome(model_id, target, tuple(sorted(chosen)))
@@ -321,11 +330,12 @@ class ControlPlane:
         return frozenset(chosen)
 
     async def _run(self, model_id: str, action: Action, version: str,
-                   workers: frozenset[str], about: str, named: bool = False) -> None:
+                   workers: frozenset[str], about: str, named: bool = False,
+                   config: str = "") -> None:
         """Publish one command (applied here once the broker took it) and wait for
         ``workers``' results."""
         command = Command(uuid.uuid4().hex, model_id, action, self._revisions.next(),
-                          version, tuple(sorted(workers)), named)
+                          version, tuple(sorted(workers)), named, config)
         collect = self._pending[command.command_id] = _Collect(workers)
         try:
             # BrokerUnavailable here: nobody heard it, so it is not applied here either.

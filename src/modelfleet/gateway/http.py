@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from fastapi.responses import JSONResponse
 
-from modelfleet.errors import ModelfleetError, NoCapacity
+from modelfleet.errors import ModelfleetError, NoCapacity, error_from_code
 
 STATUS_BY_CODE: dict[str, int] = {
     "bad_request": 400,
@@ -88,6 +88,15 @@ def v2_error(error: ModelfleetError) -> JSONResponse:
 def v2_message(error: ModelfleetError) -> str:
     """The message /v2 (and gRPC) gives: the protocol's own words where clients check them
     (Triton's examples look for "Request for unknown model"), then ours."""
-    if error.code == "model_not_found":
-        return f"Request for unknown model: {error.message}"
+    if error.code == "model_not_found" and not error.message.startswith("failed to load"):
+        return f"Request for unknown model: {error.message}"  # (a load's: Triton's words)
     return error.message
+
+
+def load_failed(model: str, error: ModelfleetError) -> ModelfleetError:
+    """``error`` of a load, its message begun as Triton's are ("failed to load '<m>'":
+    Triton's clients and examples look for it), the same for a model that is missing
+    and one of another tenant (whose name must not leak)."""
+    if error.message.startswith("failed to load"):
+        return error
+    return error_from_code(error.code, f"failed to load '{model}': {error.message}")

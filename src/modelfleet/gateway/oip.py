@@ -208,10 +208,11 @@ def oip_router(service: GatewayService, readiness: list[ReadinessCheck],
 
     def config(model: str, version: str | None) -> JSONResponse:
         try:
-            manifest = service.catalog.get(model).version(service.control.route(model, version))
+            entry = service.catalog.get(model)
+            manifest = entry.version(service.control.route(model, version))
         except ModelfleetError as exc:
             return v2_error(exc)
-        return JSONResponse(model_config(manifest))
+        return JSONResponse(model_config(manifest, entry.policy))
 
     @router.get("/v2/models/{model}/config")
     async def get_config(model: str) -> JSONResponse:

@@ -47,6 +47,9 @@ class InferCall:
     accepts: tuple[str, ...]
     worker_id: str
     queue_wait_ms: float
+    # An operator's override of the model's [batching] (``ConfigOverride.batching``):
+    # the runtime's batcher for it takes these; empty: the model.toml's own.
+    batching: Mapping[str, int | float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -51,7 +51,8 @@ class SocketRuntime:
     async def infer(self, call: InferCall, timeout_s: float | None = None) -> EncodedReply:
         frame = await self._call("infer", timeout_s, call.task, {
             "delivery_count": call.delivery_count, "accepts": list(call.accepts),
-            "worker_id": call.worker_id, "queue_wait_ms": call.queue_wait_ms})
+            "worker_id": call.worker_id, "queue_wait_ms": call.queue_wait_ms,
+            "batching": dict(call.batching)})
         result = frame.header["result"]
         return EncodedReply(result["request_id"], result["status"], frame.body)
 

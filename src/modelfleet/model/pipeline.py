@@ -55,6 +55,16 @@ class Batcher:
         self._predicting = asyncio.Event()  # clear while a predict runs on a thread
         self._predicting.set()
 
+    @property
+    def settings(self) -> tuple[int, float]:
+        """(max_batch_size, max_delay_s) it batches with now."""
+        return self._max_batch_size, self._max_delay_s
+
+    def configure(self, max_batch_size: int, max_delay_s: float) -> None:
+        """Batch with these from the next batch on (the one forming keeps its own)."""
+        self._max_batch_size = max_batch_size
+        self._max_delay_s = max_delay_s
+
     async def idle(self) -> None:
         """Wait until no predict runs (a thread outlives a caller that timed out)."""
         await self._predicting.wait()

@@ -35,14 +35,20 @@ from dataclasses import dataclass, field
 
 from modelfleet.errors import ManifestError, ModelNotFound
 from modelfleet.repository.manifest import Manifest, parse_manifest
+from modelfleet.repository.overrides import ALL_VERSIONS, ConfigOverride, VersionPolicy
 from modelfleet.repository.store import ModelStore
 
 
 @dataclass(frozen=True)
 class CatalogEntry:
-    """One model: its versions, newest (by natural order) last; ``manifest`` is the newest."""
+    """One model: its versions, newest (by natural order) last; ``manifest`` is the newest.
+
+    Under an operator's override (``Catalog.configure``) ``versions`` are the ones its
+    version policy serves, with its settings; ``hidden`` the repository's others."""
 
     versions: tuple[Manifest, ...]
+    policy: VersionPolicy = ALL_VERSIONS
+    hidden: tuple[str, ...] = ()
 
     @property
     def manifest(self) -> Manifest:
@@ -58,6 +64,12 @@ class CatalogEntry:
         for manifest in self.versions:
             if manifest.version == version:
                 return manifest
+        if version in self.hidden:
+            raise ModelNotFound(
+                f"model '{self.model_id}' version '{version}' is not served: the version "
+                f"policy of the config its last load gave serves {self.policy.describe()} "
+                f"(versions: {', '.join(m.version for m in self.versions)}); a load "
+                "without a config serves every version again")
         raise ModelNotFound(
             f"model '{self.model_id}' has no version '{version}' "
             f"(versions: {', '.join(m.version for m in self.versions)})"
@@ -159,6 +171,16 @@ def _version_key(version: str) -> tuple[tuple[int, str], ...]:
     return tuple((int(p), "") if p.isdigit() else (-1, p) for p in version.split("."))
 
 
+def _configured(entry: CatalogEntry, override: ConfigOverride) -> CatalogEntry:
+    """``entry`` under an operator's override: the versions its policy serves, with its
+    settings. Should the policy's versions all have left the repository, the newest
+    serves (a model is never left with no version; the index still shows the policy)."""
+    versions = [m.version for m in entry.versions]
+    served = set(override.policy.served(versions)) or {versions[-1]}
+    return CatalogEntry(tuple(override.apply(m) for m in entry.versions if m.version in served),
+                        override.policy, tuple(v for v in versions if v not in served))
+
+
 def _entry(manifests: list[Manifest]) -> CatalogEntry:
     return CatalogEntry(tuple(sorted(manifests, key=lambda m: _version_key(m.version))))
 
@@ -172,6 +194,8 @@ class Catalog:
         self._generation = 0
         self._listeners: list[Listener] = []
         self.parses = 0  # manifests read and parsed over this catalog's life
+        self._overrides: dict[str, ConfigOverride] = {}  # model -> an operator's override
+        self._configured: dict[str, tuple[CatalogEntry, CatalogEntry]] = {}  # (base, view)
 
     @classmethod
     def from_store(cls, store: ModelStore,
@@ -315,12 +339,53 @@ class Catalog:
             self._install({m: entries[m] for m in ids}, ids, pinned, added, removed, changed)
         return list(added), list(removed)
 
-    # -- reading ------------------------------------------------------------------
-    def get(self, model_id: str) -> CatalogEntry:
+    # -- operators' overrides --------------------------------------------------------
+    def configure(self, model_id: str, override: ConfigOverride | None) -> bool:
+        """Serve ``model_id`` with an operator's override of its model.toml settings
+        (None: as model.toml says), from now on and across refreshes. True if it
+        changed. Not a refresh: ``generation`` stays (an override changes no manifest
+        file, and a scan under way in a thread is still installed)."""
+        if not override:
+            override = None
+        if self._overrides.get(model_id) == override:
+            return False
+        if override is None:
+            self._overrides.pop(model_id, None)
+        else:
+            self._overrides[model_id] = override
+        self._configured.pop(model_id, None)
+        return True
+
+    def override(self, model_id: str) -> ConfigOverride | None:
+        return self._overrides.get(model_id)
+
+    def original(self, model_id: str) -> CatalogEntry:
+        """The model as its model.toml files say, whatever an operator's override says."""
         entry = self._entries.get(model_id)
         if entry is None:
             raise ModelNotFound(f"no model named '{model_id}' (GET /v1/models lists them)")
         return entry
+
+    def view(self, model_id: str, override: ConfigOverride | None) -> CatalogEntry:
+        """The model as it would serve under ``override`` (None: as model.toml says)."""
+        entry = self.original(model_id)
+        return _configured(entry, override) if override else entry
+
+    def _view(self, model_id: str, entry: CatalogEntry) -> CatalogEntry:
+        override = self._overrides.get(model_id) if self._overrides else None
+        if override is None:
+            return entry
+        cached = self._configured.get(model_id)
+        if cached is not None and cached[0] is entry:
+            return cached[1]
+        view = _configured(entry, override)
+        self._configured[model_id] = (entry, view)
+        return view
+
+    # -- reading ------------------------------------------------------------------
+    def get(self, model_id: str) -> CatalogEntry:
+        """The model as it is served: its model.toml files under an operator's override."""
+        return self._view(model_id, self.original(model_id))
 
     def ids(self) -> Sequence[str]:
         """Every model id, sorted (a list the catalog replaces, never changes: keep it
@@ -342,7 +407,7 @@ class Catalog:
         at = 0 if after is None else bisect.bisect_right(ids, after)
         found: list[CatalogEntry] = []
         while at < len(ids) and len(found) < limit:
-            entry = entries[ids[at]]
+            entry = self._view(ids[at], entries[ids[at]])
             at += 1
             if keep is None or keep(entry):
                 found.append(entry)
@@ -352,7 +417,7 @@ class Catalog:
         return model_id in self._entries
 
     def __iter__(self) -> Iterator[CatalogEntry]:
-        return iter(self._entries.values())
+        return (self._view(m, e) for m, e in self._entries.items())
 
     def __len__(self) -> int:
         return len(self._entries)

@@ -28,6 +28,8 @@ Example::
     name = "features"
     datatype = "FP32"                 # BOOL, UINT8..64, INT8..64, FP16/32/64, BYTES
     shape = [-1, 4]                   # -1: a dimension of any size
+    # format = "NCHW"                 # an image input's layout, NCHW or NHWC (3 dims past
+    #                                 # the batch): what image clients read in its config
 
     [[outputs]]
     name = "probabilities"
@@ -91,6 +93,9 @@ class TensorSpec(_Strict):
     # extension answers "value:index:label"); read by ``load_manifest``, beside the package.
     labels: str | None = Field(default=None, min_length=1, max_length=256)
     label_names: tuple[str, ...] = Field(default=(), strict=False, exclude=True)
+    # An image input's layout (Triton's ModelInput.format), shown by the model
+    # configuration extension; inputs only.
+    format: Literal["NONE", "NHWC", "NCHW"] = "NONE"
 
     @field_validator("labels")
     @classmethod
@@ -149,6 +154,14 @@ class Manifest(_Strict):
                              "(at least one of each)")
         _unique_names(self.inputs, "input")
         _unique_names(self.outputs, "output")
+        for spec in self.outputs:
+            if spec.format != "NONE":
+                raise ValueError(f"output '{spec.name}': format is an input's image layout")
+        for spec in self.inputs:
+            image_dims = spec.shape[1:] if spec.shape[:1] == (-1,) else spec.shape
+            if spec.format != "NONE" and len(image_dims) != 3:
+                raise ValueError(f"input '{spec.name}': format {spec.format} is the layout "
+                                 f"of 3 dimensions (past a -1 batch), not {list(spec.shape)}")
         if OIP_CONTENT_TYPE in self.accepts and not self.inputs:
             raise ValueError(f"accepts lists {OIP_CONTENT_TYPE} but the model declares no "
                              "tensor signature ([[inputs]] and [[outputs]])")

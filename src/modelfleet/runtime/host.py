@@ -30,7 +30,7 @@ import gc
 import logging
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +42,7 @@ from modelfleet.model.importer import import_handler
 from modelfleet.model.pipeline import Batcher
 from modelfleet.repository import ModelStore
 from modelfleet.repository.manifest import Manifest, load_manifest
+from modelfleet.repository.overrides import merged_batching
 from modelfleet.runtime.device import (
     measure_load,
     move,
@@ -68,6 +69,20 @@ class LoadedModel:
 
     def __post_init__(self) -> None:
         self.idle.set()
+
+    def configure(self, batching: Mapping[str, int | float]) -> None:
+        """Batch as model.toml says, with an operator's override of it (``batching``:
+        ``ConfigOverride.batching``, checked by the gateway; empty: model.toml's own)."""
+        try:
+            wanted = merged_batching(self.manifest.batching, dict(batching)) if batching \
+                else self.manifest.batching
+        except ValueError as exc:  # pydantic's ValidationError: not one a gateway passed
+            raise ConfigError(f"model '{self.manifest.name}': the [batching] override "
+                              f"{dict(batching)} does not fit model.toml's bounds: "
+                              f"{exc}") from exc
+        settings = (wanted.max_batch_size, wanted.max_delay_ms / 1000)
+        if self.batcher.settings != settings:
+            self.batcher.configure(*settings)
 
     async def quiesce(self) -> None:
         """Wait until no request and no batch (even one whose caller gave up) runs on it."""

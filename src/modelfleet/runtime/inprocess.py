@@ -46,7 +46,8 @@ class InProcessRuntime:
 
     async def infer(self, call: InferCall, timeout_s: float | None = None) -> EncodedReply:
         return await self._call(self._service.infer(
-            call.task, call.delivery_count, call.accepts, call.worker_id, call.queue_wait_ms),
+            call.task, call.delivery_count, call.accepts, call.worker_id, call.queue_wait_ms,
+            call.batching),
             timeout_s)
 
     async def load(self, model_id: str, version: str, pinned: bool = False,

@@ -16,7 +16,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from modelfleet.errors import (
@@ -150,8 +150,12 @@ class RuntimeService:
         self.stopping.set()
 
     async def infer(self, task_bytes: bytes, delivery_count: int, accepts: Sequence[str],
-                    worker_id: str, queue_wait_ms: float) -> EncodedReply:
+                    worker_id: str, queue_wait_ms: float,
+                    batching: Mapping[str, int | float] | None = None) -> EncodedReply:
         """Run one task end to end; always returns an encoded Reply (errors included).
+
+        ``batching``: an operator's override of the model's ``[batching]`` (a load's
+        config), which its batcher takes before this task joins it.
 
         The reply carries the worker's id and the task's queue wait, given with the task,
         so that it is encoded here once and crosses the coordinator as bytes.
@@ -175,6 +179,7 @@ class RuntimeService:
                         f"accepts {', '.join(accepts)}")
             started = time.perf_counter()
             loaded, cold = await self.host.ensure(task.model_id, task.version)
+            loaded.configure(batching or {})
             timings["model_load"] = (time.perf_counter() - started) * 1000
             request = Request(body, content_type, task.params, task.request_id, task.deadline_ms)
             remaining_s = (task.deadline_ms - now_ms()) / 1000
@@ -281,7 +286,8 @@ class SocketServer:
         service = self._service
         if op == "infer":
             reply = await service.infer(body, args["delivery_count"], args["accepts"],
-                                        args["worker_id"], args["queue_wait_ms"])
+                                        args["worker_id"], args["queue_wait_ms"],
+                                        args.get("batching") or {})
             return {"request_id": reply.request_id, "status": reply.status}, reply.data
         if op == "health":
             return health_to_wire(service.health()), b""

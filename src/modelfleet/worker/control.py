@@ -42,6 +42,7 @@ from modelfleet.control import (
     plan,
     route,
 )
+from modelfleet.control.configs import follow_configs
 from modelfleet.control.pins import PinnedIndex
 from modelfleet.control.versions import Versions, newest_good, pin_versions
 from modelfleet.errors import BrokerUnavailable, ModelfleetError, ModelUnavailable
@@ -85,6 +86,7 @@ class ControlAgent:
         self._ready = ready
         self._clock = clock
         self.state = ControlState()
+        follow_configs(self.state, catalog)
         self._pins = PinnedIndex(catalog, self.state)
         self._others: dict[str, tuple[float, Holdings]] = {}
         self._failed: dict[str, dict[str, str]] = {}  # model -> version -> why it failed here

@@ -318,8 +318,10 @@ class TaskRunner:
             raise RuntimeCrashed(f"runtime {runtime.name} is not ready")
         manifest = self._catalog.get(task.model_id).manifest
         remaining_s = max(0.0, (task.deadline_ms - now_ms()) / 1000)
+        override = self._catalog.override(task.model_id)
         call = InferCall(delivery.body, task.delivery_count, tuple(manifest.accepts),
-                         self.worker_id, queue_wait_ms)
+                         self.worker_id, queue_wait_ms,
+                         override.batching() if override is not None else {})
         await self._supervisor.prepare(runtime, task.model_id)  # a miss: the pool makes room
         self._on_runtime[task.request_id] = target
         try:

@@ -32,13 +32,13 @@ import grpc
 from google.protobuf import json_format
 
 from modelfleet import __version__, metrics
-from modelfleet.errors import ModelfleetError, ModelNotFound, RequestRejected
+from modelfleet.errors import ModelfleetError, ModelNotFound
 from modelfleet.gateway.auth import TenantGate
-from modelfleet.gateway.control import check_config, flag, positive_int
+from modelfleet.gateway.control import check_load_parameters, flag, load_config, positive_int
 from modelfleet.gateway.exchange import Routed, record_exchange
 from modelfleet.gateway.grpc_api import inference_pb2 as pb
 from modelfleet.gateway.grpc_api.tensors import parameter_value, request_body, response_message
-from modelfleet.gateway.http import BAD_REQUEST_CODES, STATUS_BY_CODE, v2_message
+from modelfleet.gateway.http import BAD_REQUEST_CODES, STATUS_BY_CODE, load_failed, v2_message
 from modelfleet.gateway.observe import RequestObserver
 from modelfleet.gateway.oip import (
     EXTENSIONS,
@@ -161,10 +161,12 @@ class InferenceServicer:
     async def model_config(self, request: pb.ModelConfigRequest, context: Any
                            ) -> pb.ModelConfigResponse:
         await self._model(context, request.name)
-        manifest = self._service.catalog.get(request.name).version(
-            self._service.control.route(request.name, request.version or None))
+        entry = self._service.catalog.get(request.name)
+        manifest = entry.version(self._service.control.route(request.name,
+                                                             request.version or None))
         config = pb.ModelConfig()
-        json_format.ParseDict(model_config(manifest), config, ignore_unknown_fields=True)
+        json_format.ParseDict(model_config(manifest, entry.policy), config,
+                              ignore_unknown_fields=True)
         return pb.ModelConfigResponse(config=config)
 
     async def model_statistics(self, request: pb.ModelStatisticsRequest, context: Any
@@ -208,23 +210,29 @@ class InferenceServicer:
 
     async def repository_model_load(self, request: pb.RepositoryModelLoadRequest,
                                     context: Any) -> pb.RepositoryModelLoadResponse:
-        await self._control(context, request.model_name)
+        try:
+            await self._control(context, request.model_name)
+        except ModelNotFound as exc:  # another tenant's model: worded as a missing one
+            raise load_failed(request.model_name, exc) from None
+        try:
+            await self._load(request)
+        except ModelfleetError as exc:
+            raise load_failed(request.model_name, exc) from None
+        return pb.RepositoryModelLoadResponse()
+
+    async def _load(self, request: pb.RepositoryModelLoadRequest) -> None:
         params = {name: parameter_value(value) for name, value in request.parameters.items()}
-        unknown = sorted(set(params) - {"workers", "version", "pinned", "config"})
-        if unknown:
-            raise RequestRejected(f"load takes the parameters workers, version, pinned and "
-                                  f"config; not {', '.join(unknown)}")
+        check_load_parameters(params)
         if isinstance(params.get("config"), bytes):
             params["config"] = params["config"].decode("utf-8", "replace")
         version = params.get("version")
-        if "config" in params:
-            check_config(self._service.catalog, request.model_name, params["config"], version)
+        config = load_config(self._service.catalog, request.model_name, params["config"]) \
+            if "config" in params else ""
         plane = self._service.control
         await plane.load(request.model_name, None if version is None else str(version),
-                         positive_int(params.get("workers", 1), "workers"))
+                         positive_int(params.get("workers", 1), "workers"), config)
         if flag(params.get("pinned", False), "pinned"):
             await plane.pin(request.model_name, True)
-        return pb.RepositoryModelLoadResponse()
 
     async def repository_model_unload(self, request: pb.RepositoryModelUnloadRequest,
                                       context: Any) -> pb.RepositoryModelUnloadResponse:
