@@ -161,9 +161,30 @@ async def test_a_failed_load_answers_why_and_leaves_the_route(tmp_path: Path) ->
 
 
 async def test_load_on_more_workers_than_are_live_is_refused(tmp_path: Path) -> None:
+    # Refused once the gateway has been up stale_after_s: every live worker has spoken.
     with pytest.raises(NoCapacity, match=r"3 worker.*2 ready"):
         await run_with_workers(tmp_path, {}, {"a": {}, "b": {}},
-                               lambda p: p.load("m", None, workers=3))
+                               lambda p: p.load("m", None, workers=3), stale_after_s=0.5)
+
+
+async def test_a_gateway_just_started_waits_to_hear_from_its_workers(tmp_path: Path) -> None:
+    """Workers announce themselves every state_interval_s: a load asked of a gateway that
+    has not heard from them yet waits for them instead of answering 503."""
+    ok = {"a": (True, "")}
+
+    async def load_while_a_announces_late(p: ControlPlane) -> Any:
+        async def announce() -> None:
+            await asyncio.sleep(0.3)
+            p.observe(worker("a", {}))
+        late = asyncio.create_task(announce())
+        try:
+            return await p.load("m", None, workers=1)
+        finally:
+            await late
+
+    outcome, seen, _ = await run_with_workers(tmp_path, ok, {}, load_while_a_announces_late)
+    assert outcome.workers == ("a",)
+    assert [e["action"] for e in seen] == ["load"]
 
 
 async def test_a_worker_that_never_answers_times_the_command_out(tmp_path: Path) -> None:

@@ -98,6 +98,7 @@ class ControlPlane:
         self._mentions: dict[str, set[str]] = {}  # model -> workers whose holdings name it
         self._pending: dict[str, _Collect] = {}
         self._routed: dict[str, tuple[str, float]] = {}  # model -> (version, when) last routed
+        self._started = time.monotonic()  # workers announce themselves only every few s
 
     # -- what the fleet said ------------------------------------------------------
     def observe(self, event: dict[str, Any]) -> None:
@@ -191,6 +192,17 @@ class ControlPlane:
                 found.append(holdings)
         return found
 
+    async def _ready_workers_at_least(self, wanted: int) -> list[str]:
+        """The ready workers; while there are fewer than ``wanted`` and this gateway is
+        younger than ``stale_after_s`` (it may not have heard every live worker's state
+        yet, and answering 503 then would refuse a fleet that is there), wait for them."""
+        ready = self._ready_workers()
+        while len(ready) < wanted and \
+                time.monotonic() - self._started < self._settings.stale_after_s:
+            await asyncio.sleep(0.1)
+            ready = self._ready_workers()
+        return ready
+
     def _ready_workers(self) -> list[str]:
         self.holdings()
         return sorted(w for w, (_, _, ready) in self._holdings.items() if ready)
@@ -273,7 +285,7 @@ class ControlPlane:
         entry = self._catalog.view(model_id, ConfigOverride.from_json(config))
         if version is not None:
             entry.version(version)  # ModelNotFound for a version not served
-        ready = self._ready_workers()
+        ready = await self._ready_workers_at_least(workers)
         if workers > len(ready):
             raise NoCapacity(f"asked to warm '{model_id}' on {workers} worker(s); "
                              f"{len(ready)} ready worker(s) are live")
