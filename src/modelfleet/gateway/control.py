@@ -12,6 +12,11 @@ version and put it on the unversioned route once warm), ``pinned`` (pin it too),
 ``config`` (tritonclient's ``load_model(config=...)``: accepted where it says what the
 model's model.toml says; each field that differs is named in a 400, since a model's
 configuration is its model.toml in the repository; see oip/model_config.py).
+With ``file:<path>`` parameters (tritonclient's ``load_model(files=...)``: each file's
+bytes in base64; ``file:model.toml``, or Triton's ``file:1/model.toml`` naming version
+1) the load first publishes that package as a new version (``gateway/publish.py``,
+``publishing/``; ``signature`` carries its signature where ``publish.secret`` is set),
+then warms it; ``config`` is then checked against the package's model.toml.
 ``index`` takes ``ready`` (only models that take requests), and ``limit`` and
 ``cursor`` (gateway/pages.py), in its JSON body or as query parameters. Without
 either it answers the protocol's JSON array, bounded to the first ``DEFAULT_LIMIT``
@@ -28,19 +33,27 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from modelfleet.errors import ModelfleetError, RequestRejected
+from modelfleet.errors import ModelfleetError, PayloadTooLarge, RequestRejected
 from modelfleet.gateway.http import v2_error
 from modelfleet.gateway.pages import decode_cursor, encode_cursor, page_limit
+from modelfleet.gateway.publish import FILE_PREFIX, files_of
 from modelfleet.gateway.service import GatewayService
 from modelfleet.oip.model_config import config_conflicts, parse_config
+from modelfleet.publishing.package import Package, split_version
+from modelfleet.publishing.publisher import Publisher
 from modelfleet.repository import Catalog
+from modelfleet.repository.manifest import Manifest
+from modelfleet.tenancy.access import CALLER
 
 MAX_CONTROL_BODY_BYTES = 64 * 1024
 
 
-def control_router(service: GatewayService) -> APIRouter:
+def control_router(service: GatewayService, publisher: Publisher | None = None) -> APIRouter:
     router = APIRouter(prefix="/v2/repository", tags=["model control"])
     plane = service.control
+    # A load with files carries the package in base64 (4 bytes for 3) in its JSON body.
+    load_body_bytes = MAX_CONTROL_BODY_BYTES if publisher is None else \
+        publisher.limits.max_bytes * 4 // 3 + MAX_CONTROL_BODY_BYTES
 
     @router.post("/index")
     async def index(request: Request) -> Response:
@@ -67,20 +80,27 @@ def control_router(service: GatewayService) -> APIRouter:
     @router.post("/models/{model}/load")
     async def load(model: str, request: Request) -> Response:
         try:
-            params = await _parameters(request)
-            unknown = sorted(set(params) - {"workers", "version", "pinned", "config"})
-            if unknown:  # e.g. tritonclient's files=: not how models are made here
+            params = await _parameters(request, load_body_bytes)
+            unknown = sorted(n for n in set(params) - {
+                "workers", "version", "pinned", "config", "signature"}
+                if not n.startswith(FILE_PREFIX))
+            if unknown:
                 raise RequestRejected(
-                    f"load takes the parameters workers, version, pinned and config; not "
-                    f"{', '.join(unknown)} (a model's package is published to the "
-                    "repository)")
-            if "config" in params:
-                check_config(service.catalog, model, params["config"], params.get("version"))
+                    f"load takes the parameters workers, version, pinned, config, and "
+                    f"file:<path> with signature to publish a package; not "
+                    f"{', '.join(unknown)}")
             workers = positive_int(params.get("workers", 1), "workers")
             version = params.get("version")
             if version is not None and not isinstance(version, str | int):
                 raise RequestRejected(f"'version' must be a string, got {version!r}")
             pinned = flag(params.get("pinned", False), "pinned")
+            package = None if publisher is None else files_of(params, publisher.limits)
+            if package is not None and publisher is not None:
+                version = await _publish(publisher, model, package, params)
+            elif any(n.startswith(FILE_PREFIX) for n in params) or "signature" in params:
+                raise RequestRejected("this gateway publishes no packages")
+            elif "config" in params:
+                check_config(service.catalog, model, params["config"], params.get("version"))
             outcome = await plane.load(model, None if version is None else str(version),
                                        workers)
             if pinned:
@@ -119,6 +139,40 @@ def control_router(service: GatewayService) -> APIRouter:
     return router
 
 
+async def _publish(publisher: Publisher, model: str, package: Package,
+                   params: dict[str, Any]) -> str | None:
+    """Publish a load's files; the version to warm (None: the newest, as a plain load)."""
+    folder, package = split_version(package)
+    asked = params.get("version")
+    if folder is not None and asked is not None and str(asked) != folder:
+        raise RequestRejected(f"the files are in version folder '{folder}/' but the load "
+                              f"asks for version '{asked}'")
+    named = folder if folder is not None else None if asked is None else str(asked)
+    signature = params.get("signature")
+    if signature is not None and not isinstance(signature, str):
+        raise RequestRejected(f"'signature' must be a string, got {signature!r}")
+
+    def accept(manifest: Manifest) -> None:
+        if "config" in params:
+            _check_config_of(manifest, model, params["config"])
+
+    published = await publisher.publish(model, package, CALLER.get(), named, signature,
+                                        accept)
+    return published.version if named is not None else None
+
+
+def _check_config_of(manifest: Manifest, model: str, config: object) -> None:
+    given = parse_config(config)
+    if "name" in given and given["name"] != model:
+        raise RequestRejected(f"the config names model {given['name']!r}, not {model!r}")
+    differ = config_conflicts(given, manifest)
+    if differ:
+        raise RequestRejected(
+            f"the config's {', '.join(differ)} differ(s) from the package's model.toml; "
+            "modelfleet takes a model's configuration from its model.toml: send one "
+            "that says what you want")
+
+
 def check_config(catalog: Catalog, model: str, config: object, version: object) -> None:
     """``RequestRejected`` unless a load's ``config`` says what the model's manifest says."""
     given = parse_config(config)
@@ -135,13 +189,16 @@ def check_config(catalog: Catalog, model: str, config: object, version: object) 
             f"publish a new version to change it")
 
 
-async def _json_body(request: Request) -> dict[str, Any]:
-    raw = b""
+async def _json_body(request: Request, limit: int = MAX_CONTROL_BODY_BYTES) -> dict[str, Any]:
+    chunks, size = [], 0
     async for chunk in request.stream():
-        raw += chunk
-        if len(raw) > MAX_CONTROL_BODY_BYTES:
-            raise RequestRejected(f"a control request body is at most "
-                                  f"{MAX_CONTROL_BODY_BYTES} bytes")
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"a control request body is at most {limit} bytes"
+                                  + ("" if limit == MAX_CONTROL_BODY_BYTES else
+                                     " (publish.max_package_bytes, in base64)"))
+    raw = b"".join(chunks)
     if not raw.strip():
         return {}
     try:
@@ -153,9 +210,10 @@ async def _json_body(request: Request) -> dict[str, Any]:
     return body
 
 
-async def _parameters(request: Request) -> dict[str, Any]:
+async def _parameters(request: Request, limit: int = MAX_CONTROL_BODY_BYTES
+                      ) -> dict[str, Any]:
     """The body's ``parameters`` object, with query parameters of the same names added."""
-    params = (await _json_body(request)).get("parameters", {})
+    params = (await _json_body(request, limit)).get("parameters", {})
     if not isinstance(params, dict):
         raise RequestRejected("'parameters' must be a JSON object")
     for name in ("workers", "version", "pinned"):
