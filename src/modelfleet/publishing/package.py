@@ -163,11 +163,12 @@ def _from_zip(data: bytes, limits: Limits) -> dict[str, bytes]:
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as archive:
             for info in archive.infolist():
-                mode = info.external_attr >> 16
+                # A Unix file type, where the archiver recorded one (many record none).
+                mode = stat.S_IFMT(info.external_attr >> 16)
                 if info.is_dir():
                     checked_path(info.filename)
                     continue
-                if mode and not stat.S_ISREG(mode):
+                if mode and mode != stat.S_IFREG:
                     raise PackageRejected(f"the archive's {info.filename!r} is "
                                           f"{'a link' if stat.S_ISLNK(mode) else 'not a file'}"
                                           ": a package holds plain files only")

@@ -29,12 +29,15 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+import modelfleet
 from modelfleet.errors import ManifestError, PackageRejected, VersionExists
 from modelfleet.publishing.package import MANIFEST, Package
 from modelfleet.repository.manifest import Manifest, parse_manifest
 
 _STDERR_KEPT_BYTES = 4096
-_ENV_KEPT = ("PATH", "PYTHONPATH", "LANG", "LC_ALL", "SYSTEMROOT", "TMPDIR")
+_ENV_KEPT = ("PATH", "LANG", "LC_ALL", "SYSTEMROOT", "TMPDIR")
+# The child runs in the package's folder: where this modelfleet is, by absolute path.
+_OUR_ROOT = str(Path(modelfleet.__file__).resolve().parent.parent)
 
 
 @dataclass(frozen=True)
@@ -125,11 +128,9 @@ def _write(folder: Path, package: Package) -> None:
 
 async def _import_in_child(folder: Path, home: Path, manifest: Manifest,
                            timeout_s: float) -> None:
-    env = {name: os.environ[name] for name in _ENV_KEPT if name in os.environ}
-    env.update({"HOME": str(home), "PYTHONDONTWRITEBYTECODE": "1"})
     child = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "modelfleet.publishing.entrypoint", str(folder), cwd=folder,
-        env=env, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+        env=_child_env(home), stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.PIPE, start_new_session=True)
     try:
         tail = await asyncio.wait_for(_tail(child), timeout_s)
@@ -149,6 +150,16 @@ async def _import_in_child(folder: Path, home: Path, manifest: Manifest,
         lines = said.splitlines()
         raise PackageRejected(f"entrypoint '{manifest.entrypoint}' does not import: "
                               f"{lines[-1] if lines else f'the interpreter exited {code}'}")
+
+
+def _child_env(home: Path) -> dict[str, str]:
+    """A bare environment: no MODELFLEET_* settings, no cloud credentials."""
+    env = {name: os.environ[name] for name in _ENV_KEPT if name in os.environ}
+    paths = [_OUR_ROOT, *(os.path.abspath(p) for p in
+                          os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)]
+    env.update({"HOME": str(home), "PYTHONDONTWRITEBYTECODE": "1",
+                "PYTHONPATH": os.pathsep.join(paths)})
+    return env
 
 
 async def _tail(child: asyncio.subprocess.Process) -> bytes:
