@@ -21,6 +21,7 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client import REGISTRY
 
 from modelfleet.broker import Broker, create_broker
 from modelfleet.errors import PackageRejected
@@ -213,8 +214,12 @@ async def test_zip_archives_and_a_wrapping_folder_are_taken(gw: Gateway) -> None
 ])
 async def test_a_wrong_package_is_refused_with_a_clear_4xx(
         gw: Gateway, body: bytes, status: int, code: str, says: str) -> None:
+    refused = REGISTRY.get_sample_value("modelfleet_gateway_publishes_total",
+                                        {"outcome": code}) or 0
     message = v1_error(await gw.put(body), status, code)
     assert says in message, message
+    assert REGISTRY.get_sample_value("modelfleet_gateway_publishes_total",
+                                     {"outcome": code}) == refused + 1
     assert gw.versions() == []
     assert "acme-hello" not in gw.catalog
 

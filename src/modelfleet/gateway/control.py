@@ -40,7 +40,7 @@ from modelfleet.gateway.publish import FILE_PREFIX, files_of
 from modelfleet.gateway.service import GatewayService
 from modelfleet.oip.model_config import config_conflicts, parse_config
 from modelfleet.publishing.package import Package, split_version
-from modelfleet.publishing.publisher import Publisher
+from modelfleet.publishing.publisher import Publisher, counted
 from modelfleet.repository import Catalog
 from modelfleet.repository.manifest import Manifest
 from modelfleet.tenancy.access import CALLER
@@ -94,10 +94,13 @@ def control_router(service: GatewayService, publisher: Publisher | None = None) 
             if version is not None and not isinstance(version, str | int):
                 raise RequestRejected(f"'version' must be a string, got {version!r}")
             pinned = flag(params.get("pinned", False), "pinned")
-            package = None if publisher is None else files_of(params, publisher.limits)
-            if package is not None and publisher is not None:
-                version = await _publish(publisher, model, package, params)
-            elif any(n.startswith(FILE_PREFIX) for n in params) or "signature" in params:
+            files = any(n.startswith(FILE_PREFIX) for n in params)
+            if files and publisher is not None:
+                with counted():
+                    package = files_of(params, publisher.limits)
+                    assert package is not None  # it has files
+                    version = await _publish(publisher, model, package, params)
+            elif files or "signature" in params:
                 raise RequestRejected("this gateway publishes no packages")
             elif "config" in params:
                 check_config(service.catalog, model, params["config"], params.get("version"))

@@ -27,7 +27,7 @@ from modelfleet.errors import ModelfleetError, PackageRejected
 from modelfleet.gateway.body import read_body
 from modelfleet.gateway.http import error_response
 from modelfleet.publishing.package import Limits, Package, from_archive, from_files
-from modelfleet.publishing.publisher import Publisher
+from modelfleet.publishing.publisher import Publisher, counted
 from modelfleet.tenancy.access import CALLER
 
 SIGNATURE_HEADER = "x-modelfleet-signature"
@@ -43,10 +43,12 @@ def publish_router(publisher: Publisher) -> APIRouter:
             # The archive is at most as large as what it unpacks to, give or take its
             # headers: the unpacked limit bounds the body too.
             limit = publisher.limits.max_bytes + 1024 * 1024
-            package = from_archive(await read_body(request, limit), publisher.limits)
-            published = await publisher.publish(
-                model, package, CALLER.get(), request.query_params.get("version") or None,
-                request.headers.get(SIGNATURE_HEADER))
+            with counted():
+                package = from_archive(await read_body(request, limit), publisher.limits)
+                published = await publisher.publish(
+                    model, package, CALLER.get(),
+                    request.query_params.get("version") or None,
+                    request.headers.get(SIGNATURE_HEADER))
             return JSONResponse(published.wire(), status_code=201)
         except ModelfleetError as exc:
             return error_response(exc)

@@ -18,12 +18,14 @@ every control route does then.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from modelfleet.errors import ModelNotFound, PackageRejected, SignatureRejected
+from modelfleet.errors import ModelfleetError, ModelNotFound, PackageRejected, SignatureRejected
+from modelfleet.metrics import PUBLISHES
 from modelfleet.publishing.announce import catalog_changed
 from modelfleet.publishing.package import Limits, Package, signature_matches
 from modelfleet.publishing.settings import PublishSettings
@@ -50,6 +52,17 @@ class Published:
         return {"name": self.model_id, "version": self.version, "sha256": self.digest,
                 "size_bytes": self.size_bytes, "files": self.files,
                 "servable": self.servable}
+
+
+@contextlib.contextmanager
+def counted() -> Iterator[None]:
+    """Count one publish attempt (reading its package too) by its outcome."""
+    try:
+        yield
+    except ModelfleetError as exc:
+        PUBLISHES.labels(exc.code).inc()
+        raise
+    PUBLISHES.labels("published").inc()
 
 
 def not_found(model_id: str) -> ModelNotFound:

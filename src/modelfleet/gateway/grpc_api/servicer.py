@@ -212,8 +212,11 @@ class InferenceServicer:
         params = {name: parameter_value(value) for name, value in request.parameters.items()}
         unknown = sorted(set(params) - {"workers", "version", "pinned", "config"})
         if unknown:
+            publishing = " (a package is published over HTTP: PUT /v1/models/{m}/package, " \
+                "or the HTTP load with file: parameters)" \
+                if any(n.startswith("file:") for n in unknown) else ""
             raise RequestRejected(f"load takes the parameters workers, version, pinned and "
-                                  f"config; not {', '.join(unknown)}")
+                                  f"config; not {', '.join(unknown)}{publishing}")
         if isinstance(params.get("config"), bytes):
             params["config"] = params["config"].decode("utf-8", "replace")
         version = params.get("version")
