@@ -126,6 +126,13 @@ def test_an_operator_publishes_only_its_own_tenants_models(fleet: dict[str, str]
                  fleet["base"], fleet["acme_operator"])
     assert other.returncode == 1
     assert "403" in other.stderr and 'tenant = "acme"' in other.stderr
+    # A plain load of a name acme could publish, that does not exist: the same 404 too.
+    loads = [httpx.post(f"{fleet['base']}/v2/repository/models/{name}/load", json={},
+                        timeout=60, headers={"Authorization": f"Bearer {fleet['acme_operator']}"})
+             for name in ("acme-nothing-yet", "banner")]
+    assert [answer.status_code for answer in loads] == [404, 404]
+    assert loads[0].json()["error"].replace("acme-nothing-yet", "X") == \
+        loads[1].json()["error"].replace("banner", "X")
     # A caller key publishes nothing.
     caller = push(package(tmp / "acme-caller", "acme-caller"), fleet["base"],
                   fleet["acme_caller"])

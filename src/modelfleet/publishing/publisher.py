@@ -31,7 +31,7 @@ from modelfleet.publishing.package import Limits, Package, signature_matches
 from modelfleet.publishing.settings import PublishSettings
 from modelfleet.publishing.validate import Candidate, check_entrypoint, resolve
 from modelfleet.repository import Catalog
-from modelfleet.repository.manifest import Manifest
+from modelfleet.repository.manifest import MODEL_ID, Manifest
 from modelfleet.repository.store import PackageWriter
 from modelfleet.tenancy import Forbidden
 from modelfleet.tenancy.access import Principal
@@ -88,6 +88,9 @@ class Publisher:
                       accept: Callable[[Manifest], None] | None = None) -> Published:
         """Check and write ``package`` as a version of ``model_id`` (module docstring);
         ``accept`` may refuse its manifest too (raising), before the import."""
+        if not MODEL_ID.match(model_id):
+            raise PackageRejected(f"{model_id!r} is not a model name: [a-z0-9][a-z0-9_.-]*, "
+                                  "at most 128 characters")
         self._check_signature(package, signature)
         owner = self._owner(model_id)
         if principal is not None and not principal.may_publish(model_id, owner):

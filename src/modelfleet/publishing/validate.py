@@ -32,7 +32,7 @@ from pathlib import Path
 import modelfleet
 from modelfleet.errors import ManifestError, PackageRejected, VersionExists
 from modelfleet.publishing.package import MANIFEST, Package
-from modelfleet.repository.manifest import Manifest, parse_manifest
+from modelfleet.repository.manifest import VERSION, Manifest, parse_manifest
 
 _STDERR_KEPT_BYTES = 4096
 _ENV_KEPT = ("PATH", "LANG", "LC_ALL", "SYSTEMROOT", "TMPDIR")
@@ -76,6 +76,9 @@ def resolve(package: Package, model_id: str, requested: str | None,
     if stated and requested is not None and requested != manifest.version:
         raise PackageRejected(f"the request asks for version '{requested}' but {where} "
                               f"says version = \"{manifest.version}\"")
+    if requested is not None and not VERSION.match(requested):
+        raise PackageRejected(f"version {requested!r} is not one: letters, digits, '.', '_' "
+                              "or '-', at most 64, starting with a letter or digit")
     if not stated:
         version = requested if requested is not None else next_version(existing)
         text = f'version = "{version}"  # set when it was published\n{text}'
