@@ -232,10 +232,11 @@ async def serve(settings: Settings) -> None:
         try:
             service = GatewayService(settings, broker, catalog, listener.getsockname()[1],
                                      runtimes_local=True, orders=orders)
-            coordinator = Coordinator(settings, broker, catalog,
-                                      RuntimeSupervisor(settings, catalog, store))
             refresher = CatalogRefresher(store, catalog, settings.repo_refresh_s)
             origin = uuid.uuid4().hex[:16]
+            coordinator = Coordinator(settings, broker, catalog,
+                                      RuntimeSupervisor(settings, catalog, store),
+                                      refresh_catalog=refresher.refresh_now)
             await service.start()
             try:
                 await coordinator.start()
@@ -305,13 +306,14 @@ async def worker(settings: Settings, host: str, port: int) -> None:
     with _listen(host, port) as listener:
         broker = await _connect(settings)
         try:
+            refresher = CatalogRefresher(store, catalog, settings.repo_refresh_s)
             coordinator = Coordinator(settings, broker, catalog,
-                                      RuntimeSupervisor(settings, catalog, store))
+                                      RuntimeSupervisor(settings, catalog, store),
+                                      refresh_catalog=refresher.refresh_now)
             await coordinator.start()
             try:
                 log.info("modelfleet worker %s serving %d models (probes on http://%s:%d)",
                          coordinator.worker_id, len(catalog), host, listener.getsockname()[1])
-                refresher = CatalogRefresher(store, catalog, settings.repo_refresh_s)
                 async with _refreshing(refresher, broker, uuid.uuid4().hex[:16]):
                     await _until_signalled(
                         _http_server(create_health_app(coordinator), settings), listener)

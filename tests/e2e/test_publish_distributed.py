@@ -19,8 +19,10 @@ from pathlib import Path
 import httpx
 import pytest
 import s3fs
+import tritonclient.http as triton
 from moto import server as moto_server
 
+from modelfleet.publishing.package import sign
 from tests.conftest import rabbitmq_url, require_rabbitmq
 from tests.procs import EXAMPLES, MODELFLEET, ROOT, Proc, gateway, worker
 
@@ -55,7 +57,11 @@ def test_a_pushed_model_is_served_by_every_gateway_from_s3_without_a_refresh(
     require_rabbitmq()
     _seed(s3_env)
     repo = f"s3://{BUCKET}/models"
-    common = {**s3_env, "MODELFLEET_BROKER__QUEUE_PREFIX": f"e2e{uuid.uuid4().hex[:8]}.",
+    unique = uuid.uuid4().hex[:8]
+    # Queues and the events exchange of our own: other tests' fleets on the same RabbitMQ
+    # (with workers named w1 too) neither hear our orders nor answer them.
+    common = {**s3_env, "MODELFLEET_BROKER__QUEUE_PREFIX": f"e2e{unique}.",
+              "MODELFLEET_BROKER__EVENTS_EXCHANGE": f"e2e{unique}.events",
               "MODELFLEET_REPO_REFRESH_S": "3600", "MODELFLEET_PUBLISH__SECRET": SECRET,
               "MODELFLEET_TENANCY__DB": str(tmp_path / "tenants.sqlite3")}
 
@@ -111,6 +117,21 @@ def test_a_pushed_model_is_served_by_every_gateway_from_s3_without_a_refresh(
     answer = _served(second_base, first, second, serving)
     assert answer.json() == {"greeting": "hello, fleet"}
     assert "repository: 1 added (greeter)" in second.log()  # told, not a refresh's turn
+
+    # Version 2 through the other gateway, as tritonclient publishes (signed: the query
+    # parameter), warmed by the load on the worker that had not scanned for it yet.
+    handler = (folder / "handler.py").read_text().replace("hello, ", "hello again, ")
+    files = {"model.toml": (folder / "model.toml").read_bytes(),
+             "handler.py": handler.encode()}
+    client = triton.InferenceServerClient(url=second_base.split("@", 1)[1],
+                                          network_timeout=120, connection_timeout=120)
+    client.load_model("greeter", headers={"Authorization": f"Bearer {second.api_key}"},
+                      query_params={"signature": sign(SECRET, files)},
+                      files={f"file:2/{path}": data for path, data in files.items()})
+    answer = httpx.post(f"{first_base}/v1/models/greeter/versions/2/infer", content=b"fleet",
+                        headers={"content-type": "text/plain"}, timeout=60)
+    assert answer.status_code == 200, answer.text
+    assert answer.json() == {"greeting": "hello again, fleet"}
 
 
 def _served(base: str, *procs: Proc) -> httpx.Response:

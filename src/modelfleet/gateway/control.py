@@ -219,7 +219,7 @@ async def _parameters(request: Request, limit: int = MAX_CONTROL_BODY_BYTES
     params = (await _json_body(request, limit)).get("parameters", {})
     if not isinstance(params, dict):
         raise RequestRejected("'parameters' must be a JSON object")
-    for name in ("workers", "version", "pinned"):
+    for name in ("workers", "version", "pinned", "signature"):  # tritonclient: query_params
         if name in request.query_params:
             params.setdefault(name, request.query_params[name])
     return params

@@ -43,7 +43,7 @@ import socket
 import time
 import zlib
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from modelfleet import metrics
@@ -96,7 +96,8 @@ class _Consumer:
 
 class Coordinator:
     def __init__(self, settings: Settings, broker: Broker, catalog: Catalog,
-                 supervisor: RuntimeSupervisor, clock: Callable[[], float] = time.time) -> None:
+                 supervisor: RuntimeSupervisor, clock: Callable[[], float] = time.time,
+                 refresh_catalog: Callable[[], Awaitable[object]] | None = None) -> None:
         self._settings = settings
         self._broker = broker
         self._catalog = catalog
@@ -117,7 +118,7 @@ class Coordinator:
         # The control API's orders (unload, pin), rolling versions: see worker/control.py.
         self.control = ControlAgent(settings, broker, catalog, RuntimePlacement(
             settings, catalog, supervisor, self._residency), self.worker_id,
-            lambda: self.ready, clock)
+            lambda: self.ready, clock, refresh_catalog)
         self._pins = PinKeeper(catalog, supervisor, clock, self.control)
         self._isolated_since: dict[str, float] = {}  # model id -> when its runtime was seen
         self._tasks = TaskRunner(settings, broker, catalog, supervisor, self.worker_id,
