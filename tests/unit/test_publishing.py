@@ -174,6 +174,19 @@ async def test_publishing_again_adds_the_next_version_and_never_overwrites_one(
     assert [m.version for m in gw.catalog.get("acme-hello").versions] == ["1", "2", "7", "8"]
 
 
+async def test_a_new_version_keeps_its_models_tenant(gw: Gateway) -> None:
+    assert (await gw.put(tgz(files()))).status_code == 201
+    moved = MANIFEST.replace('tenant = "acme"', 'tenant = "other"')
+    message = v1_error(await gw.put(tgz(files(manifest=moved))), 400, "invalid_package")
+    assert "belongs to tenant 'acme'" in message
+    assert gw.versions() == ["1"]
+
+
+async def test_a_name_that_is_no_model_name_is_refused(gw: Gateway) -> None:
+    message = v1_error(await gw.put(tgz(files()), name="Not_A_Name"), 400, "invalid_package")
+    assert "is not a model name" in message
+
+
 async def test_zip_archives_and_a_wrapping_folder_are_taken(gw: Gateway) -> None:
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w") as zipped:
