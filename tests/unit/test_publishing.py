@@ -347,6 +347,7 @@ async def test_load_with_files_publishes_the_version_folder_it_names(gw: Gateway
     ({}, {"file:model.toml": "%%%not base64"}, "is not base64"),
     ({}, {"file:model.toml": 12}, "in base64 (a string)"),
     (files(), {"config": {"max_batch_size": 64}}, "differ(s) from the package's model.toml"),
+    ({}, {"signature": "ab" * 32}, "this load has none"),
 ])
 async def test_load_with_wrong_files_is_a_v2_400(gw: Gateway, contents: dict[str, bytes],
                                                  params: dict[str, Any], says: str) -> None:

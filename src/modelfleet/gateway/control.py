@@ -95,13 +95,16 @@ def control_router(service: GatewayService, publisher: Publisher | None = None) 
                 raise RequestRejected(f"'version' must be a string, got {version!r}")
             pinned = flag(params.get("pinned", False), "pinned")
             files = any(n.startswith(FILE_PREFIX) for n in params)
+            if "signature" in params and not files:
+                raise RequestRejected("'signature' signs the package of file:<path> "
+                                      "parameters, and this load has none")
+            if files and publisher is None:
+                raise RequestRejected("this gateway publishes no packages")
             if files and publisher is not None:
                 with counted():
                     package = files_of(params, publisher.limits)
                     assert package is not None  # it has files
                     version = await _publish(publisher, model, package, params)
-            elif files or "signature" in params:
-                raise RequestRejected("this gateway publishes no packages")
             elif "config" in params:
                 check_config(service.catalog, model, params["config"], params.get("version"))
             outcome = await plane.load(model, None if version is None else str(version),
