@@ -166,7 +166,7 @@ def provision_key(db: str, role: Role = "admin", tenant: str = "", plan: str = "
 
 
 def gateway(tmp_path: Path, broker: str, env: dict[str, str], name: str,
-            repo: Path = EXAMPLES) -> tuple[Proc, str]:
+            repo: Path | str = EXAMPLES) -> tuple[Proc, str]:
     """Start ``modelfleet gateway``; returns (process, base URL). Caller stops it.
 
     Auth is on for a gateway: an admin key is made in the tenants' store the gateway
@@ -187,7 +187,7 @@ def gateway(tmp_path: Path, broker: str, env: dict[str, str], name: str,
 
 
 def worker(tmp_path: Path, broker: str, env: dict[str, str], name: str,
-           repo: Path = EXAMPLES, extra: list[str] | None = None) -> tuple[Proc, str]:
+           repo: Path | str = EXAMPLES, extra: list[str] | None = None) -> tuple[Proc, str]:
     """Start ``modelfleet worker --worker-id NAME``; returns (process, probe URL)."""
     port = free_port()
     probes = f"http://127.0.0.1:{port}"

@@ -1,4 +1,4 @@
-"""The ``modelfleet`` command: serve, gateway, worker, sim, dlq, keys, tenants, usage.
+"""The ``modelfleet`` command: serve, gateway, worker, push, sim, dlq, keys, tenants, usage.
 
 Settings are built here, once, from defaults, ``MODELFLEET_*`` environment variables
 and flags, and passed down. Library code raises typed errors; this is the one place
@@ -56,6 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--probe-host", default="127.0.0.1")
     worker.add_argument("--probe-port", type=int, default=8001,
                         help="port of /livez, /readyz, /metrics (default 8001)")
+    commands.add_parser("push", help="publish a model package through a gateway",
+                        add_help=False)
     commands.add_parser("sim", help="fleet simulator: pull-affinity against push routers",
                         add_help=False)
     commands.add_parser("dlq", help="dead-letter queue: archive, list, replay", add_help=False)
@@ -99,6 +101,10 @@ def main(argv: list[str] | None = None) -> int:
         from modelfleet.sim.cli import main as sim_main
 
         return int(sim_main(argv[1:]))
+    if argv and argv[0] == "push":
+        from modelfleet.publishing.push import main as push_main
+
+        return push_main(argv[1:])
     if argv and argv[0] == "dlq":
         from modelfleet.dlq.cli import main as dlq_main
 

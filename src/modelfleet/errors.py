@@ -14,7 +14,12 @@ the gateway maps to an HTTP status. HTTP status codes live only in the gateway.
     │   ├── PayloadTooLarge             payload_too_large
     │   ├── UnsupportedContentType      unsupported_content_type
     │   ├── InvalidInput                invalid_input      (raised by model handlers)
-    │   └── PayloadFetchForbidden       payload_fetch_forbidden
+    │   ├── PayloadFetchForbidden       payload_fetch_forbidden
+    │   └── PackageRejected             invalid_package    (a published model package)
+    │       ├── PackageTooLarge         package_too_large
+    │       ├── SignatureRejected       bad_signature
+    │       └── VersionExists           version_exists
+    ├── RepositoryUnavailable           repository_unavailable (a write to the store failed)
     ├── DeadlineExceeded                deadline_exceeded
     ├── NoCapacity                      no_capacity
     ├── ModelLoadFailed                 model_load_failed
@@ -88,6 +93,36 @@ class InvalidInput(RequestRejected):
 
 class PayloadFetchForbidden(RequestRejected):
     code = "payload_fetch_forbidden"
+
+
+class PackageRejected(RequestRejected):
+    """A model package sent to be published is not one (the message says what is wrong)."""
+
+    code = "invalid_package"
+
+
+class PackageTooLarge(PackageRejected):
+    """More bytes or files than ``publish.max_package_bytes`` / ``max_package_files``."""
+
+    code = "package_too_large"
+
+
+class SignatureRejected(PackageRejected):
+    """A package's signature is missing or does not match ``publish.secret``."""
+
+    code = "bad_signature"
+
+
+class VersionExists(PackageRejected):
+    """That version of the model is in the repository already: versions never change."""
+
+    code = "version_exists"
+
+
+class RepositoryUnavailable(ModelfleetError):
+    """The model repository could not be written (a publish); nothing was published."""
+
+    code = "repository_unavailable"
 
 
 class DeadlineExceeded(ModelfleetError):

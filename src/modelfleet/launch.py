@@ -24,7 +24,7 @@ import gc
 import logging
 import signal
 import socket
-import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -36,14 +36,18 @@ from modelfleet.broker import Broker, create_broker
 from modelfleet.control.orders import OrderStore
 from modelfleet.database import default_location
 from modelfleet.dlq.embedded import archiving
-from modelfleet.errors import ConfigError, ManifestError
+from modelfleet.errors import ConfigError
 from modelfleet.gateway.app import create_app
 from modelfleet.gateway.auth import guarded, tenant_gate
 from modelfleet.gateway.edge import EdgeApp, EdgeLimits, edge_protocol
 from modelfleet.gateway.grpc_api.server import grpc_server
 from modelfleet.gateway.service import GatewayService
+from modelfleet.publishing.announce import is_foreign_change
+from modelfleet.publishing.publisher import Publisher
 from modelfleet.redaction import redact_url, secure_logging
 from modelfleet.repository import Catalog, ModelStore, open_store
+from modelfleet.repository.refresher import CatalogRefresher
+from modelfleet.repository.store import PackageWriter
 from modelfleet.settings import Settings
 from modelfleet.tenancy.plans import with_plans_file
 from modelfleet.tenancy.store import store_location
@@ -98,7 +102,9 @@ def _http_server(app: Any, settings: Settings, edge: bool = False) -> _Server:
 def _secure_logs(settings: Settings) -> None:
     password = urlsplit(settings.broker.url).password if "://" in settings.broker.url else None
     # As written in the URL (percent-encoded) and as the client sends it (decoded).
-    secure_logging([settings.secret, *({password, unquote(password)} if password else ())])
+    secure_logging([settings.secret, *([settings.publish.secret] if settings.publish.secret
+                                       else []),
+                    *({password, unquote(password)} if password else ())])
 
 
 def _draining(service: GatewayService, settings: Settings) -> Drain:
@@ -156,63 +162,34 @@ async def _until_signalled(server: _Server, listener: socket.socket,
 
 
 @contextlib.asynccontextmanager
-async def _refreshing(store: ModelStore, catalog: Catalog, settings: Settings
+async def _refreshing(refresher: CatalogRefresher,
+                      observers: list[Callable[[dict[str, Any]], None]], origin: str
                       ) -> AsyncIterator[None]:
-    """Re-read the repository every ``repo_refresh_s``: models come and go, no restart.
+    """Re-read the repository every ``repo_refresh_s`` (``CatalogRefresher``), and at once
+    when another process announces that it published a version (``publishing.announce``;
+    heard through the process's one events subscription, its ``observers``): models come
+    and go, no restart, and a published one is servable everywhere within a scan."""
+    def follow(event: dict[str, Any]) -> None:
+        if is_foreign_change(event, origin):
+            refresher.request()
 
-    Only manifests whose stamp changed are read (``Catalog.scan``, in a thread: the loop
-    keeps serving), and the result is installed in one swap (``Catalog.apply``). A
-    scan of a large repository waits at least ``_REFRESH_COST_FACTOR`` times as long as
-    the last one took before the next, so refreshing takes at most a small share of a
-    core whatever the repository's size. A manifest that does not validate is logged
-    and left out (or keeps its last good version); the others keep serving.
-    """
-    async def refresh() -> None:
-        seen_invalid: set[str] = set()
-
-        def report(exc: ManifestError) -> None:
-            if str(exc) not in seen_invalid:  # once per problem, not every refresh
-                seen_invalid.add(str(exc))
-                log.error("repository: %s (left out until fixed)", exc)
-
-        interval = settings.repo_refresh_s
-        while True:
-            await asyncio.sleep(interval)
-            started = time.process_time(), time.perf_counter()
-            try:
-                update = await asyncio.to_thread(catalog.scan, store, report)
-            except Exception:  # e.g. the remote repository is unreachable for a while
-                log.exception("repository: refresh failed; serving the catalog as it was")
-                continue
-            # process_time: this process's CPU (the loop's share of it is small), so a
-            # busy machine does not stretch the interval.
-            cost_s = time.process_time() - started[0]
-            interval = max(settings.repo_refresh_s, _REFRESH_COST_FACTOR * cost_s)
-            change = catalog.apply(update)
-            if change:
-                parts = [f"{len(ids)} {what} {_few(ids)}" for what, ids in (
-                    ("added", change.added), ("removed", change.removed),
-                    ("changed", change.changed)) if ids]
-                log.info("repository: %s (generation %d; %d of %d manifests read, %.2fs)",
-                         "; ".join(parts), change.generation, update.parses, update.stamps,
-                         time.perf_counter() - started[1])
-
-    task = asyncio.create_task(refresh(), name="catalog-refresh")
+    observers.append(follow)
+    task = asyncio.create_task(refresher.run(), name="catalog-refresh")
     try:
         yield
     finally:
+        observers.remove(follow)
         task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await asyncio.gather(task, return_exceptions=True)
 
 
-# A refresh's CPU is at most 1/50 of the time between refreshes (2 % of a core).
-_REFRESH_COST_FACTOR = 50.0
-
-
-def _few(models: tuple[str, ...], shown: int = 10) -> str:
-    more = f" and {len(models) - shown} more" if len(models) > shown else ""
-    return "(" + ", ".join(models[:shown]) + more + ")"
+def _publisher(settings: Settings, store: ModelStore, catalog: Catalog,
+               refresher: CatalogRefresher, broker: Broker, origin: str) -> Publisher | None:
+    """What publishes packages through this gateway, if its repository takes writes."""
+    if not isinstance(store, PackageWriter):
+        return None
+    return Publisher(settings.publish, store, catalog, refresher.refresh_now,
+                     broker.publish_event, origin)
 
 
 async def _connect(settings: Settings) -> Broker:
@@ -252,20 +229,25 @@ async def serve(settings: Settings) -> None:
         try:
             service = GatewayService(settings, broker, catalog, listener.getsockname()[1],
                                      runtimes_local=True, orders=orders)
+            refresher = CatalogRefresher(store, catalog, settings.repo_refresh_s)
+            origin = uuid.uuid4().hex[:16]
             coordinator = Coordinator(settings, broker, catalog,
-                                      RuntimeSupervisor(settings, catalog, store))
+                                      RuntimeSupervisor(settings, catalog, store),
+                                      refresh_catalog=refresher.refresh_now)
             await service.start()
             try:
                 await coordinator.start()
                 try:
                     app = create_app(service, readiness=[
                         lambda: (coordinator.ready, "worker not ready")],
-                        liveness=[lambda: coordinator.live])
+                        liveness=[lambda: coordinator.live],
+                        publisher=_publisher(settings, store, catalog, refresher, broker,
+                                             origin))
                     gw = settings.gateway
                     log.info("modelfleet serving %d models from %s on http://%s:%d "
                              "(broker: %s)", len(catalog), settings.repo, gw.host,
                              listener.getsockname()[1], redact_url(settings.broker.url))
-                    async with _refreshing(store, catalog, settings), \
+                    async with _refreshing(refresher, service.event_observers, origin), \
                             _dead_letters_archived(broker, settings), \
                             tenant_gate(settings, catalog, embedded=True) as gate, \
                             grpc_server(service, gate, [lambda: (coordinator.ready,
@@ -292,16 +274,20 @@ async def gateway(settings: Settings) -> None:
         try:
             service = GatewayService(settings, broker, catalog, listener.getsockname()[1],
                                      orders=orders)
+            refresher = CatalogRefresher(store, catalog, settings.repo_refresh_s)
+            origin = uuid.uuid4().hex[:16]
+            app = create_app(service, publisher=_publisher(settings, store, catalog,
+                                                           refresher, broker, origin))
             await service.start()
             try:
                 log.info("modelfleet gateway on http://%s:%d (broker: %s)",
                          settings.gateway.host, listener.getsockname()[1],
                          redact_url(settings.broker.url))
-                async with _refreshing(store, catalog, settings), \
+                async with _refreshing(refresher, service.event_observers, origin), \
                         tenant_gate(settings, catalog, embedded=False) as gate, \
                         grpc_server(service, gate):
-                    await _until_signalled(_http_server(guarded(create_app(service), gate),
-                                                        settings, edge=True),
+                    await _until_signalled(_http_server(guarded(app, gate), settings,
+                                                        edge=True),
                                            listener, _draining(service, settings))
             finally:
                 await service.stop()
@@ -317,13 +303,16 @@ async def worker(settings: Settings, host: str, port: int) -> None:
     with _listen(host, port) as listener:
         broker = await _connect(settings)
         try:
+            refresher = CatalogRefresher(store, catalog, settings.repo_refresh_s)
             coordinator = Coordinator(settings, broker, catalog,
-                                      RuntimeSupervisor(settings, catalog, store))
+                                      RuntimeSupervisor(settings, catalog, store),
+                                      refresh_catalog=refresher.refresh_now)
             await coordinator.start()
             try:
                 log.info("modelfleet worker %s serving %d models (probes on http://%s:%d)",
                          coordinator.worker_id, len(catalog), host, listener.getsockname()[1])
-                async with _refreshing(store, catalog, settings):
+                async with _refreshing(refresher, coordinator.event_observers,
+                                       uuid.uuid4().hex[:16]):
                     await _until_signalled(
                         _http_server(create_health_app(coordinator), settings), listener)
             finally:

@@ -61,6 +61,11 @@ READ_TIMEOUTS = Counter("modelfleet_gateway_read_timeouts_total",
                         "Requests whose headers or body did not arrive in time", ["phase"])
 LATE_REPLIES = Counter("modelfleet_gateway_late_replies_total",
                        "Replies that found no waiting request (duplicate or after deadline)")
+PUBLISHES = Counter("modelfleet_gateway_publishes_total",
+                    "Model packages sent to this gateway to be published, by outcome: "
+                    "published, or the error code that refused it (invalid_package, "
+                    "package_too_large, bad_signature, version_exists, model_not_found, "
+                    "forbidden, ...)", ["outcome"])
 CONTROL_COMMANDS = Counter("modelfleet_control_commands_total",
                            "Control API commands this gateway ran (load, unload, pin, "
                            "unpin, route), by outcome: ok, failed, timed_out, not_kept "

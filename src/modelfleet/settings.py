@@ -31,6 +31,7 @@ from pydantic_settings import (
 )
 
 from modelfleet.control.settings import ControlSettings
+from modelfleet.publishing.settings import PublishSettings
 from modelfleet.scheduling.settings import ScoringSettings
 from modelfleet.tenancy.settings import TenancySettings
 
@@ -227,6 +228,7 @@ class Settings(BaseSettings):
     scheduling: ScoringSettings = ScoringSettings()
     tenancy: TenancySettings = TenancySettings()  # API keys, plans, limits, usage
     control: ControlSettings = ControlSettings()
+    publish: PublishSettings = PublishSettings()  # modelfleet push, load with files
     # Per-model counters and histograms (gateway and worker): the first N models seen
     # get their own ``model`` label, every later one counts as model="other".
     metrics_models: int = Field(default=20, ge=1)

@@ -10,7 +10,7 @@ import pytest
 
 from modelfleet.cli import build_parser
 
-COMMANDS = ["serve", "gateway", "worker", "sim", "dlq", "keys", "tenants", "usage"]
+COMMANDS = ["serve", "gateway", "worker", "push", "sim", "dlq", "keys", "tenants", "usage"]
 
 
 def test_the_list_is_every_subcommand() -> None:

@@ -29,6 +29,7 @@ from modelfleet.ipc.protocol import RuntimeStats
 from modelfleet.launch import open_repository
 from modelfleet.messages import PayloadRef, Reply, Task, now_ms
 from modelfleet.repository import Catalog, ModelStore
+from modelfleet.repository.refresher import CatalogRefresher
 from modelfleet.runtime.inprocess import InProcessLauncher
 from modelfleet.settings import Settings
 from modelfleet.worker.coordinator import Coordinator
@@ -125,7 +126,8 @@ async def repo(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-async def worker(tmp_path: Path, repo: Path) -> AsyncIterator[Worker]:
+async def worker(tmp_path: Path, repo: Path, request: pytest.FixtureRequest
+                 ) -> AsyncIterator[Worker]:
     settings = Settings(repo=str(repo), state_dir=tmp_path / "state", broker={"url": "memory"},
                         worker={"worker_id": "w-test", "rescore_interval_s": 0.1,
                                 "state_interval_s": 0.2, "standby_keep_s": 0},
@@ -136,7 +138,11 @@ async def worker(tmp_path: Path, repo: Path) -> AsyncIterator[Worker]:
     store, catalog = open_repository(settings)
     launcher = InProcessLauncher()
     supervisor = RuntimeSupervisor(settings, catalog, store, launcher=launcher)
-    coordinator = Coordinator(settings, broker, catalog, supervisor)
+    # indirect=True with True: the worker scans its repository when asked, as launch wires it
+    refresher = CatalogRefresher(store, catalog, 3600) if getattr(request, "param", False) \
+        else None
+    coordinator = Coordinator(settings, broker, catalog, supervisor, refresh_catalog=None
+                              if refresher is None else refresher.refresh_now)
     inbox = await broker.open_inbox()
     events: list[dict[str, Any]] = []
     replies: asyncio.Queue[Reply] = asyncio.Queue()
@@ -150,6 +156,8 @@ async def worker(tmp_path: Path, repo: Path) -> AsyncIterator[Worker]:
             replies.put_nowait(reply)
 
     loops = [asyncio.create_task(listen()), asyncio.create_task(collect())]
+    if refresher is not None:
+        loops.append(asyncio.create_task(refresher.run()))
     await asyncio.sleep(0)
     await coordinator.start()
     try:
@@ -163,6 +171,27 @@ async def worker(tmp_path: Path, repo: Path) -> AsyncIterator[Worker]:
             loop.cancel()
         await asyncio.gather(*loops, return_exceptions=True)
         await broker.close()
+
+
+@pytest.mark.parametrize("worker", [True], indirect=True)
+async def test_a_load_of_a_version_not_yet_scanned_scans_first(repo: Path,
+                                                               worker: Worker) -> None:
+    """A load with files reaches a worker with the publish's announcement: its order may
+    come before the scan that finds the version (the repository refresh is an hour off)."""
+    add_version(repo, "m", "1")
+    assert "m" not in worker.catalog
+    loaded = await worker.command("load", "m", "1")
+    assert loaded["ok"], loaded
+    add_version(repo, "m", "2")
+    loaded = await worker.command("load", "m", "2")
+    assert loaded["ok"], loaded
+    assert [m.version for m in worker.catalog.get("m").versions] == ["1", "2"]
+
+
+async def test_without_a_scan_a_load_of_an_unknown_model_says_so(worker: Worker) -> None:
+    refused = await worker.command("load", "nowhere", "1")
+    assert not refused["ok"]
+    assert "has no model 'nowhere'" in refused["message"]
 
 
 @pytest.fixture

@@ -5,6 +5,8 @@
     GET  /v1/fleet                      live workers' states
     GET  /v1/fleet/summary, /dashboard  the live fleet page and its data (gateway/dashboard.py)
     GET  /v1/payloads/{request_id}      signed, expiring: runtimes fetch large payloads
+    PUT  /v1/models/{model}/package     publish a version: a tar/zip of the package
+                                        (gateway/publish.py)
     GET  /livez /readyz /metrics        probes and Prometheus metrics
     /v2/...                             Open Inference Protocol v2 (gateway/oip.py)
 
@@ -38,8 +40,10 @@ from modelfleet.gateway.inflight import RequestGuard
 from modelfleet.gateway.observe import RequestObserver
 from modelfleet.gateway.oip import oip_router
 from modelfleet.gateway.pages import decode_cursor, encode_cursor, page_limit
+from modelfleet.gateway.publish import publish_router
 from modelfleet.gateway.service import Answer, GatewayService
 from modelfleet.labels import ModelLabels
+from modelfleet.publishing.publisher import Publisher
 from modelfleet.repository.manifest import CONTENT_TYPES
 
 log = logging.getLogger("modelfleet.gateway")
@@ -57,7 +61,8 @@ _INFER_OPENAPI: dict[str, Any] = {
 
 
 def create_app(service: GatewayService, readiness: list[ReadinessCheck] | None = None,
-               liveness: list[Callable[[], bool]] | None = None) -> FastAPI:
+               liveness: list[Callable[[], bool]] | None = None,
+               publisher: Publisher | None = None) -> FastAPI:
     app = FastAPI(title="modelfleet gateway", version=__version__)
     checks = readiness or []
     alive = liveness or []
@@ -184,7 +189,10 @@ def create_app(service: GatewayService, readiness: list[ReadinessCheck] | None =
         await fleet_summary.get()  # the fleet gauges, at most a second old
         return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
-    app.include_router(control_router(service))  # /v2/repository: load, unload, pin
+    if publisher is not None:  # PUT /v1/models/{m}/package
+        app.include_router(publish_router(publisher))
+    # /v2/repository: load (with files: publish), unload, pin
+    app.include_router(control_router(service, publisher))
     app.include_router(oip_router(service, checks, alive, observer))  # /v2: OIP data plane
     return app
 

@@ -12,7 +12,10 @@ are covered without their authors doing anything:
                models it may use
     control    /v2/repository/models/{m}/*: the operator role, on its own tenant's
                models (another tenant's model is the same 404 as a missing one); admin:
-               any model
+               any model. A load of a model that does not exist yet goes through where
+               the key may publish it (the route publishes its files, or says 404)
+    publish    PUT /v1/models/{m}/package: the operator role, on models its tenant may
+               publish (``Principal.may_publish``; else the same 404); admin: any
     index      POST /v2/repository/index: the operator role; the index shows only its
                tenant's models (admin: all)
     admin      /v1/fleet*, /dashboard*: fleet-wide, every tenant's models in view
@@ -53,13 +56,15 @@ from modelfleet.tenancy.usage import UsageMeter, outcome_of
 
 log = logging.getLogger("modelfleet.gateway")
 
-Kind = Literal["open", "model", "catalog", "control", "index", "admin", "operator", "key"]
+Kind = Literal["open", "model", "catalog", "control", "publish", "index", "admin",
+               "operator", "key"]
 _MODEL_PATH = re.compile(r"^/v[12]/models/([^/]+)(/.*)?$")
 _CONTROL_PATH = re.compile(r"^/v2/repository/models/([^/]+)(/.*)?$")
 _OPEN = frozenset({"/livez", "/readyz", "/v2/health/live", "/v2/health/ready"})
 _ADMIN_PREFIXES = ("/v1/fleet", "/dashboard")
 _ROLE_NEEDED: dict[str, Role] = {"operator": "operator", "index": "operator",
-                                 "control": "operator", "admin": "admin"}
+                                 "control": "operator", "publish": "operator",
+                                 "admin": "admin"}
 
 
 @dataclass(frozen=True)
@@ -67,6 +72,7 @@ class Route:
     kind: Kind
     model: str = ""
     infer: bool = False
+    load: bool = False  # a control route's load: it may publish the model's first version
 
 
 def classify(method: str, path: str, protect_metrics: bool = False) -> Route:
@@ -80,7 +86,7 @@ def classify(method: str, path: str, protect_metrics: bool = False) -> Route:
         return Route("admin")
     control = _CONTROL_PATH.match(path)
     if control:
-        return Route("control", control.group(1))
+        return Route("control", control.group(1), load=control.group(2) == "/load")
     if path == "/v2/repository/index":
         return Route("index")
     if path.startswith("/v2/repository"):
@@ -88,6 +94,8 @@ def classify(method: str, path: str, protect_metrics: bool = False) -> Route:
     if (path, method) in (("/v1/models", "GET"), ("/v2/models/stats", "GET")):
         return Route("catalog")
     match = _MODEL_PATH.match(path)
+    if match and method == "PUT" and match.group(2) == "/package" and path.startswith("/v1/"):
+        return Route("publish", match.group(1))
     if match:
         rest = match.group(2) or ""
         return Route("model", match.group(1), infer=method == "POST"
@@ -231,6 +239,12 @@ class AuthMiddleware:
                 self.gate.owner_of(name)))
         elif route.infer:
             await self._metered(route.model, principal, scope, receive, send)
+        elif route.kind in ("control", "publish"):  # publishing checks who may, again
+            caller = CALLER.set(principal)
+            try:
+                await self.app(scope, receive, send)
+            finally:
+                CALLER.reset(caller)
         else:
             await self.app(scope, receive, send)
 
@@ -240,12 +254,14 @@ class AuthMiddleware:
         if needed is not None and not principal.has_role(needed):
             raise Forbidden(f"this route needs the {needed} role; the key has role "
                             f"'{principal.role}'")
-        if route.kind == "control" and not principal.may_control(
-                self.gate.owner_of(route.model)):
+        owner = self.gate.owner_of(route.model) if route.model else None
+        if route.kind == "control" and not principal.may_control(owner) and not (
+                route.load and owner is None and principal.may_publish(route.model, None)):
             # Another tenant's model looks like none at all: its name does not leak.
             raise ModelNotFound(f"no model named '{route.model}' (GET /v1/models lists them)")
-        if route.kind == "model" and not principal.may_use(route.model,
-                                                           self.gate.owner_of(route.model)):
+        if route.kind == "publish" and not principal.may_publish(route.model, owner):
+            raise ModelNotFound(f"no model named '{route.model}' (GET /v1/models lists them)")
+        if route.kind == "model" and not principal.may_use(route.model, owner):
             # The catalog's own words: a model of another tenant looks like none at all.
             raise ModelNotFound(f"no model named '{route.model}' (GET /v1/models lists them)")
         return principal

@@ -13,8 +13,13 @@ version and put it on the unversioned route once warm), ``pinned`` (pin it too),
 batching and version policy override the model's model.toml settings on every gateway
 and worker until the next load, which without a config takes it back to model.toml's;
 any other field must say what model.toml says, and each that does not is named in a
-400: see oip/model_config.py). A load's errors begin "failed to load '<model>'", as
-Triton's do.
+400: see oip/model_config.py).
+With ``file:<path>`` parameters (tritonclient's ``load_model(files=...)``: each file's
+bytes in base64; ``file:model.toml``, or Triton's ``file:1/model.toml`` naming version
+1) the load first publishes that package as a new version (``gateway/publish.py``,
+``publishing/``; ``signature`` carries its signature where ``publish.secret`` is set),
+then warms it; a ``config`` is then checked against, and overrides, the package's
+model.toml. A load's errors begin "failed to load '<model>'", as Triton's do.
 ``index`` takes ``ready`` (only models that take requests), and ``limit`` and
 ``cursor`` (gateway/pages.py), in its JSON body or as query parameters. Without
 either it answers the protocol's JSON array, bounded to the first ``DEFAULT_LIMIT``
@@ -31,19 +36,28 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from modelfleet.errors import ModelfleetError, RequestRejected
+from modelfleet.errors import ModelfleetError, PayloadTooLarge, RequestRejected
 from modelfleet.gateway.http import load_failed, v2_error
 from modelfleet.gateway.pages import decode_cursor, encode_cursor, page_limit
+from modelfleet.gateway.publish import FILE_PREFIX, files_of
 from modelfleet.gateway.service import GatewayService
 from modelfleet.oip.model_config import config_override, parse_config
+from modelfleet.publishing.package import Package, split_version
+from modelfleet.publishing.publisher import Publisher, counted
 from modelfleet.repository import Catalog
+from modelfleet.repository.catalog import CatalogEntry
+from modelfleet.repository.manifest import Manifest
+from modelfleet.tenancy.access import CALLER
 
 MAX_CONTROL_BODY_BYTES = 64 * 1024
 
 
-def control_router(service: GatewayService) -> APIRouter:
+def control_router(service: GatewayService, publisher: Publisher | None = None) -> APIRouter:
     router = APIRouter(prefix="/v2/repository", tags=["model control"])
     plane = service.control
+    # A load with files carries the package in base64 (4 bytes for 3) in its JSON body.
+    load_body_bytes = MAX_CONTROL_BODY_BYTES if publisher is None else \
+        publisher.limits.max_bytes * 4 // 3 + MAX_CONTROL_BODY_BYTES
 
     @router.post("/index")
     async def index(request: Request) -> Response:
@@ -70,15 +84,28 @@ def control_router(service: GatewayService) -> APIRouter:
     @router.post("/models/{model}/load")
     async def load(model: str, request: Request) -> Response:
         try:
-            params = await _parameters(request)
-            check_load_parameters(params)
-            config = load_config(service.catalog, model, params["config"]) \
-                if "config" in params else ""
+            params = await _parameters(request, load_body_bytes)
+            check_load_parameters(params, files_allowed=True)
             workers = positive_int(params.get("workers", 1), "workers")
             version = params.get("version")
             if version is not None and not isinstance(version, str | int):
                 raise RequestRejected(f"'version' must be a string, got {version!r}")
             pinned = flag(params.get("pinned", False), "pinned")
+            files = any(n.startswith(FILE_PREFIX) for n in params)
+            if "signature" in params and not files:
+                raise RequestRejected("'signature' signs the package of file:<path> "
+                                      "parameters, and this load has none")
+            if files and publisher is None:
+                raise RequestRejected("this gateway publishes no packages")
+            if files and publisher is not None:
+                with counted():
+                    package = files_of(params, publisher.limits)
+                    assert package is not None  # it has files
+                    version = await _publish(publisher, model, package, params)
+            # After a publish, the catalog holds the package: its model.toml is the one a
+            # config overrides.
+            config = load_config(service.catalog, model, params["config"]) \
+                if "config" in params else ""
             outcome = await plane.load(model, None if version is None else str(version),
                                        workers, config)
             if pinned:
@@ -118,22 +145,59 @@ def control_router(service: GatewayService) -> APIRouter:
 
 
 LOAD_PARAMETERS = frozenset({"workers", "version", "pinned", "config"})
+FILE_PARAMETERS = frozenset({"signature"})  # with file:<path> parameters
 
 
-def check_load_parameters(params: dict[str, Any]) -> None:
-    """``RequestRejected`` naming what a load does not take (tritonclient's ``files=``
-    among them: not how models are made here)."""
-    unknown = sorted(set(params) - LOAD_PARAMETERS)
+def check_load_parameters(params: dict[str, Any], files_allowed: bool = False) -> None:
+    """``RequestRejected`` naming what a load does not take. ``files_allowed``: the HTTP
+    load, which publishes a package of ``file:<path>`` parameters (with its
+    ``signature``) first; gRPC's load takes none."""
+    allowed = LOAD_PARAMETERS | (FILE_PARAMETERS if files_allowed else frozenset())
+    unknown = sorted(n for n in set(params) - allowed
+                     if not (files_allowed and n.startswith(FILE_PREFIX)))
     if not unknown:
         return
-    files = [name for name in unknown if name.startswith("file:")]
+    files = [name for name in unknown if name.startswith(FILE_PREFIX)]
     named = [name for name in unknown if name not in files]
     if files:
         named.append(f"files ({len(files)} 'file:' parameter(s))")
+    if files_allowed:
+        raise RequestRejected(
+            f"load takes the parameters workers, version, pinned, config, and "
+            f"file:<path> with signature to publish a package; not {', '.join(named)}")
     raise RequestRejected(
         f"load takes the parameters workers, version, pinned and config; not "
-        f"{', '.join(named)}: a load does not take model files (a model's package is "
-        "published to the repository, and its settings are given with config)")
+        f"{', '.join(named)}" + (" (a package is published over HTTP: PUT "
+                                 "/v1/models/{m}/package, or the HTTP load with file: "
+                                 "parameters)" if files else ""))
+
+
+async def _publish(publisher: Publisher, model: str, package: Package,
+                   params: dict[str, Any]) -> str | None:
+    """Publish a load's files; the version to warm (None: the newest, as a plain load)."""
+    folder, package = split_version(package)
+    asked = params.get("version")
+    if folder is not None and asked is not None and str(asked) != folder:
+        raise RequestRejected(f"the files are in version folder '{folder}/' but the load "
+                              f"asks for version '{asked}'")
+    named = folder if folder is not None else None if asked is None else str(asked)
+    signature = params.get("signature")
+    if signature is not None and not isinstance(signature, str):
+        raise RequestRejected(f"'signature' must be a string, got {signature!r}")
+
+    def accept(manifest: Manifest) -> None:
+        """A config that does not map onto the package's model.toml is refused before
+        anything is written."""
+        if "config" in params:
+            given = parse_config(params["config"])
+            if "name" in given and given["name"] != model:
+                raise RequestRejected(
+                    f"the config names model {given['name']!r}, not {model!r}")
+            config_override(given, CatalogEntry((manifest,)))
+
+    published = await publisher.publish(model, package, CALLER.get(), named, signature,
+                                        accept)
+    return published.version if named is not None else None
 
 
 def load_config(catalog: Catalog, model: str, config: object) -> str:
@@ -145,13 +209,16 @@ def load_config(catalog: Catalog, model: str, config: object) -> str:
     return config_override(given, catalog.original(model)).to_json()
 
 
-async def _json_body(request: Request) -> dict[str, Any]:
-    raw = b""
+async def _json_body(request: Request, limit: int = MAX_CONTROL_BODY_BYTES) -> dict[str, Any]:
+    chunks, size = [], 0
     async for chunk in request.stream():
-        raw += chunk
-        if len(raw) > MAX_CONTROL_BODY_BYTES:
-            raise RequestRejected(f"a control request body is at most "
-                                  f"{MAX_CONTROL_BODY_BYTES} bytes")
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"a control request body is at most {limit} bytes"
+                                  + ("" if limit == MAX_CONTROL_BODY_BYTES else
+                                     " (publish.max_package_bytes, in base64)"))
+    raw = b"".join(chunks)
     if not raw.strip():
         return {}
     try:
@@ -163,12 +230,13 @@ async def _json_body(request: Request) -> dict[str, Any]:
     return body
 
 
-async def _parameters(request: Request) -> dict[str, Any]:
+async def _parameters(request: Request, limit: int = MAX_CONTROL_BODY_BYTES
+                      ) -> dict[str, Any]:
     """The body's ``parameters`` object, with query parameters of the same names added."""
-    params = (await _json_body(request)).get("parameters", {})
+    params = (await _json_body(request, limit)).get("parameters", {})
     if not isinstance(params, dict):
         raise RequestRejected("'parameters' must be a JSON object")
-    for name in ("workers", "version", "pinned"):
+    for name in ("workers", "version", "pinned", "signature"):  # tritonclient: query_params
         if name in request.query_params:
             params.setdefault(name, request.query_params[name])
     return params

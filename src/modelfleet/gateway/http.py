@@ -15,6 +15,11 @@ from modelfleet.errors import ModelfleetError, NoCapacity, error_from_code
 
 STATUS_BY_CODE: dict[str, int] = {
     "bad_request": 400,
+    "invalid_package": 400,
+    "forbidden": 403,
+    "bad_signature": 403,
+    "version_exists": 409,
+    "package_too_large": 413,
     "payload_fetch_forbidden": 400,
     "model_not_found": 404,
     "request_timeout": 408,
@@ -31,6 +36,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "no_capacity": 503,
     "model_unavailable": 503,
     "broker_unavailable": 503,
+    "repository_unavailable": 503,
     "broker_error": 503,
     "shutting_down": 503,
     "too_many_connections": 503,

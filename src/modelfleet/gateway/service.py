@@ -18,6 +18,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit
 
 from modelfleet.broker import Broker, Inbox
@@ -109,6 +110,9 @@ class GatewayService:
     def __init__(self, settings: Settings, broker: Broker, catalog: Catalog,
                  bound_port: int | None = None, runtimes_local: bool = False,
                  orders: OrderBook | None = None) -> None:
+        # Who else hears the fleet's events through this gateway's one subscription
+        # (e.g. the catalog refresher, for another gateway's publish).
+        self.event_observers: list[Callable[[dict[str, Any]], None]] = []
         self.settings = settings
         self.broker = broker
         self.catalog = catalog
@@ -298,4 +302,6 @@ class GatewayService:
                     self.fleet.observe(event)
                     self.control.observe(event)
                     self.statistics.observe(event)
+                    for observe in self.event_observers:
+                        observe(event)
             await asyncio.sleep(1)

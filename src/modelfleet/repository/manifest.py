@@ -57,6 +57,7 @@ from modelfleet.errors import ManifestError
 from modelfleet.oip import OIP_CONTENT_TYPE, Datatype
 
 MODEL_ID = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,127}$")
+VERSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 CONTENT_TYPES = ("image/png", "image/jpeg", "application/json", "text/plain",
                  "application/octet-stream")
 
@@ -182,7 +183,7 @@ class Manifest(_Strict):
     @field_validator("version")
     @classmethod
     def _version(cls, value: str) -> str:
-        if not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", value):
+        if not VERSION.match(value):
             raise ValueError("must be letters, digits, '.', '_' or '-'")
         return value
 

@@ -9,6 +9,13 @@ packages that are not in use.
 A catalog refresh reads only what changed: ``manifest_stamps`` lists every manifest
 with a stamp that changes whenever the file does (an empty stamp: cannot tell, read it
 again), and ``read_manifest`` reads one.
+
+Publishing writes through ``PackageWriter`` (both stores are one): ``versions`` lists a
+model's versions and ``write_package`` adds one, never replacing a version that exists
+(``VersionExists``). A version appears whole or not at all to a catalog scan: a local
+folder is written beside the model's versions under a hidden name and renamed into
+place; an object store gets the manifest last, after every other file (a scan lists
+manifests only).
 """
 
 from __future__ import annotations
@@ -18,11 +25,19 @@ import shutil
 import stat
 import threading
 import time
+import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Literal, Protocol, runtime_checkable
 
-from modelfleet.errors import ConfigError, ManifestError, ModelLoadFailed, ModelNotFound
+from modelfleet.errors import (
+    ConfigError,
+    ManifestError,
+    ModelLoadFailed,
+    ModelNotFound,
+    RepositoryUnavailable,
+    VersionExists,
+)
 
 Source = Literal["repository", "disk"]
 _DONE = ".modelfleet-complete"
@@ -47,6 +62,27 @@ class ModelStore(Protocol):
     def materialize(self, model_id: str, version: str) -> tuple[Path, Source]:
         """A local folder holding the package, and where its bytes came from."""
         ...
+
+
+@runtime_checkable
+class PackageWriter(Protocol):
+    """A repository that takes new versions (``modelfleet push``, load with files)."""
+
+    def versions(self, model_id: str) -> list[str]:
+        """The versions of ``model_id`` whose manifest is in the repository."""
+        ...
+
+    def write_package(self, model_id: str, version: str, files: Mapping[str, bytes]) -> None:
+        """Add ``<model>/<version>/`` with ``files`` (relative paths, checked by the
+        caller); ``VersionExists`` if it is there, ``RepositoryUnavailable`` if the
+        write failed (nothing of it is then visible to a scan)."""
+        ...
+
+
+def _exists(model_id: str, version: str, where: str) -> VersionExists:
+    return VersionExists(f"model '{model_id}' has a version '{version}' in {where} "
+                         "already: a version never changes once published (publish "
+                         "another version, or leave the version out to get the next one)")
 
 
 class LocalStore:
@@ -98,6 +134,34 @@ class LocalStore:
         except (OSError, UnicodeDecodeError) as exc:
             raise ManifestError(location, "(file)", f"cannot read: {exc}") from exc
 
+    def versions(self, model_id: str) -> list[str]:
+        folder = self.root / model_id
+        return [v for v in _folders(str(folder)) if (folder / v / "model.toml").is_file()]
+
+    def write_package(self, model_id: str, version: str, files: Mapping[str, bytes]) -> None:
+        folder = self.root / model_id
+        final = folder / version
+        if (final / "model.toml").exists():
+            raise _exists(model_id, version, str(self.root))
+        staging = folder / f".{version}.publishing-{uuid.uuid4().hex[:12]}"
+        try:
+            for path, data in files.items():
+                target = staging / path
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(data)
+        except OSError as exc:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise RepositoryUnavailable(f"writing model '{model_id}' version {version} "
+                                        f"to {self.root} failed: {exc.strerror}") from exc
+        try:
+            os.rename(staging, final)  # atomic; refused where a version's folder has files
+        except OSError as exc:
+            shutil.rmtree(staging, ignore_errors=True)
+            if final.exists():
+                raise _exists(model_id, version, str(self.root)) from exc
+            raise RepositoryUnavailable(f"writing model '{model_id}' version {version} "
+                                        f"to {self.root} failed: {exc.strerror}") from exc
+
     def materialize(self, model_id: str, version: str) -> tuple[Path, Source]:
         package = self.root / model_id / version
         if not (package / "model.toml").is_file():
@@ -140,6 +204,30 @@ class FsspecStore:
             return bytes(self._fs.cat_file(path)).decode("utf-8")
         except Exception as exc:  # fsspec backends raise their own errors
             raise ManifestError(location, "(file)", f"cannot read: {exc!r}") from exc
+
+    def versions(self, model_id: str) -> list[str]:
+        base = f"{self._root.rstrip('/')}/{model_id}"
+        try:
+            self._fs.invalidate_cache()
+            found = self._fs.glob(f"{base}/*/model.toml")
+        except Exception as exc:  # fsspec backends raise their own errors
+            raise RepositoryUnavailable(f"listing {self.url}/{model_id} failed: "
+                                        f"{exc!r}") from exc
+        return sorted(str(path)[len(base) + 1:].split("/", 1)[0] for path in found)
+
+    def write_package(self, model_id: str, version: str, files: Mapping[str, bytes]) -> None:
+        remote = f"{self._root.rstrip('/')}/{model_id}/{version}"
+        if version in self.versions(model_id):
+            raise _exists(model_id, version, self.url)
+        try:
+            self._fs.pipe({f"{remote}/{path}": data for path, data in files.items()
+                           if path != "model.toml"})
+            self._fs.pipe_file(f"{remote}/model.toml", files["model.toml"])
+        except Exception as exc:  # fsspec backends raise their own errors
+            raise RepositoryUnavailable(f"writing model '{model_id}' version {version} "
+                                        f"to {self.url} failed: {exc!r}") from exc
+        finally:
+            self._fs.invalidate_cache()
 
     def materialize(self, model_id: str, version: str) -> tuple[Path, Source]:
         local = self._cache_dir / model_id / version

@@ -2,8 +2,8 @@
 
 Pure: the gateway classifies a route and asks here. Roles are ordered: ``caller`` (its
 tenant's models and those granted to it), ``operator`` (also the control API for its
-own tenant's models: the repository index, load, unload, pin; and, if configured,
-metrics), ``admin`` (fleet-wide: every tenant's models, the fleet and the dashboard).
+own tenant's models: the repository index, load, unload, pin, publishing; and, if
+configured, metrics), ``admin`` (fleet-wide: every tenant's models, the fleet and the dashboard).
 """
 
 from __future__ import annotations
@@ -44,6 +44,19 @@ class Principal:
         if self.role == "admin":
             return True
         return owner is not None and self.role == "operator" and owner == self.tenant.name
+
+    def may_publish(self, model: str, owner: str | None) -> bool:
+        """May this principal publish a version of ``model`` (owned by ``owner``; None: a
+        new model)? An operator publishes its own tenant's models, and new ones whose
+        names start with its tenant's name and a dash (``acme-``), so that tenants never
+        race for a name; an administrator publishes any."""
+        if self.role == "admin":
+            return True
+        if self.role != "operator":
+            return False
+        if owner is not None:
+            return owner == self.tenant.name
+        return model.startswith(f"{self.tenant.name}-")
 
 
 # Who sent the request being handled (set by the gateway's auth layer around the route):

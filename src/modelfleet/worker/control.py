@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from modelfleet import metrics
@@ -77,7 +77,8 @@ class Placement(Protocol):
 class ControlAgent:
     def __init__(self, settings: Settings, broker: Broker, catalog: Catalog,
                  placement: Placement, worker_id: str, ready: Callable[[], bool],
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 refresh_catalog: Callable[[], Awaitable[object]] | None = None) -> None:
         self._settings = settings.control
         self._broker = broker
         self._catalog = catalog
@@ -85,6 +86,9 @@ class ControlAgent:
         self.worker_id = worker_id
         self._ready = ready
         self._clock = clock
+        # Scans the repository now (``CatalogRefresher.refresh_now``): an order for a
+        # version just published may arrive before this worker's scan that finds it.
+        self._refresh_catalog = refresh_catalog
         self.state = ControlState()
         follow_configs(self.state, catalog)
         self._pins = PinnedIndex(catalog, self.state)
@@ -191,6 +195,7 @@ class ControlAgent:
     async def _carry_out(self, command: Command) -> None:
         model_id, version = command.model_id, command.version
         try:
+            await self._catalog_holds(model_id, version)
             if model_id not in self._catalog:
                 raise ModelUnavailable(f"this worker's repository has no model '{model_id}'")
             if command.action == "load":
@@ -212,6 +217,15 @@ class ControlAgent:
                             exc.code, exc.message)
         await self._publish(result.event())
         self._wake.set()
+
+    async def _catalog_holds(self, model_id: str, version: str) -> None:
+        """Scan the repository first where the order names what the catalog lacks."""
+        known = model_id in self._catalog and (not version or version in {
+            m.version for m in self._catalog.get(model_id).versions})
+        if known or self._refresh_catalog is None:
+            return
+        with contextlib.suppress(Exception):  # what is still missing is said after
+            await asyncio.wait_for(self._refresh_catalog(), self._settings.command_timeout_s)
 
     async def _load(self, model_id: str, version: str, pinned: bool) -> None:
         try:

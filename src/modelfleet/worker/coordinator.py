@@ -43,7 +43,7 @@ import socket
 import time
 import zlib
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from modelfleet import metrics
@@ -96,7 +96,8 @@ class _Consumer:
 
 class Coordinator:
     def __init__(self, settings: Settings, broker: Broker, catalog: Catalog,
-                 supervisor: RuntimeSupervisor, clock: Callable[[], float] = time.time) -> None:
+                 supervisor: RuntimeSupervisor, clock: Callable[[], float] = time.time,
+                 refresh_catalog: Callable[[], Awaitable[object]] | None = None) -> None:
         self._settings = settings
         self._broker = broker
         self._catalog = catalog
@@ -117,7 +118,7 @@ class Coordinator:
         # The control API's orders (unload, pin), rolling versions: see worker/control.py.
         self.control = ControlAgent(settings, broker, catalog, RuntimePlacement(
             settings, catalog, supervisor, self._residency), self.worker_id,
-            lambda: self.ready, clock)
+            lambda: self.ready, clock, refresh_catalog)
         self._pins = PinKeeper(catalog, supervisor, clock, self.control)
         self._isolated_since: dict[str, float] = {}  # model id -> when its runtime was seen
         self._tasks = TaskRunner(settings, broker, catalog, supervisor, self.worker_id,
@@ -143,6 +144,9 @@ class Coordinator:
         self._held_backlog: set[str] = set()  # held queues it saw tasks waiting in
         self._refreshed_at = -1e9
         self._loops: list[asyncio.Task[None]] = []
+        # Who else hears the fleet's events through this worker's one subscription
+        # (e.g. the catalog refresher, for a gateway's publish).
+        self.event_observers: list[Callable[[dict[str, Any]], None]] = []
         self._stopping = False
         self._seed = zlib.crc32(self.worker_id.encode())
         self._jitter = random.Random(self._seed)
@@ -246,6 +250,8 @@ class Coordinator:
             try:
                 async for event in self._broker.events():
                     self.control.observe(event)
+                    for observe in self.event_observers:
+                        observe(event)
                     self._announced.observe(event, self._clock())
                     if event.get("kind") == "cancel":
                         self._cancel(event.get("request_id"))
