@@ -346,7 +346,9 @@ async def test_load_with_files_publishes_the_version_folder_it_names(gw: Gateway
     ({"../model.toml": b"x"}, {}, "leaves the package"),
     ({}, {"file:model.toml": "%%%not base64"}, "is not base64"),
     ({}, {"file:model.toml": 12}, "in base64 (a string)"),
-    (files(), {"config": {"max_batch_size": 64}}, "differ(s) from the package's model.toml"),
+    # The package's tensors have no batch dimension: no max_batch_size maps onto it.
+    (files(), {"config": {"max_batch_size": 64}},
+     "the config does not map onto model 'acme-hello''s model.toml"),
     ({}, {"signature": "ab" * 32}, "this load has none"),
 ])
 async def test_load_with_wrong_files_is_a_v2_400(gw: Gateway, contents: dict[str, bytes],
