@@ -343,3 +343,26 @@ async def test_only_a_broken_version_is_announced_failed(repo: Path, worker: Wor
     assert agent.route("m") == "1"
     agent.loaded_ok("m", "2")  # an operator's load got it in after all
     assert agent.failed_versions() == {} and agent.route("m") == "2"
+
+
+def _warms() -> float:
+    from prometheus_client import REGISTRY
+    return REGISTRY.get_sample_value("modelfleet_worker_version_changes_total",
+                                     {"action": "warm"}) or 0.0
+
+
+async def test_a_new_version_is_warmed_once_though_residency_shows_it_late(
+        repo: Path, worker: Worker) -> None:
+    """Residency learns of a load a state read after it: meanwhile the version was neither
+    loading nor resident, and the plan warmed it again on every tick (~50 times in half a
+    second). Once warmed, it counts as loading until residency shows it."""
+    add_version(repo, "m", "1")
+    worker.refresh()
+    loaded = await worker.command("load", "m", "1")
+    assert loaded["ok"], loaded
+    before = _warms()
+    add_version(repo, "m", "2")
+    worker.refresh()
+    await until(lambda: worker_stats_has(worker, "resident_versions", ("m@1", "m@2")))
+    await asyncio.sleep(1.0)  # ten control ticks
+    assert _warms() - before == 1

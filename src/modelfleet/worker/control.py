@@ -49,6 +49,9 @@ from modelfleet.errors import BrokerUnavailable, ModelfleetError, ModelUnavailab
 from modelfleet.repository import Catalog
 from modelfleet.settings import Settings
 
+# How long a version just warmed counts as loading while residency has not shown it yet.
+WARMED_LAG_S = 5.0
+
 log = logging.getLogger("modelfleet.worker")
 
 # Load errors that say the version itself is broken: it is announced as failed and never
@@ -96,6 +99,9 @@ class ControlAgent:
         self._failed: dict[str, dict[str, str]] = {}  # model -> version -> why it failed here
         self._retry_at: dict[tuple[str, str], float] = {}  # (model, version) -> after when
         self._warming: dict[tuple[str, str], asyncio.Task[None]] = {}
+        # Versions just warmed, until residency shows them (it lags a load by a state
+        # read): not warmed again meanwhile. (model, version) -> when warmed.
+        self._warmed: dict[tuple[str, str], float] = {}
         self._routes: dict[str, str] = {}  # model -> the route at the last plan
         self._superseded: dict[tuple[str, str], float] = {}  # (model, version) -> route left
         self._commands: set[asyncio.Task[None]] = set()
@@ -269,6 +275,9 @@ class ControlAgent:
             del self._routes[gone]
         for key in [k for k in self._superseded if k[1] not in resident.get(k[0], ())]:
             del self._superseded[key]
+        for key, at in list(self._warmed.items()):
+            if key[1] in resident.get(key[0], ()) or now - at > WARMED_LAG_S:
+                del self._warmed[key]
         for model_id in held:
             versions = tuple(m.version for m in self._catalog.get(model_id).versions)
             current = route(model_id, versions, self.state.version(model_id), fleet)
@@ -282,8 +291,8 @@ class ControlAgent:
                 model_id, versions, current, self.state.loaded(model_id),
                 self.pinned(model_id), self.state.version(model_id), here,
                 pinned_here.get(model_id, frozenset()),
-                loading.get(model_id, frozenset()) | {v for m, v in self._warming
-                                                      if m == model_id},
+                loading.get(model_id, frozenset()) | {
+                    v for m, v in (*self._warming, *self._warmed) if m == model_id},
                 self._not_now(model_id, now),
                 {v: now - t for (m, v), t in self._superseded.items() if m == model_id}))
         decided = plan(views, self._settings.drain_s)
@@ -313,6 +322,7 @@ class ControlAgent:
     async def _warm(self, model_id: str, version: str) -> None:
         try:
             await self._load(model_id, version, False)
+            self._warmed[(model_id, version)] = self._clock()
             metrics.VERSION_CHANGES.labels("warm").inc()
         except ModelfleetError as exc:
             metrics.VERSION_CHANGES.labels("warm_failed").inc()
