@@ -90,7 +90,8 @@ def _http_server(app: Any, settings: Settings, edge: bool = False) -> _Server:
     if edge:
         app = EdgeApp(app, gw.max_header_bytes, gw.max_headers)
         options["http"] = edge_protocol(EdgeLimits(gw.header_read_timeout_s,
-                                                   gw.body_read_timeout_s, gw.max_connections))
+                                                   gw.body_read_timeout_s, gw.max_connections,
+                                                   gw.max_body_bytes))
     # log_config=None: uvicorn's records go through our root handlers (and their redaction).
     config = uvicorn.Config(app, log_level="warning", lifespan="off", log_config=None,
                             timeout_graceful_shutdown=_CLOSE_GRACE_S, access_log=False,

@@ -263,6 +263,69 @@ def test_content_length_with_transfer_encoding_is_refused(edge: tuple[Proc, str]
     assert headers.get("connection") == "close"
 
 
+# -- chunked bodies -----------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def patient_edge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A serve whose body read timeout (30 s) is far longer than any answer below takes."""
+    proc, base = serve(tmp_path_factory.mktemp("patient"), name="patient", env={
+        "MODELFLEET_GATEWAY__BODY_READ_TIMEOUT_S": "30"})
+    yield base
+    proc.stop()
+
+
+def chunked_answer(base: str, path: str, body: bytes) -> tuple[float, int, object]:
+    """Send a chunked request's head and the start of its ``body``, then nothing more:
+    (seconds until the gateway answered and closed, status, the body's "error")."""
+    with socket.create_connection(address(base), timeout=10) as conn:
+        started = time.monotonic()
+        conn.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\n"
+                     "Transfer-Encoding: chunked\r\n\r\n".encode() + body)
+        answer = read_until_closed(conn, timeout_s=25)
+        took = time.monotonic() - started
+    head, _, payload = answer.partition(b"\r\n\r\n")
+    assert b"content-type: application/json" in head.lower(), answer
+    return took, int(head.split()[1]), json.loads(payload)["error"]
+
+
+@pytest.mark.parametrize("body", [
+    b"FFFFFFFFFFFFFFFFFFFF\r\nabc",  # 2**80 - 1 bytes: h11 takes it and would wait for them
+    b"zz\r\nabc",  # not hex at all
+])
+@pytest.mark.parametrize("path", ["/v1/models/banner/infer", "/v2/models/banner/infer"])
+def test_a_malformed_chunk_size_is_400_at_once_in_the_paths_dialect(
+        patient_edge: str, path: str, body: bytes) -> None:
+    """Answered when the size line is read, not at the 30 s body timeout."""
+    base = patient_edge
+    refused = metric_sum(base, "modelfleet_gateway_requests_total", model="banner",
+                         status="400")
+    took, status, error = chunked_answer(base, path, body)
+    assert status == 400
+    if path.startswith("/v2"):
+        assert isinstance(error, str) and "malformed HTTP request" in error
+    else:
+        assert isinstance(error, dict) and error["code"] == "bad_request", error
+        assert "malformed HTTP request" in error["message"]
+    assert took < 10, f"answered after {took:.1f} s, as if it waited for the body"
+    # Counted as what it was, not as a caller that hung up.
+    wait_for(lambda: metric_sum(base, "modelfleet_gateway_requests_total", model="banner",
+                                status="400") >= refused + 1)
+
+
+@pytest.mark.parametrize("path", ["/v1/models/banner/infer", "/v2/models/banner/infer"])
+def test_a_chunk_past_the_body_limit_is_413_at_once(patient_edge: str, path: str) -> None:
+    took, status, error = chunked_answer(patient_edge, path,
+                                         b"%x\r\nabc" % (20 * 1024 * 1024 + 1))
+    assert status == 413, error
+    message = error if path.startswith("/v2") else error["message"]  # type: ignore[index]
+    assert "the limit is 20971520" in str(message), error
+    assert took < 10, f"answered after {took:.1f} s, as if it waited for the body"
+    ok = httpx.post(f"{patient_edge}{path.replace('/v2/', '/v1/')}", timeout=30,
+                    content=iter([b"hello ", b"chunks"]),  # chunked, within the limit
+                    headers={"content-type": "text/plain"})
+    assert ok.status_code == 200 and b"hello chunks" in ok.content, ok.text
+
+
 # -- callers that hang up -----------------------------------------------------------------
 
 def test_a_caller_hanging_up_mid_upload_is_a_disconnect_not_a_500(

@@ -11,6 +11,11 @@ one in plain text, and accepts Content-Length together with Transfer-Encoding. H
   not a byte of a next request came. A body still arriving ``BODY_GRACE_S`` after its
   body read timeout (the app's own ``RequestGuard`` answers 408 at the timeout) has its
   connection closed: also when the app answered without reading it.
+- A chunked body whose chunk size is no length (over 63 bits: 400) or takes the body
+  past ``max_body_bytes`` (413) is answered as soon as the size line is read
+  (``modelfleet.gateway.chunked``), not at the body read timeout; so is a chunk size
+  h11 cannot parse (400). These answers, like every one written here once a request's
+  head has been read, are in the error dialect of its path (/v2's ``{"error": ...}``).
 - A connection beyond ``max_connections`` is refused at once: a JSON 503
   ``too_many_connections`` (Retry-After: 1) as soon as its request's headers arrive, or
   after ``REFUSE_WAIT_S`` if they do not, then closed. (Not uvicorn's
@@ -31,9 +36,14 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import h11
+from h11._connection import DEFAULT_MAX_INCOMPLETE_EVENT_SIZE
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from modelfleet import metrics
+from modelfleet.errors import RequestRejected
+from modelfleet.gateway.body import REFUSED_BODY
+from modelfleet.gateway.chunked import ChunkGuardedConnection, ChunkRefused
+from modelfleet.gateway.http import STATUS_BY_CODE, is_v2
 
 log = logging.getLogger("modelfleet.gateway")
 
@@ -55,12 +65,15 @@ class EdgeLimits:
     header_read_timeout_s: float
     body_read_timeout_s: float
     max_connections: int
+    max_body_bytes: int = 20 * 1024 * 1024
 
 
-def json_answer(status: int, code: str, message: str, retry_after: bool = False) -> bytes:
-    """A whole HTTP/1.1 answer with a modelfleet error body, closing the connection."""
-    body = json.dumps({"error": {"code": code, "message": message}},
-                      separators=(",", ":")).encode()
+def json_answer(status: int, code: str, message: str, retry_after: bool = False,
+                path: str = "") -> bytes:
+    """A whole HTTP/1.1 answer with a modelfleet error body in the dialect of ``path``
+    (/v1's unless it is under /v2), closing the connection."""
+    error: object = message if is_v2(path) else {"code": code, "message": message}
+    body = json.dumps({"error": error}, separators=(",", ":")).encode()
     head = [f"HTTP/1.1 {status} {http.HTTPStatus(status).phrase}",
             "content-type: application/json", f"content-length: {len(body)}",
             "connection: close"]
@@ -100,6 +113,11 @@ class EdgeProtocol(H11Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._phase = ""  # "head", "body", "refused" or "" (nothing timed)
         self._refused = False
+        # uvicorn's connection, with chunk sizes bounded (no request has been read yet).
+        head_limit = self.config.h11_max_incomplete_event_size
+        self.conn = ChunkGuardedConnection(
+            DEFAULT_MAX_INCOMPLETE_EVENT_SIZE if head_limit is None else head_limit,
+            self.limits.max_body_bytes)
 
     # -- the connection's lifetime --------------------------------------------------------
 
@@ -122,6 +140,12 @@ class EdgeProtocol(H11Protocol):
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
         self._follow()
+
+    def handle_events(self) -> None:
+        try:
+            super().handle_events()
+        except ChunkRefused as refused:
+            self._answer_request_and_close(refused.error)
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
@@ -189,9 +213,30 @@ class EdgeProtocol(H11Protocol):
         self.transport.write(answer)
         self.transport.close()
 
+    def _answer_request_and_close(self, error: RequestRejected) -> None:
+        """Answer the request being read (its head parsed, its body not yet whole) in its
+        path's dialect, or a head that could not be parsed in /v1's; close either way.
+        The app, still reading, is told why (``REFUSED_BODY``: it counts and logs the
+        refusal, not a hang-up) and its own answer goes nowhere; if it has begun
+        answering already, the connection is only closed."""
+        status = STATUS_BY_CODE[error.code]
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            cycle.scope[REFUSED_BODY] = error  # type: ignore[literal-required]
+            cycle.disconnected = True
+            cycle.message_event.set()
+            if cycle.response_started:
+                self.transport.close()
+                return
+            self._answer_and_close(json_answer(status, error.code, error.message,
+                                               path=cycle.scope["path"]))
+            return
+        self._answer_and_close(json_answer(status, error.code, error.message))
+
     def send_400_response(self, msg: str) -> None:
-        """A request h11 cannot parse (or whose head is over max_header_bytes): JSON 400."""
-        self._answer_and_close(json_answer(400, "bad_request", f"malformed HTTP request: {msg}"))
+        """A request h11 cannot parse (its head, over max_header_bytes, or a chunk of its
+        body): JSON 400, at once."""
+        self._answer_request_and_close(RequestRejected(f"malformed HTTP request: {msg}"))
 
 
 def edge_protocol(limits: EdgeLimits) -> type[EdgeProtocol]:
