@@ -456,7 +456,7 @@ class PullAffinity:
         sim = self.sim
         worker = coord.worker
         names = self._names
-        device, host, seen_loading = coord.residency
+        device, _, seen_loading = coord.residency
         counts = coord.counts
         demand = self._demand
         # Of the candidates (scheduling.candidates), only those that can matter
