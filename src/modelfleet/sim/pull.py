@@ -41,6 +41,7 @@ callers all have priority 0; a queue's plan still gives it its plan's priority.
 
 from __future__ import annotations
 
+import math
 import random
 import zlib
 from collections import deque
@@ -49,9 +50,11 @@ from functools import partial
 
 from modelfleet.scheduling import (
     Action,
+    Decision,
     Observation,
     QueueFacts,
     ScoringSettings,
+    Snapshot,
     actions_for,
     candidates,
     decide,
@@ -98,6 +101,9 @@ class Coordinator:
     refreshed_at: float = -1e9  # the runtimes' stats last asked
     residency: tuple[set[int], set[int], list[set[int]]] = (set(), set(), [])
     residency_names: tuple[frozenset[str], frozenset[str]] = (frozenset(), frozenset())
+    # The last decision and what it was decided on (PullAffinity._observed_key).
+    last_key: tuple[object, ...] | None = None
+    last_result: tuple[Snapshot, Decision, bool, bool] | None = None
     # Idle-permit meter (modelfleet.worker.idle.IdleMeter), over the measured window.
     meter_since: float = 0.0
     meter_free: int = 0
@@ -380,12 +386,24 @@ class PullAffinity:
         sim = self.sim
         self._expire_demand()
         self._count(coord, full)
-        snapshot = snapshot_of(self.observation(coord), self.settings, self.rng_seed)
-        decision = decide(snapshot, self.settings, self.rng_seed)
+        observation = self.observation(coord)
+        key = self._observed_key(coord, observation)
+        if key == coord.last_key and coord.last_result is not None:
+            # Nothing this worker observes changed since its last decision (within one
+            # noise window): decide again would give the same answer, but for the few
+            # milliseconds of stickiness decay between the two. Its CPU is still spent.
+            snapshot, decision, waiting, untaken = coord.last_result
+        else:
+            snapshot = snapshot_of(observation, self.settings, self.rng_seed)
+            decision = decide(snapshot, self.settings, self.rng_seed)
+            waiting = scheduling_work_waiting(snapshot, self.settings, True)
+            untaken = waiting if sim.config.wake_on_held_backlog else \
+                scheduling_work_waiting(snapshot, self.settings, False)
+            coord.last_key = key
+            coord.last_result = (snapshot, decision, waiting, untaken)
         self._meter(coord)
-        coord.waiting = scheduling_work_waiting(snapshot, self.settings, True)
-        coord.untaken = coord.waiting if sim.config.wake_on_held_backlog else \
-            scheduling_work_waiting(snapshot, self.settings, False)
+        coord.waiting = waiting
+        coord.untaken = untaken
         counts = coord.counts
         coord.held_backlog = {m for m in coord.consumers if counts.get(m, (0, 0))[0] > 0} \
             if sim.config.recount_held_backlog else set()
@@ -401,6 +419,15 @@ class PullAffinity:
                  + sim.config.rescore_cpu_per_model_s * len(self._names))
         steps = deque(actions_for(decision, snapshot, self.settings))
         sim.work(coord.worker, cpu_s, lambda: self._act(coord, steps), "serve")
+
+    def _observed_key(self, coord: Coordinator, obs: Observation) -> tuple[object, ...]:
+        """What a decision depends on besides the instant: the observation's fields that
+        change (the others are fixed per worker and model), the noise window, and how
+        many tasks this worker has finished (``last_served`` is updated in place)."""
+        return (math.floor(obs.now / self.settings.noise_hold_s), coord.worker.served,
+                obs.counts, obs.subscriptions, obs.resident_device, obs.resident_host,
+                obs.loading, obs.loading_for_tasks, obs.running,
+                obs.recent_cold_subscribes, obs.free_permits, obs.prefetch)
 
     def _own(self, coord: Coordinator) -> set[int]:
         """The candidates that are not there by demand alone: held, resident, pinned."""
