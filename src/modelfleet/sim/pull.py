@@ -492,7 +492,7 @@ class PullAffinity:
         # snapshot is the same; this keeps the gathering O(what matters), not O(demand).
         own = self._own(coord)
         gather = set(own)
-        gather.update(m for m in coord.backlogged if m in demand)
+        gather.update(demand.keys() & coord.backlogged)
         for models in seen_loading:
             gather.update(m for m in models if m in demand or m in own)
         gather.update(m for m in worker.running
