@@ -112,13 +112,16 @@ def snapshot_of(obs: Observation, settings: ScoringSettings, rng_seed: int) -> S
     warm = worker.resident_device | worker.resident_host | worker.loading
     queues: list[QueueView] = []
     starving: dict[str, list[QueueView]] = {}
+    subscriptions = worker.subscriptions
+    facts_of = obs.facts
     for model_id, (backlog, consumers) in obs.counts.items():
-        facts = obs.facts.get(model_id)
+        facts = facts_of.get(model_id)
         if facts is None:
             continue
-        held = model_id in worker.subscriptions
+        held = model_id in subscriptions
         cold = not held and not facts.pinned and model_id not in warm
-        if cannot_matter(backlog, held, not cold) or (cold and room.get(facts.runtime, 0) <= 0):
+        # cannot_matter(backlog, held, not cold), inlined: this loop is the hot path.
+        if (cold and backlog <= 0) or (cold and room.get(facts.runtime, 0) <= 0):
             continue
         view = QueueView(model_id, backlog, consumers, facts.fanout_max_workers, facts.plan,
                          facts.pinned, facts.batch_size, facts.runtime, facts.priority)

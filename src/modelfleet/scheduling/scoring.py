@@ -21,6 +21,7 @@ subscription rate limit, the fan-out cap, and the subscription cap.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 from collections.abc import Sequence
@@ -35,7 +36,15 @@ _Scored = tuple[float, str]
 
 
 def held_uniform(rng_seed: int, worker_id: str, model_id: str, bucket: int, salt: str) -> float:
-    """A uniform number in [0, 1) fixed by its arguments (no hidden state, no salted hash)."""
+    """A uniform number in [0, 1) fixed by its arguments (no hidden state, no salted hash).
+
+    A pure function of its arguments, so it is memoised (bounded): a worker re-scoring
+    many times within one noise window asks the same (worker, queue, window) again."""
+    return _held_uniform(rng_seed, worker_id, bucket, salt, model_id)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _held_uniform(rng_seed: int, worker_id: str, bucket: int, salt: str, model_id: str) -> float:
     digest = _prefix(rng_seed, worker_id, bucket, salt)
     digest.update(model_id.encode())
     return int.from_bytes(digest.digest(), "big") / 2.0**64
@@ -48,25 +57,27 @@ def _prefix(rng_seed: int, worker_id: str, bucket: int, salt: str) -> Any:
 
 class QueueScorer:
     """Scores queues for one worker at one instant. Built once per decision: the
-    settings are read and the noise hash is keyed once, not once per queue."""
+    settings are read once, not once per queue (the noise is ``held_uniform``'s)."""
 
     __slots__ = (
+        "_bucket",
         "_device",
         "_device_w",
         "_host",
         "_host_w",
         "_loading",
         "_noise_amplitude",
-        "_noise_key",
         "_now",
         "_pinned_w",
         "_pressure_scale",
         "_pressure_w",
+        "_rng_seed",
         "_served",
         "_starvation",
         "_sticky_w",
         "_sticky_window",
         "_subscriptions",
+        "_worker_id",
     )
 
     def __init__(self, worker: WorkerView, settings: ScoringSettings, now: float,
@@ -86,8 +97,9 @@ class QueueScorer:
         self._sticky_window = settings.stickiness_window_s
         self._starvation = settings.starvation_score
         self._noise_amplitude = settings.noise_amplitude
-        bucket = math.floor(now / settings.noise_hold_s)
-        self._noise_key = _prefix(rng_seed, worker.worker_id, bucket, "noise")
+        self._bucket = math.floor(now / settings.noise_hold_s)
+        self._rng_seed = rng_seed
+        self._worker_id = worker.worker_id
 
     def warmth(self, queue: QueueView) -> float:
         """Device tier over host tier; pinned or loading here count as device-warm; else 0."""
@@ -122,9 +134,7 @@ class QueueScorer:
     def noise(self, model_id: str) -> float:
         if self._noise_amplitude == 0:
             return 0.0
-        digest = self._noise_key.copy()
-        digest.update(model_id.encode())
-        u = int.from_bytes(digest.digest(), "big") / 2.0**64
+        u = _held_uniform(self._rng_seed, self._worker_id, self._bucket, "noise", model_id)
         return self._noise_amplitude * (2.0 * u - 1.0)
 
     def score(self, queue: QueueView, warmth: float) -> float:

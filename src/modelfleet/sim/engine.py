@@ -509,6 +509,7 @@ class Simulation:
 
     def _finish(self, worker: SimWorker, task: Task) -> None:
         worker.last_served[self.catalog.names[task[1]]] = self.now
+        worker.served += 1
         self._release(worker, task)
         if self.expired(task):  # finished, but the gateway answered the caller at the deadline
             self.time_out(task)

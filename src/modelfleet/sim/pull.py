@@ -41,6 +41,7 @@ callers all have priority 0; a queue's plan still gives it its plan's priority.
 
 from __future__ import annotations
 
+import math
 import random
 import zlib
 from collections import deque
@@ -49,9 +50,11 @@ from functools import partial
 
 from modelfleet.scheduling import (
     Action,
+    Decision,
     Observation,
     QueueFacts,
     ScoringSettings,
+    Snapshot,
     actions_for,
     candidates,
     decide,
@@ -97,6 +100,10 @@ class Coordinator:
     untaken: bool = False  # ... in queues this worker does not consume (wakes on a task's end)
     refreshed_at: float = -1e9  # the runtimes' stats last asked
     residency: tuple[set[int], set[int], list[set[int]]] = (set(), set(), [])
+    residency_names: tuple[frozenset[str], frozenset[str]] = (frozenset(), frozenset())
+    # The last decision and what it was decided on (PullAffinity._observed_key).
+    last_key: tuple[object, ...] | None = None
+    last_result: tuple[Snapshot, Decision, bool, bool] | None = None
     # Idle-permit meter (modelfleet.worker.idle.IdleMeter), over the measured window.
     meter_since: float = 0.0
     meter_free: int = 0
@@ -352,6 +359,9 @@ class PullAffinity:
             host.update(index_of[n] for n in snap.host)
             loading.append(set(runtime.loading))
         coord.residency = (device, host, loading)
+        names = self._names
+        coord.residency_names = (frozenset(names[m] for m in device),
+                                 frozenset(names[m] for m in host))
         coord.refreshed_at = self.sim.now
 
     def _to_count(self, coord: Coordinator, full: bool) -> int:
@@ -376,12 +386,24 @@ class PullAffinity:
         sim = self.sim
         self._expire_demand()
         self._count(coord, full)
-        snapshot = snapshot_of(self.observation(coord), self.settings, self.rng_seed)
-        decision = decide(snapshot, self.settings, self.rng_seed)
+        observation = self.observation(coord)
+        key = self._observed_key(coord, observation)
+        if key == coord.last_key and coord.last_result is not None:
+            # Nothing this worker observes changed since its last decision (within one
+            # noise window): decide again would give the same answer, but for the few
+            # milliseconds of stickiness decay between the two. Its CPU is still spent.
+            snapshot, decision, waiting, untaken = coord.last_result
+        else:
+            snapshot = snapshot_of(observation, self.settings, self.rng_seed)
+            decision = decide(snapshot, self.settings, self.rng_seed)
+            waiting = scheduling_work_waiting(snapshot, self.settings, True)
+            untaken = waiting if sim.config.wake_on_held_backlog else \
+                scheduling_work_waiting(snapshot, self.settings, False)
+            coord.last_key = key
+            coord.last_result = (snapshot, decision, waiting, untaken)
         self._meter(coord)
-        coord.waiting = scheduling_work_waiting(snapshot, self.settings, True)
-        coord.untaken = coord.waiting if sim.config.wake_on_held_backlog else \
-            scheduling_work_waiting(snapshot, self.settings, False)
+        coord.waiting = waiting
+        coord.untaken = untaken
         counts = coord.counts
         coord.held_backlog = {m for m in coord.consumers if counts.get(m, (0, 0))[0] > 0} \
             if sim.config.recount_held_backlog else set()
@@ -392,16 +414,40 @@ class PullAffinity:
         coord.worker.scores = dict(decision.scores)
         # The coordinator builds and scores a view of every candidate, not just these.
         # (rescore_cpu_per_model_s: a build whose re-score walked the whole catalog.)
-        cpu_s = (sim.config.decide_cpu_s + sim.config.decide_cpu_per_queue_s * len(
-            self._candidates(coord)) + sim.config.rescore_cpu_per_model_s * len(self._names))
+        cpu_s = (sim.config.decide_cpu_s + sim.config.decide_cpu_per_queue_s
+                 * self._candidate_count(coord)
+                 + sim.config.rescore_cpu_per_model_s * len(self._names))
         steps = deque(actions_for(decision, snapshot, self.settings))
         sim.work(coord.worker, cpu_s, lambda: self._act(coord, steps), "serve")
 
-    def _candidates(self, coord: Coordinator) -> set[int]:
-        """``scheduling.candidates``, as the coordinator takes them (every runtime here
-        takes work)."""
+    def _observed_key(self, coord: Coordinator, obs: Observation) -> tuple[object, ...]:
+        """What a decision depends on besides the instant: the observation's fields that
+        change (the others are fixed per worker and model), the noise window, and how
+        many tasks this worker has finished (``last_served`` is updated in place)."""
+        return (math.floor(obs.now / self.settings.noise_hold_s), coord.worker.served,
+                obs.counts, obs.subscriptions, obs.resident_device, obs.resident_host,
+                obs.loading, obs.loading_for_tasks, obs.running,
+                obs.recent_cold_subscribes, obs.free_permits, obs.prefetch)
+
+    def _own(self, coord: Coordinator) -> set[int]:
+        """The candidates that are not there by demand alone: held, resident, pinned."""
         device, host, _ = coord.residency
-        return candidates(self._demand, coord.consumers, device, host, self.sim.catalog.pinned)
+        return candidates((), coord.consumers, device, host, self.sim.catalog.pinned)
+
+    def _candidate_count(self, coord: Coordinator) -> int:
+        """How many queues ``scheduling.candidates`` gives the coordinator (every runtime
+        here takes work): those announced within the window, plus its own."""
+        demand = self._demand
+        return len(demand) + sum(1 for m in self._own(coord) if m not in demand)
+
+    def _set_count(self, coord: Coordinator, model: int) -> tuple[int, int]:
+        """Count ``model``'s queue now (the broker's answer) and keep it as last counted."""
+        count = coord.counts[model] = (len(self._queues[model]), len(self._consumers[model]))
+        if count[0] > 0:
+            coord.backlogged.add(model)
+        else:
+            coord.backlogged.discard(model)
+        return count
 
     def _count(self, coord: Coordinator, full: bool) -> None:
         """The broker's counts, as the coordinator asks for them: every candidate at a
@@ -412,21 +458,22 @@ class PullAffinity:
         device, host, _ = coord.residency
         demand = self._demand
         if full:
-            own = candidates((), coord.consumers, device, host, self.sim.catalog.pinned)
-            coord.counts = {m: self._live_count(m) for m in own}
+            coord.counts = {}
+            coord.backlogged = set()
+            for model in candidates((), coord.consumers, device, host, self.sim.catalog.pinned):
+                self._set_count(coord, model)
             for model in self._nonempty:
                 if model in demand and model not in coord.counts:
-                    coord.counts[model] = self._live_count(model)
+                    self._set_count(coord, model)
             coord.dirty.clear()
             return
-        counts = coord.counts
         self._fold_heard(coord)  # what was heard while the stats were asked, too
         for model in coord.dirty:
             if model in demand:
-                counts[model] = self._live_count(model)
+                self._set_count(coord, model)
         for model in coord.held_backlog:  # held, with a backlog when last counted
             if model in coord.consumers:
-                counts[model] = self._live_count(model)
+                self._set_count(coord, model)
         coord.dirty.clear()
 
     def observation(self, coord: Coordinator) -> Observation:
@@ -436,16 +483,28 @@ class PullAffinity:
         sim = self.sim
         worker = coord.worker
         names = self._names
-        device, host, seen_loading = coord.residency
+        device, _, seen_loading = coord.residency
         counts = coord.counts
+        demand = self._demand
+        # Of the candidates (scheduling.candidates), only those that can matter
+        # (scheduling.cannot_matter): held, warm here (device, host, pinned, loading) or
+        # last counted with a backlog. snapshot_of leaves the others out itself, so the
+        # snapshot is the same; this keeps the gathering O(what matters), not O(demand).
+        own = self._own(coord)
+        gather = set(own)
+        gather.update(demand.keys() & coord.backlogged)
+        for models in seen_loading:
+            gather.update(m for m in models if m in demand or m in own)
+        gather.update(m for m in worker.running
+                      if m not in device and (m in demand or m in own))
         counted: dict[str, tuple[int, int]] = {}
         facts: dict[str, QueueFacts] = {}
-        for model in self._candidates(coord):
+        for model in gather:
             count = counts.get(model)
             if count is None:
-                if model in self._demand:
+                if model in demand:
                     continue  # in demand, never counted: an empty queue (see _count)
-                count = counts[model] = self._live_count(model)
+                count = self._set_count(coord, model)
             name = names[model]
             counted[name] = count
             facts[name] = self._facts[model]
@@ -455,9 +514,9 @@ class PullAffinity:
         runtimes = worker.runtimes
         return Observation(
             now, worker.name, counted, facts,
-            subscriptions=frozenset(names[m] for m in coord.consumers),
-            resident_device=frozenset(names[m] for m in device),
-            resident_host=frozenset(names[m] for m in host),
+            subscriptions=worker.subscriptions,  # the names of coord.consumers' models
+            resident_device=coord.residency_names[0],
+            resident_host=coord.residency_names[1],
             load_slots={r.name: r.loaders for r in runtimes},
             loading={r.name: frozenset(names[m] for m in models)
                      for r, models in zip(runtimes, seen_loading, strict=True)},
@@ -468,9 +527,6 @@ class PullAffinity:
             recent_cold_subscribes=tuple(worker.recent_cold),
             free_permits=worker.free_permits, permits_cap=worker.permits,
             prefetch={names[m]: c.window for m, c in coord.consumers.items()})
-
-    def _live_count(self, model: int) -> tuple[int, int]:
-        return len(self._queues[model]), len(self._consumers[model])
 
     def _act(self, coord: Coordinator, steps: deque[Action]) -> None:
         """Carry ``scheduling.actions_for`` out step by step, each after what it waits for."""

@@ -66,6 +66,7 @@ class SimWorker:
     # Pull-affinity state (unused by push routers).
     subscriptions: frozenset[str] = frozenset()
     last_served: dict[str, float] = field(default_factory=dict)
+    served: int = 0  # tasks finished (last_served changes in place: this says it did)
     recent_cold: deque[float] = field(default_factory=deque)
     scores: dict[str, float] = field(default_factory=dict)
 
