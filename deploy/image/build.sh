@@ -30,10 +30,13 @@ fi
 mkdir -p "$OUT"
 
 if ! podman image exists "$BASE"; then
-    if [ ! -s "$OUT/rootfs.tar" ]; then
+    if [ ! -f "$OUT/rootfs.tar" ] || [ ! -s "$OUT/rootfs.tar" ]; then
         echo "image: Debian root filesystem (mmdebstrap)"
-        mmdebstrap --quiet --variant=minbase --include=python3,python3-venv,ca-certificates \
-            bookworm "$OUT/rootfs.tar.partial"
+        rm -rf "$OUT/rootfs.tar" "$OUT/rootfs.tar.partial"
+        # --format=tar: mmdebstrap guesses the format from the name's extension, and
+        # ".partial" would give a directory.
+        mmdebstrap --quiet --format=tar --variant=minbase \
+            --include=python3,python3-venv,ca-certificates bookworm "$OUT/rootfs.tar.partial"
         mv "$OUT/rootfs.tar.partial" "$OUT/rootfs.tar"
     fi
     podman import --quiet "$OUT/rootfs.tar" "$BASE" >/dev/null
