@@ -45,6 +45,8 @@ class OrderStoreUnavailable(OrderStoreError):
     """The control orders' database cannot be opened or reached."""
 
     code = "order_store_unavailable"
+    status = 503
+    retry_after_s = 1
 
 
 class OrderBook(Protocol):

@@ -27,7 +27,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from modelfleet import __version__, metrics
-from modelfleet.errors import ModelfleetError
+from modelfleet.errors import ModelfleetError, RequestRejected
 from modelfleet.gateway.body import disconnect_waiter as _disconnect_waiter
 from modelfleet.gateway.body import read_body as _read_body
 from modelfleet.gateway.control import control_router
@@ -35,7 +35,16 @@ from modelfleet.gateway.dashboard import dashboard_router
 from modelfleet.gateway.encoding import inflate
 from modelfleet.gateway.exchange import Routed, answer_headers, exchange
 from modelfleet.gateway.fleet_summary import FleetSummary
-from modelfleet.gateway.http import error_body, error_response, is_v2, v2_error
+from modelfleet.gateway.http import (
+    HTTPError,
+    MethodNotAllowed,
+    NoRoute,
+    PayloadGone,
+    PayloadURLRefused,
+    error_response,
+    v1_error,
+    with_status,
+)
 from modelfleet.gateway.inflight import RequestGuard
 from modelfleet.gateway.observe import RequestObserver
 from modelfleet.gateway.oip import oip_router
@@ -76,29 +85,32 @@ def create_app(service: GatewayService, readiness: list[ReadinessCheck] | None =
     # Errors raised outside a route's own handling: in the dialect of the path (/v1, /v2).
     @app.exception_handler(ModelfleetError)
     async def _domain_error(request: Request, exc: ModelfleetError) -> JSONResponse:
-        return v2_error(exc) if is_v2(request.url.path) else error_response(exc)
+        return error_response(exc, request.url.path)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-        message = {404: f"no route {request.method} {request.url.path}",
-                   405: f"{request.method} is not allowed on {request.url.path}"}.get(
-                       exc.status_code, str(exc.detail))
-        response = error_body(exc.status_code, code, message, request.url.path)
+        where = f"{request.method} {request.url.path}"
+        error: ModelfleetError
+        if exc.status_code == 404:
+            error = NoRoute(f"no route {where}")
+        elif exc.status_code == 405:
+            error = MethodNotAllowed(f"{request.method} is not allowed on {request.url.path}")
+        else:
+            error = with_status(HTTPError(str(exc.detail)), exc.status_code)
         if exc.headers:  # e.g. Allow on a 405
-            response.headers.update(exc.headers)
-        return response
+            error = with_status(error, error.status, exc.headers)
+        return error_response(error, request.url.path)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unexpected error")
-        return error_body(500, "internal_error", f"internal error: {type(exc).__name__}",
-                          request.url.path)
+        return error_response(ModelfleetError(f"internal error: {type(exc).__name__}"),
+                              request.url.path)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return error_body(400, "bad_request", str(exc.errors()[0].get("msg", "invalid request")),
-                          request.url.path)
+        return error_response(RequestRejected(str(exc.errors()[0].get("msg", "invalid request"))),
+                              request.url.path)
 
     @app.post("/v1/models/{model}/infer", openapi_extra=_INFER_OPENAPI,
               responses={404: {}, 413: {}, 415: {}, 422: {}, 503: {}, 504: {}})
@@ -131,8 +143,7 @@ def create_app(service: GatewayService, readiness: list[ReadinessCheck] | None =
                             headers=answer_headers(answer))
 
         return await exchange(service, observer, model, version, "request", run, respond,
-                              error_response,
-                              lambda message: error_body(500, "internal_error", message))
+                              v1_error, lambda message: v1_error(ModelfleetError(message)))
 
     @app.get("/v1/payloads/{request_id}", include_in_schema=False)
     async def payload(request_id: str, expires: str = "", sig: str = "") -> Response:
@@ -140,10 +151,10 @@ def create_app(service: GatewayService, readiness: list[ReadinessCheck] | None =
             entry = service.payloads.fetch(request_id, expires, sig)
         except PermissionError as exc:
             metrics.PAYLOAD_FETCHES.labels("forbidden").inc()
-            return error_body(403, "forbidden", f"payload URL refused: {exc}")
+            return v1_error(PayloadURLRefused(f"payload URL refused: {exc}"))
         if entry is None:
             metrics.PAYLOAD_FETCHES.labels("gone").inc()
-            return error_body(404, "payload_gone", "payload already answered or expired")
+            return v1_error(PayloadGone("payload already answered or expired"))
         metrics.PAYLOAD_FETCHES.labels("ok").inc()
         return Response(entry.data, media_type=entry.content_type)
 

@@ -42,7 +42,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from modelfleet import metrics
 from modelfleet.errors import ModelfleetError, ModelNotFound
-from modelfleet.gateway.http import error_body, is_v2, load_failed, v2_message
+from modelfleet.gateway.http import error_response, load_failed
 from modelfleet.repository import Catalog
 from modelfleet.settings import Settings
 from modelfleet.tenancy import Forbidden, RateLimited, TenancyStoreError, Unauthenticated
@@ -194,19 +194,6 @@ async def tenant_gate(settings: Settings, catalog: Catalog, embedded: bool
         store.close()
 
 
-def _refusal(exc: ModelfleetError) -> tuple[int, dict[str, str]]:
-    if isinstance(exc, Unauthenticated):
-        # Basic too: a browser then asks for the key (as user name) for /dashboard.
-        return 401, {"WWW-Authenticate": 'Bearer realm="modelfleet", Basic realm="modelfleet"'}
-    if isinstance(exc, Forbidden):
-        return 403, {}
-    if isinstance(exc, ModelNotFound):
-        return 404, {}
-    if isinstance(exc, RateLimited):
-        return 429, {"Retry-After": str(exc.retry_after_s)}
-    return 503, {"Retry-After": "1"}
-
-
 class AuthMiddleware:
     """The ASGI layer (``app.add_middleware(AuthMiddleware, gate=...)``)."""
 
@@ -268,12 +255,8 @@ class AuthMiddleware:
 
     async def _refuse(self, exc: ModelfleetError, scope: Scope, receive: Receive,
                       send: Send) -> None:
-        status, headers = _refusal(exc)
-        metrics.AUTH_REFUSALS.labels(str(status)).inc()
-        path = scope.get("path", "")
-        response = error_body(status, exc.code, v2_message(exc) if is_v2(path) else exc.message,
-                              path)
-        response.headers.update(headers)
+        response = error_response(exc, scope.get("path", ""))  # the error's own status
+        metrics.AUTH_REFUSALS.labels(str(response.status_code)).inc()
         await response(scope, receive, send)
 
     async def _metered(self, model: str, principal: Principal, scope: Scope,

@@ -16,6 +16,7 @@ from fastapi import APIRouter
 from fastapi.responses import Response
 
 from modelfleet.gateway.fleet_summary import FleetSummary
+from modelfleet.gateway.http import NoRoute, v1_error
 
 _MEDIA_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
                 ".css": "text/css; charset=utf-8"}
@@ -26,7 +27,7 @@ def _asset(name: str) -> Response:
     suffix = name[name.rfind("."):] if "." in name else ""
     entry = _STATIC / name
     if suffix not in _MEDIA_TYPES or "/" in name or not entry.is_file():
-        return Response(status_code=404)
+        return v1_error(NoRoute(f"no route GET /dashboard/{name}"))
     return Response(entry.read_bytes(), media_type=_MEDIA_TYPES[suffix],
                     headers={"Cache-Control": "no-cache"})
 

@@ -15,7 +15,8 @@ one in plain text, and accepts Content-Length together with Transfer-Encoding. H
   past ``max_body_bytes`` (413) is answered as soon as the size line is read
   (``modelfleet.gateway.chunked``), not at the body read timeout; so is a chunk size
   h11 cannot parse (400). These answers, like every one written here once a request's
-  head has been read, are in the error dialect of its path (/v2's ``{"error": ...}``).
+  head has been read, are in the error dialect of its path (/v2's ``{"error": ...}``),
+  each a modelfleet error rendered by ``gateway/http.py`` with its own status.
 - A connection beyond ``max_connections`` is refused at once: a JSON 503
   ``too_many_connections`` (Retry-After: 1) as soon as its request's headers arrive, or
   after ``REFUSE_WAIT_S`` if they do not, then closed. (Not uvicorn's
@@ -28,8 +29,6 @@ one in plain text, and accepts Content-Length together with Transfer-Encoding. H
 from __future__ import annotations
 
 import asyncio
-import http
-import json
 import logging
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
@@ -40,10 +39,16 @@ from h11._connection import DEFAULT_MAX_INCOMPLETE_EVENT_SIZE
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from modelfleet import metrics
-from modelfleet.errors import RequestRejected
+from modelfleet.errors import ModelfleetError, RequestRejected
 from modelfleet.gateway.body import REFUSED_BODY
 from modelfleet.gateway.chunked import ChunkGuardedConnection, ChunkRefused
-from modelfleet.gateway.http import STATUS_BY_CODE, is_v2
+from modelfleet.gateway.http import (
+    HeaderFieldsTooLarge,
+    TooManyConnections,
+    closing_error,
+    raw_error,
+)
+from modelfleet.gateway.inflight import RequestTimeout, ShuttingDown
 
 log = logging.getLogger("modelfleet.gateway")
 
@@ -68,30 +73,10 @@ class EdgeLimits:
     max_body_bytes: int = 20 * 1024 * 1024
 
 
-def json_answer(status: int, code: str, message: str, retry_after: bool = False,
-                path: str = "") -> bytes:
-    """A whole HTTP/1.1 answer with a modelfleet error body in the dialect of ``path``
-    (/v1's unless it is under /v2), closing the connection."""
-    error: object = message if is_v2(path) else {"code": code, "message": message}
-    body = json.dumps({"error": error}, separators=(",", ":")).encode()
-    head = [f"HTTP/1.1 {status} {http.HTTPStatus(status).phrase}",
-            "content-type: application/json", f"content-length: {len(body)}",
-            "connection: close"]
-    if retry_after:
-        head.append("retry-after: 1")
-    return ("\r\n".join(head) + "\r\n\r\n").encode() + body
-
-
-async def _send_json(send: Send, status: int, code: str, message: str,
-                     retry_after: bool = False) -> None:
-    body = json.dumps({"error": {"code": code, "message": message}},
-                      separators=(",", ":")).encode()
-    headers = [(b"content-type", b"application/json"), (b"connection", b"close"),
-               (b"content-length", str(len(body)).encode())]
-    if retry_after:
-        headers.append((b"retry-after", b"1"))
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body, "more_body": False})
+async def _send_error(scope: Scope, receive: Receive, send: Send,
+                      error: ModelfleetError) -> None:
+    """``error`` answered in the dialect of the request's path; the connection closed."""
+    await closing_error(error, scope.get("path", ""))(scope, receive, send)
 
 
 _TOO_MANY = "this gateway has too many open connections; retry in a moment"
@@ -99,7 +84,7 @@ _TOO_MANY = "this gateway has too many open connections; retry in a moment"
 
 async def _refuse(scope: Scope, receive: Receive, send: Send) -> None:
     """The app of a connection over the limit."""
-    await _send_json(send, 503, "too_many_connections", _TOO_MANY, retry_after=True)
+    await _send_error(scope, receive, send, TooManyConnections(_TOO_MANY))
 
 
 class EdgeProtocol(H11Protocol):
@@ -183,8 +168,7 @@ class EdgeProtocol(H11Protocol):
             return
         if phase == "refused":
             if self.cycle is None:  # no request came: answer for it
-                self._answer_and_close(json_answer(503, "too_many_connections", _TOO_MANY,
-                                                   retry_after=True))
+                self._answer_and_close(raw_error(TooManyConnections(_TOO_MANY)))
             return
         if phase == "head":
             pending, _ = self.conn.trailing_data
@@ -192,10 +176,9 @@ class EdgeProtocol(H11Protocol):
                 self.transport.close()
                 return
             metrics.READ_TIMEOUTS.labels("header").inc()
-            self._answer_and_close(json_answer(
-                408, "request_timeout",
+            self._answer_and_close(raw_error(RequestTimeout(
                 f"the request's headers did not arrive within "
-                f"{self.limits.header_read_timeout_s:g} s (gateway.header_read_timeout_s)"))
+                f"{self.limits.header_read_timeout_s:g} s (gateway.header_read_timeout_s)")))
             return
         # "body": still arriving well after the app answered (or should have) 408.
         metrics.READ_TIMEOUTS.labels("body").inc()
@@ -203,9 +186,9 @@ class EdgeProtocol(H11Protocol):
         if cycle is not None and not cycle.response_started:
             cycle.disconnected = True  # the app's own answer, if it comes, goes nowhere
             cycle.message_event.set()
-            self._answer_and_close(json_answer(
-                408, "request_timeout", "the request body did not arrive in time "
-                "(gateway.body_read_timeout_s)"))
+            self._answer_and_close(raw_error(RequestTimeout(
+                "the request body did not arrive in time (gateway.body_read_timeout_s)"),
+                cycle.scope["path"]))
         else:
             self.transport.close()
 
@@ -219,7 +202,6 @@ class EdgeProtocol(H11Protocol):
         The app, still reading, is told why (``REFUSED_BODY``: it counts and logs the
         refusal, not a hang-up) and its own answer goes nowhere; if it has begun
         answering already, the connection is only closed."""
-        status = STATUS_BY_CODE[error.code]
         cycle = self.cycle
         if cycle is not None and not cycle.response_complete:
             cycle.scope[REFUSED_BODY] = error  # type: ignore[literal-required]
@@ -228,10 +210,9 @@ class EdgeProtocol(H11Protocol):
             if cycle.response_started:
                 self.transport.close()
                 return
-            self._answer_and_close(json_answer(status, error.code, error.message,
-                                               path=cycle.scope["path"]))
+            self._answer_and_close(raw_error(error, cycle.scope["path"]))
             return
-        self._answer_and_close(json_answer(status, error.code, error.message))
+        self._answer_and_close(raw_error(error))
 
     def send_400_response(self, msg: str) -> None:
         """A request h11 cannot parse (its head, over max_header_bytes, or a chunk of its
@@ -262,16 +243,16 @@ class EdgeApp:
         if len(headers) > self._max_headers or size > self._max_header_bytes:
             # However the head arrived (in one read or many: uvicorn bounds only a head
             # still incomplete), the same limit and the protocol's status for it.
-            await _send_json(send, 431, "request_header_fields_too_large",
-                             f"the request has {len(headers)} header fields of {size} bytes; "
-                             f"at most {self._max_headers} fields and "
-                             f"{self._max_header_bytes} bytes (gateway.max_header_bytes)")
+            await _send_error(scope, receive, send, HeaderFieldsTooLarge(
+                f"the request has {len(headers)} header fields of {size} bytes; "
+                f"at most {self._max_headers} fields and "
+                f"{self._max_header_bytes} bytes (gateway.max_header_bytes)"))
             return
         names = {name for name, _ in headers}
         if b"transfer-encoding" in names and b"content-length" in names:
-            await _send_json(send, 400, "bad_request",
-                             "a request with both Content-Length and Transfer-Encoding is "
-                             "refused: its length is ambiguous")
+            await _send_error(scope, receive, send, RequestRejected(
+                "a request with both Content-Length and Transfer-Encoding is refused: its "
+                "length is ambiguous"))
             return
         started = False
 
@@ -291,6 +272,5 @@ class EdgeApp:
             task = asyncio.current_task()
             if task is not None:
                 task.uncancel()
-            await _send_json(send, 503, "shutting_down",
-                             "this gateway shut down before the answer was ready; retry",
-                             retry_after=True)
+            await _send_error(scope, receive, send, ShuttingDown(
+                "this gateway shut down before the answer was ready; retry"))

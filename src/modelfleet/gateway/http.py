@@ -1,66 +1,123 @@
-"""The one place where modelfleet errors become HTTP statuses, and the two error shapes.
+"""Errors as the gateway answers them: one renderer per dialect, and nothing else decides.
 
-/v1 answers ``{"error": {"code": ..., "message": ...}}``; every path under /v2 (the Open
-Inference Protocol's) answers ``{"error": "<message>"}``, the protocol's shape, which
-tritonclient and the KServe SDK read as the exception's message. ``error_body`` picks
-the shape by path, so routing errors (404, 405), the auth layer's refusals and bugs of
-ours are in the caller's dialect too.
+Each modelfleet error carries its HTTP ``status``, its ``retry_after_s`` (Retry-After)
+where it has one, and any headers of its own (``modelfleet.errors``). A dialect decides
+only how that status and the message are written:
+
+- /v1 (``v1_error``): ``{"error": {"code": ..., "message": ...}}`` with the error's
+  status (``v1_status``);
+- /v2, the Open Inference Protocol's (``v2_error``): ``{"error": "<message>"}``, which
+  tritonclient and the KServe SDK read as the exception's message, with the spec's 400
+  for every request the caller must change (/v1 tells 415 and 422 apart: ``v2_status``);
+- gRPC: the status code of the /v2 status (``grpc_status`` in
+  ``gateway/grpc_api/servicer.py``).
+
+``error_response`` picks the dialect by path, so routing errors (404, 405), the auth
+layer's refusals, the edge's raw answers (``raw_error``) and bugs of ours are in the
+caller's dialect too. Errors the gateway itself answers with (no route, a payload URL
+refused) are modelfleet errors like the others (below).
 """
 
 from __future__ import annotations
 
+import http
+from collections.abc import Mapping
+
 from fastapi.responses import JSONResponse
 
-from modelfleet.errors import ModelfleetError, NoCapacity, error_from_code
-
-STATUS_BY_CODE: dict[str, int] = {
-    "bad_request": 400,
-    "invalid_package": 400,
-    "forbidden": 403,
-    "bad_signature": 403,
-    "version_exists": 409,
-    "package_too_large": 413,
-    "payload_fetch_forbidden": 400,
-    "model_not_found": 404,
-    "request_timeout": 408,
-    "payload_too_large": 413,
-    "unsupported_content_type": 415,
-    "invalid_input": 422,
-    "client_disconnected": 499,
-    "model_error": 500,
-    "model_load_failed": 500,
-    "runtime_crashed": 500,
-    "config_error": 500,
-    "internal_error": 500,
-    "payload_unavailable": 502,
-    "no_capacity": 503,
-    "model_unavailable": 503,
-    "broker_unavailable": 503,
-    "repository_unavailable": 503,
-    "broker_error": 503,
-    "shutting_down": 503,
-    "too_many_connections": 503,
-    "order_store_unavailable": 503,
-    "deadline_exceeded": 504,
-    "model_too_large": 507,
-}
+from modelfleet.errors import ModelfleetError, RequestRejected
 
 
-# Answers after which the connection is closed: the caller was too slow to be kept, or
-# should come back through another gateway.
-CLOSE_AFTER = frozenset({"request_timeout", "shutting_down"})
+class NoRoute(ModelfleetError):
+    """No route has this path (the framework's 404)."""
+
+    code = "not_found"
+    status = 404
 
 
-def error_response(error: ModelfleetError) -> JSONResponse:
-    status = STATUS_BY_CODE.get(error.code, 500)
-    headers = {}
-    if status == 503:
-        retry = error.retry_after_s if isinstance(error, NoCapacity) else 1
-        headers["Retry-After"] = str(retry)
-    if error.code in CLOSE_AFTER:
+class MethodNotAllowed(ModelfleetError):
+    """The path has a route, not for this method (the framework's 405, with Allow)."""
+
+    code = "method_not_allowed"
+    status = 405
+
+
+class HTTPError(ModelfleetError):
+    """Any other status the framework raised (``status`` is the instance's own)."""
+
+    code = "http_error"
+
+
+class PayloadURLRefused(ModelfleetError):
+    """A payload URL that is unsigned, tampered with or expired."""
+
+    code = "forbidden"
+    status = 403
+
+
+class PayloadGone(ModelfleetError):
+    """A payload already fetched for its answer, or expired."""
+
+    code = "payload_gone"
+    status = 404
+
+
+class HeaderFieldsTooLarge(RequestRejected):
+    """More header fields or bytes than ``gateway.max_headers`` / ``max_header_bytes``."""
+
+    code = "request_header_fields_too_large"
+    status = 431
+
+
+class TooManyConnections(ModelfleetError):
+    """This gateway holds ``gateway.max_connections`` open already."""
+
+    code = "too_many_connections"
+    status = 503
+    retry_after_s = 1
+
+
+def with_status(error: ModelfleetError, status: int,
+                headers: Mapping[str, str] | None = None) -> ModelfleetError:
+    """``error`` with a status (and headers) of its own, for a status given from outside
+    (the framework's ``HTTPException``)."""
+    error.status = status
+    if headers:
+        error.http_headers = {**error.http_headers, **headers}
+    return error
+
+
+def v1_status(error: ModelfleetError) -> int:
+    """The status /v1 answers ``error`` with: its own."""
+    return error.status
+
+
+def v2_status(error: ModelfleetError) -> int:
+    """The status /v2 (and so gRPC) answers ``error`` with: the spec's 400 for a request
+    the caller must change, where /v1 tells an unsupported type (415) and an invalid
+    input (422) apart; else the error's own."""
+    return 400 if error.status in (415, 422) else error.status
+
+
+def _headers(error: ModelfleetError) -> dict[str, str]:
+    headers = dict(error.http_headers)
+    if error.retry_after_s is not None:
+        headers["Retry-After"] = str(error.retry_after_s)
+    if error.closes_connection:
         headers["Connection"] = "close"
+    return headers
+
+
+def v1_error(error: ModelfleetError) -> JSONResponse:
+    """A modelfleet error as /v1 answers it."""
     return JSONResponse({"error": {"code": error.code, "message": error.message}},
-                        status_code=status, headers=headers)
+                        status_code=v1_status(error), headers=_headers(error))
+
+
+def v2_error(error: ModelfleetError) -> JSONResponse:
+    """A modelfleet error as /v2 answers it."""
+    return JSONResponse({"error": v2_message(error)}, status_code=v2_status(error),
+                        headers=_headers(error))
 
 
 def is_v2(path: str) -> bool:
@@ -68,27 +125,31 @@ def is_v2(path: str) -> bool:
     return path == "/v2" or path.startswith("/v2/")
 
 
-def error_body(status: int, code: str, message: str, path: str = "") -> JSONResponse:
-    """An error answer in the dialect of ``path``: /v2's ``{"error": message}``, else /v1's."""
-    if is_v2(path):
-        return JSONResponse({"error": message}, status_code=status)
-    return JSONResponse({"error": {"code": code, "message": message}}, status_code=status)
+def error_response(error: ModelfleetError, path: str = "") -> JSONResponse:
+    """``error`` in the dialect of ``path``: /v2's under /v2, else /v1's."""
+    return v2_error(error) if is_v2(path) else v1_error(error)
 
 
-# Requests the caller must change: the spec's 400 (/v1 tells some of them apart).
-BAD_REQUEST_CODES = frozenset({"bad_request", "invalid_input", "unsupported_content_type",
-                               "payload_fetch_forbidden"})
+def closing_error(error: ModelfleetError, path: str = "") -> JSONResponse:
+    """``error_response``, and the connection closed after it (the edge's answers)."""
+    response = error_response(error, path)
+    response.headers["connection"] = "close"
+    return response
 
 
-def v2_error(error: ModelfleetError) -> JSONResponse:
-    """A modelfleet error as the v2 API answers it."""
-    status = 400 if error.code in BAD_REQUEST_CODES else STATUS_BY_CODE.get(error.code, 500)
-    headers = {}
-    if status == 503:
-        headers["Retry-After"] = str(getattr(error, "retry_after_s", 1))
-    if error.code in CLOSE_AFTER:
-        headers["Connection"] = "close"
-    return JSONResponse({"error": v2_message(error)}, status_code=status, headers=headers)
+def raw_error(error: ModelfleetError, path: str = "") -> bytes:
+    """``closing_error`` as a whole HTTP/1.1 answer, for the edge to write to a socket
+    itself (before or beside the ASGI app)."""
+    response = closing_error(error, path)
+    status = response.status_code
+    try:
+        phrase = http.HTTPStatus(status).phrase
+    except ValueError:  # 499, ours
+        phrase = ""
+    head = [f"HTTP/1.1 {status} {phrase}".rstrip()]
+    head += [f"{name.decode('latin-1')}: {value.decode('latin-1')}"
+             for name, value in response.raw_headers]
+    return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + response.body
 
 
 def v2_message(error: ModelfleetError) -> str:
@@ -105,4 +166,9 @@ def load_failed(model: str, error: ModelfleetError) -> ModelfleetError:
     and one of another tenant (whose name must not leak)."""
     if error.message.startswith("failed to load"):
         return error
-    return error_from_code(error.code, f"failed to load '{model}': {error.message}")
+    message = f"failed to load '{model}': {error.message}"
+    worded = type(error).__new__(type(error))  # its class: its code, status, Retry-After
+    worded.__dict__.update(error.__dict__)
+    Exception.__init__(worded, message)
+    worded.message = message
+    return worded

@@ -26,12 +26,17 @@ class ShuttingDown(ModelfleetError):
     """This gateway is shutting down: the caller should retry (on another gateway)."""
 
     code = "shutting_down"
+    status = 503
+    retry_after_s = 1
+    closes_connection = True
 
 
 class RequestTimeout(RequestRejected):
     """The caller did not send its request (headers or body) in time."""
 
     code = "request_timeout"
+    status = 408
+    closes_connection = True  # the caller was too slow to be kept
 
 
 # After the cut-off, how long the requests cut off get to write their answers.

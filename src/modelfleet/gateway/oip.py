@@ -277,7 +277,6 @@ def oip_router(service: GatewayService, readiness: list[ReadinessCheck],
                             headers=headers)
 
         return await exchange(service, observer, model, version, "v2 request", run, respond,
-                              v2_error,
-                              lambda message: JSONResponse({"error": message}, status_code=500))
+                              v2_error, lambda message: v2_error(ModelfleetError(message)))
 
     return router

@@ -25,7 +25,7 @@ from fastapi.responses import JSONResponse, Response
 
 from modelfleet.errors import ModelfleetError, PackageRejected
 from modelfleet.gateway.body import read_body
-from modelfleet.gateway.http import error_response
+from modelfleet.gateway.http import v1_error
 from modelfleet.publishing.package import Limits, Package, from_archive, from_files
 from modelfleet.publishing.publisher import Publisher, counted
 from modelfleet.tenancy.access import CALLER
@@ -51,7 +51,7 @@ def publish_router(publisher: Publisher) -> APIRouter:
                     request.headers.get(SIGNATURE_HEADER))
             return JSONResponse(published.wire(), status_code=201)
         except ModelfleetError as exc:
-            return error_response(exc)
+            return v1_error(exc)
 
     return router
 

@@ -9,13 +9,13 @@ how much (plans: rate and concurrency limits, priority, fan-out), and what each 
     usage.py     usage counted in memory per tenant, model, hour; flushed to the store
     settings.py  the ``tenancy`` section of the settings
 
-Errors (HTTP statuses are chosen by ``modelfleet.gateway.auth``, not here):
+Errors, each with its HTTP status (``modelfleet.errors``; the gateway's renderers read it):
 
     ModelfleetError
-    ├── Unauthenticated      no key, a malformed, unknown or revoked key
-    ├── Forbidden            a valid key whose role does not reach the route
-    ├── RateLimited          the tenant's plan allows no more now (retry_after_s)
-    └── TenancyStoreError    the key store failed a query
+    ├── Unauthenticated      401  no key, a malformed, unknown or revoked key
+    ├── Forbidden            403  a valid key whose role does not reach the route
+    ├── RateLimited          429  the tenant's plan allows no more now (retry_after_s)
+    └── TenancyStoreError    503  the key store failed a query (Retry-After: 1)
         └── TenancyStoreUnavailable   it cannot be opened or reached
 """
 
@@ -28,18 +28,23 @@ class Unauthenticated(ModelfleetError):
     """No usable API key came with the request."""
 
     code = "unauthenticated"
+    status = 401
+    # Basic too: a browser then asks for the key (as user name) for /dashboard.
+    http_headers = {"WWW-Authenticate": 'Bearer realm="modelfleet", Basic realm="modelfleet"'}
 
 
 class Forbidden(ModelfleetError):
     """The key is valid, but its role does not reach this route."""
 
     code = "forbidden"
+    status = 403
 
 
 class RateLimited(ModelfleetError):
     """The tenant's plan allows no more requests now; retry after ``retry_after_s``."""
 
     code = "rate_limited"
+    status = 429
 
     def __init__(self, message: str, retry_after_s: int) -> None:
         super().__init__(message)
@@ -50,6 +55,8 @@ class TenancyStoreError(ModelfleetError):
     """The tenants' store failed a query; the message names the store."""
 
     code = "tenancy_store_error"
+    status = 503
+    retry_after_s = 1
 
 
 class TenancyStoreUnavailable(TenancyStoreError):

@@ -36,6 +36,8 @@ class ArchiveUnavailable(ArchiveError):
     """The archive cannot be opened or reached: check the path, permissions or server."""
 
     code = "archive_unavailable"
+    status = 503
+    retry_after_s = 1
 
 
 NAMES = Names("the dead-letter archive", ArchiveError, ArchiveUnavailable,

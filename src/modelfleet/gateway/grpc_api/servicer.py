@@ -38,7 +38,7 @@ from modelfleet.gateway.control import check_load_parameters, flag, load_config,
 from modelfleet.gateway.exchange import Routed, record_exchange
 from modelfleet.gateway.grpc_api import inference_pb2 as pb
 from modelfleet.gateway.grpc_api.tensors import parameter_value, request_body, response_message
-from modelfleet.gateway.http import BAD_REQUEST_CODES, STATUS_BY_CODE, load_failed, v2_message
+from modelfleet.gateway.http import load_failed, v2_message, v2_status
 from modelfleet.gateway.observe import RequestObserver
 from modelfleet.gateway.oip import (
     EXTENSIONS,
@@ -67,18 +67,11 @@ _GRPC_BY_HTTP = {400: grpc.StatusCode.INVALID_ARGUMENT, 401: grpc.StatusCode.UNA
                  422: grpc.StatusCode.INVALID_ARGUMENT, 429: grpc.StatusCode.RESOURCE_EXHAUSTED,
                  499: grpc.StatusCode.CANCELLED, 503: grpc.StatusCode.UNAVAILABLE,
                  504: grpc.StatusCode.DEADLINE_EXCEEDED, 507: grpc.StatusCode.RESOURCE_EXHAUSTED}
-_AUTH_STATUS = {"unauthenticated": 401, "forbidden": 403, "rate_limited": 429}
-
-
-def http_status(error: ModelfleetError) -> int:
-    """The status /v2 gives ``error`` (the protocol's 400 for the caller's mistakes)."""
-    if error.code in BAD_REQUEST_CODES:
-        return 400
-    return _AUTH_STATUS.get(error.code) or STATUS_BY_CODE.get(error.code, 500)
 
 
 def grpc_status(error: ModelfleetError) -> grpc.StatusCode:
-    return _GRPC_BY_HTTP.get(http_status(error), grpc.StatusCode.INTERNAL)
+    """The gRPC dialect's status of ``error``: the code of the status /v2 gives it."""
+    return _GRPC_BY_HTTP.get(v2_status(error), grpc.StatusCode.INTERNAL)
 
 
 class InferenceServicer:
@@ -268,7 +261,7 @@ class InferenceServicer:
                 seen.bytes_out = len(answer.body)
                 return response_message(answer.body, header_length_of(answer.content_type))
         except ModelfleetError as exc:
-            status, outcome = http_status(exc), exc.code
+            status, outcome = v2_status(exc), exc.code
             reply = PARKED_REPLY.get()
             raise
         finally:
@@ -294,7 +287,7 @@ class InferenceServicer:
         try:
             yield seen
         except ModelfleetError as exc:
-            seen.status = http_status(exc)
+            seen.status = v2_status(exc)
             raise
         finally:
             CALLER.reset(token)
