@@ -7,10 +7,12 @@ command-line flags. ``MODELFLEET_BROKER``, ``MODELFLEET_REPO`` and
 nothing changes a value after start-up.
 
 A setting that does not exist is an error, never ignored: an unknown keyword, and an
-environment variable of the sectioned form ``MODELFLEET_<SECTION>__<FIELD>`` whose
-section or field is not one (``unknown_settings``). Names without ``__`` are not all
-settings (``MODELFLEET_DLQ_DB``, the example models' own), so only the top-level
-settings' own names are read from them.
+environment variable under the ``MODELFLEET_`` prefix that names no setting
+(``unknown_settings``: ``MODELFLEET_<SECTION>__<FIELD>`` whose section or field is not
+one, or ``MODELFLEET_<NAME>`` that is no top-level setting). The few ``MODELFLEET_``
+variables that are not settings are named in ``NOT_SETTINGS`` (each read where it says),
+with the prefixes of the tests' services and the example models' own knobs
+(``NOT_SETTINGS_PREFIXES``); a variable of your own takes another prefix.
 """
 
 from __future__ import annotations
@@ -252,14 +254,32 @@ class Settings(BaseSettings):
         return Path(configured).expanduser() if configured else self.state_dir / "disk-cache"
 
 
+# MODELFLEET_ variables that are not settings, and who reads them.
+NOT_SETTINGS: frozenset[str] = frozenset({
+    "MODELFLEET_DLQ_DB",  # the deployment's database (database.py; an older name)
+    "MODELFLEET_KEY",  # modelfleet push: the API key (publishing/push.py)
+    "MODELFLEET_HEALTHCHECK_URL",  # the image's HEALTHCHECK (Containerfile)
+    "MODELFLEET_RUNTIME_SETTINGS",  # a worker to its runtime processes (ipc/protocol.py)
+    "MODELFLEET_RUNTIME_PRELOAD",  # the same
+    "MODELFLEET_MEMORY_LIMIT_BYTES",  # a runtime to its model: its memory limit (the same)
+    "MODELFLEET_DASHBOARD_SCREENSHOT",  # tests/e2e/test_dashboard.py: keep its screenshot
+})
+# The tests' own services (MODELFLEET_TEST_AMQP, _POSTGRES, _REDIS) and the example
+# models' knobs (MODELFLEET_EXAMPLE_SLOWLOAD_S...).
+NOT_SETTINGS_PREFIXES: tuple[str, ...] = ("MODELFLEET_TEST_", "MODELFLEET_EXAMPLE_")
+
+
 def unknown_settings(environ: Mapping[str, str] | None = None) -> list[str]:
-    """The ``MODELFLEET_<SECTION>__<FIELD>`` environment variables that name no setting."""
+    """The ``MODELFLEET_`` environment variables that name no setting (and are not one of
+    ``NOT_SETTINGS``)."""
     environ = os.environ if environ is None else environ
     unknown = []
     for name in sorted(environ):
-        if not name.startswith("MODELFLEET_") or "__" not in name:
+        upper = name.upper()  # the environment source reads names in any case
+        if not upper.startswith("MODELFLEET_") or upper in NOT_SETTINGS \
+                or upper.startswith(NOT_SETTINGS_PREFIXES):
             continue
-        path = name.removeprefix("MODELFLEET_").lower().split("__")
+        path = upper.removeprefix("MODELFLEET_").lower().split("__")
         model: Any = Settings
         for part in path:
             fields = getattr(model, "model_fields", None)
