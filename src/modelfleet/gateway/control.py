@@ -25,7 +25,7 @@ model.toml. A load's errors begin "failed to load '<model>'", as Triton's do.
 either it answers the protocol's JSON array, bounded to the first ``DEFAULT_LIMIT``
 models (the header ``X-Next-Cursor`` carries the cursor of the rest); with either, an
 object ``{"models": [...], "next_cursor": ...}``.
-Errors are ``{"error": "..."}`` with the status the error's code maps to.
+Errors are ``{"error": "..."}`` with the error's own status (gateway/http.py's ``v2_error``).
 """
 
 from __future__ import annotations
