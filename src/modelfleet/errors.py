@@ -18,7 +18,8 @@ the gateway maps to an HTTP status. HTTP status codes live only in the gateway.
     │   └── PackageRejected             invalid_package    (a published model package)
     │       ├── PackageTooLarge         package_too_large
     │       ├── SignatureRejected       bad_signature
-    │       └── VersionExists           version_exists
+    │       ├── VersionExists           version_exists
+    │       └── PackageNotPolled        package_not_polled (a load's files make no package)
     ├── RepositoryUnavailable           repository_unavailable (a write to the store failed)
     ├── DeadlineExceeded                deadline_exceeded
     ├── NoCapacity                      no_capacity
@@ -117,6 +118,15 @@ class VersionExists(PackageRejected):
     """That version of the model is in the repository already: versions never change."""
 
     code = "version_exists"
+
+
+class PackageNotPolled(PackageRejected):
+    """A load's ``file:`` parameters make no package (a path no file can have...).
+    Worded as Triton words it, "failed to poll from model repository: ...": HTTP answers
+    it 400 like any package refused, gRPC INTERNAL, as Triton does (its
+    simple_grpc_model_control example checks both)."""
+
+    code = "package_not_polled"
 
 
 class RepositoryUnavailable(ModelfleetError):

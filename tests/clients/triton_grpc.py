@@ -74,6 +74,26 @@ def main(url: str, key: str | None) -> dict[str, Any]:
     return seen
 
 
+# A package published by a gRPC load's files (bytes_param), Triton's file:1/ layout.
+PUBLISHED_MANIFEST = b"""name = "published"
+entrypoint = "handler:Doubler"
+[[inputs]]
+name = "INPUT0"
+datatype = "INT32"
+shape = [-1, 16]
+[[outputs]]
+name = "OUTPUT0"
+datatype = "INT32"
+shape = [-1, 16]
+"""
+PUBLISHED_HANDLER = b"""from modelfleet import Model
+
+class Doubler(Model):
+    def predict(self, batch):
+        return [{"OUTPUT0": t["INPUT0"] * 2} for t in batch]
+"""
+
+
 def model_control(url: str) -> dict[str, Any]:
     """The calls of simple_grpc_model_control.py, in its order."""
     client = grpcclient.InferenceServerClient(url=url)
@@ -90,6 +110,17 @@ def model_control(url: str) -> dict[str, Any]:
         "simple", config="{}", files={"file:" + "A" * 256: b"a"}))
     seen["live_after_files"] = client.is_server_live()
     seen["wrong_model"] = refused(lambda: client.load_model("wrong_model_name"))
+    # Beyond the example: files that make a package publish it, and it serves.
+    client.load_model("published", files={"file:1/model.toml": PUBLISHED_MANIFEST,
+                                          "file:1/handler.py": PUBLISHED_HANDLER})
+    rows = np.arange(16, dtype=np.int32).reshape(1, 16)
+    tensor = grpcclient.InferInput("INPUT0", [1, 16], "INT32")
+    tensor.set_data_from_numpy(rows)
+    doubled = client.infer("published", [tensor], client_timeout=60).as_numpy("OUTPUT0")
+    seen["published"] = [client.is_model_ready("published"),
+                         bool(np.array_equal(doubled, rows * 2))]
+    seen["no_manifest"] = refused(lambda: client.load_model(
+        "published", files={"file:1/handler.py": PUBLISHED_HANDLER}))
     return seen
 
 

@@ -16,6 +16,7 @@ from modelfleet.errors import ModelfleetError, NoCapacity, error_from_code
 STATUS_BY_CODE: dict[str, int] = {
     "bad_request": 400,
     "invalid_package": 400,
+    "package_not_polled": 400,
     "forbidden": 403,
     "bad_signature": 403,
     "version_exists": 409,
