@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from fastapi.responses import JSONResponse
 
-from modelfleet.errors import ModelfleetError, NoCapacity, error_from_code
+from modelfleet.errors import ModelfleetError, NoCapacity
 
 STATUS_BY_CODE: dict[str, int] = {
     "bad_request": 400,
@@ -106,4 +106,11 @@ def load_failed(model: str, error: ModelfleetError) -> ModelfleetError:
     and one of another tenant (whose name must not leak)."""
     if error.message.startswith("failed to load"):
         return error
-    return error_from_code(error.code, f"failed to load '{model}': {error.message}")
+    # Its own class, so its status too (a code error_from_code does not know, such as
+    # tenancy's "forbidden", would become a 500).
+    message = f"failed to load '{model}': {error.message}"
+    renamed = type(error).__new__(type(error))
+    renamed.__dict__.update(error.__dict__)
+    Exception.__init__(renamed, message)
+    renamed.message = message
+    return renamed

@@ -217,14 +217,23 @@ class InferenceServicer:
 
     async def repository_model_load(self, request: pb.RepositoryModelLoadRequest,
                                     context: Any) -> pb.RepositoryModelLoadResponse:
-        try:
-            await self._control(context, request.model_name)
-        except ModelNotFound as exc:  # another tenant's model: worded as a missing one
-            raise load_failed(request.model_name, exc) from None
+        model = request.model_name
+        principal = await self._operator(context)
+        if principal is not None and self._gate is not None:
+            # As on HTTP (gateway/auth.py): its own tenant's models, or a new one the key
+            # may publish (the load's files do, or it is not found).
+            owner = self._gate.owner_of(model)
+            if not principal.may_control(owner) and not (
+                    owner is None and principal.may_publish(model, None)):
+                raise load_failed(model, ModelNotFound(
+                    f"no model named '{model}' (GET /v1/models lists them)"))
+        token = CALLER.set(principal)  # the publisher checks the package's tenant by it
         try:
             await self._load(request)
         except ModelfleetError as exc:
-            raise load_failed(request.model_name, exc) from None
+            raise load_failed(model, exc) from None
+        finally:
+            CALLER.reset(token)
         return pb.RepositoryModelLoadResponse()
 
     async def _load(self, request: pb.RepositoryModelLoadRequest) -> None:
