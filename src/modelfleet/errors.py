@@ -22,7 +22,8 @@ stores') carry theirs the same way.
     │   └── PackageRejected             invalid_package             400 (a published package)
     │       ├── PackageTooLarge         package_too_large           413
     │       ├── SignatureRejected       bad_signature               403
-    │       └── VersionExists           version_exists              409
+    │       ├── VersionExists           version_exists              409
+    │       └── PackageNotPolled        package_not_polled          400 (a load's files: no package)
     ├── RepositoryUnavailable           repository_unavailable      503 (a store write failed)
     ├── DeadlineExceeded                deadline_exceeded           504
     ├── NoCapacity                      no_capacity                 503
@@ -141,6 +142,15 @@ class VersionExists(PackageRejected):
 
     code = "version_exists"
     status = 409
+
+
+class PackageNotPolled(PackageRejected):
+    """A load's ``file:`` parameters make no package (a path no file can have...).
+    Worded as Triton words it, "failed to poll from model repository: ...": HTTP answers
+    it 400 like any package refused, gRPC INTERNAL, as Triton does (its
+    simple_grpc_model_control example checks both)."""
+
+    code = "package_not_polled"
 
 
 class RepositoryUnavailable(ModelfleetError):

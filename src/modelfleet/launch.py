@@ -239,11 +239,11 @@ async def serve(settings: Settings) -> None:
             try:
                 await coordinator.start()
                 try:
+                    publisher = _publisher(settings, store, catalog, refresher, broker,
+                                           origin)
                     app = create_app(service, readiness=[
                         lambda: (coordinator.ready, "worker not ready")],
-                        liveness=[lambda: coordinator.live],
-                        publisher=_publisher(settings, store, catalog, refresher, broker,
-                                             origin))
+                        liveness=[lambda: coordinator.live], publisher=publisher)
                     gw = settings.gateway
                     log.info("modelfleet serving %d models from %s on http://%s:%d "
                              "(broker: %s)", len(catalog), settings.repo, gw.host,
@@ -253,7 +253,7 @@ async def serve(settings: Settings) -> None:
                             tenant_gate(settings, catalog, embedded=True) as gate, \
                             grpc_server(service, gate, [lambda: (coordinator.ready,
                                                                  "worker not ready")],
-                                        [lambda: coordinator.live]):
+                                        [lambda: coordinator.live], publisher):
                         await _until_signalled(_http_server(guarded(app, gate), settings,
                                                             edge=True),
                                                listener, _draining(service, settings))
@@ -277,8 +277,8 @@ async def gateway(settings: Settings) -> None:
                                      orders=orders)
             refresher = CatalogRefresher(store, catalog, settings.repo_refresh_s)
             origin = uuid.uuid4().hex[:16]
-            app = create_app(service, publisher=_publisher(settings, store, catalog,
-                                                           refresher, broker, origin))
+            publisher = _publisher(settings, store, catalog, refresher, broker, origin)
+            app = create_app(service, publisher=publisher)
             await service.start()
             try:
                 log.info("modelfleet gateway on http://%s:%d (broker: %s)",
@@ -286,7 +286,7 @@ async def gateway(settings: Settings) -> None:
                          redact_url(settings.broker.url))
                 async with _refreshing(refresher, service.event_observers, origin), \
                         tenant_gate(settings, catalog, embedded=False) as gate, \
-                        grpc_server(service, gate):
+                        grpc_server(service, gate, publisher=publisher):
                     await _until_signalled(_http_server(guarded(app, gate), settings,
                                                         edge=True),
                                            listener, _draining(service, settings))

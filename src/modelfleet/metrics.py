@@ -103,6 +103,14 @@ SUBSCRIPTIONS = Gauge("modelfleet_worker_subscriptions", "Model queues this work
 QUEUE_BACKLOG = Gauge("modelfleet_queue_backlog", "Ready messages per model queue (as seen by "
                       "this worker's discovery; a queue it no longer considers is removed)",
                       ["model"])
+COLD_LANE_TASKS = Counter("modelfleet_worker_cold_lane_tasks_total",
+                          "Tasks this worker took from the cold lane (models no worker held)")
+COLD_LANE_PASSED_ON = Counter("modelfleet_worker_cold_lane_passed_on_total",
+                              "Cold-lane tasks this worker could not run, moved to their "
+                              "model's own queue")
+GATEWAY_COLD_LANE = Counter("modelfleet_gateway_cold_lane_tasks_total",
+                            "Requests this gateway sent to the cold lane (their model held, "
+                            "pulled and loaded by no worker)")
 SUBSCRIBE_EVENTS = Counter("modelfleet_worker_subscription_changes_total",
                            "Subscribe and unsubscribe decisions", ["change", "warmth"])
 VERSION_CHANGES = Counter("modelfleet_worker_version_changes_total",

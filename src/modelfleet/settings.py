@@ -88,6 +88,14 @@ class GatewaySettings(_Section):
     # requests wait: how soon a worker that pulls nothing of it learns of new work.
     demand_announce_interval_s: float = Field(default=0.25, gt=0)
     worker_stale_after_s: float = Field(default=10, gt=0)
+    # The cold lane (broker cold_lane): a request for a model whose queue no live
+    # worker pulls, and that no worker holds (or the fleet is one worker), goes to a
+    # queue every worker takes from while it has a permit free, instead of waiting for
+    # a worker to notice its model's queue. At most this many of one model's requests at
+    # a time from this gateway go there (and no more than its fan-out cap); the rest
+    # wait in the model's own queue, announced, where the scoring and its caps decide
+    # who pulls it. 0: no cold lane.
+    cold_lane_per_model: int = Field(default=4, ge=0)
     # modelfleet_fleet_desired_workers sizes the fleet so that this share of its permits
     # is in use when the backlog is served (the KEDA ScaledObject scales on it).
     target_permit_utilization: float = Field(default=0.8, gt=0, le=1)
@@ -171,6 +179,11 @@ class WorkerSettings(_Section):
     # workers that all saw one announcement do not decide in the same instant.
     rescore_jitter_s: float = Field(default=0.01, ge=0)
     state_interval_s: float = Field(default=1.0, gt=0)
+    cold_lane: bool = True  # take tasks from the cold lane (gateway.cold_lane_per_model)
+    # Unacked tasks each cold lane may hand this worker (running or waiting for a
+    # permit); 0: follow the permits: the lane's tasks running here plus the free
+    # permits, at least the shared runtimes' load slots, at most worker.permits.
+    cold_lane_prefetch: int = Field(default=0, ge=0)
     drain_timeout_s: float = Field(default=5, gt=0)
     restart_backoff_max_s: float = Field(default=10, gt=0)
     # After a crash, a shared runtime keeps a started spare process this long (0: never):

@@ -11,6 +11,7 @@ from typing import Any, Generic, TypeVar
 
 import aio_pika
 
+from modelfleet.broker import cold_lane
 from modelfleet.messages import PayloadRef, Task, now_ms
 from tests.conftest import rabbitmq_url
 
@@ -24,7 +25,8 @@ async def delete_amqp_names(prefix: str) -> None:
         connection = await aio_pika.connect(rabbitmq_url(), timeout=5)
         async with connection:
             channel = await connection.channel()
-            for name in [prefix + m for m in MODEL_IDS] + [prefix + "dead-letters"]:
+            names = [*MODEL_IDS, *(cold_lane(p) for p in (0, 1, 2)), "dead-letters"]
+            for name in [prefix + m for m in names]:
                 await channel.queue_delete(name)
             await channel.exchange_delete(prefix + "events")
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from modelfleet.broker import Broker, Delivery, QueueStats
+from modelfleet.broker import Broker, Delivery, QueueStats, cold_lane
 from modelfleet.errors import BrokerUnavailable
 from modelfleet.messages import EncodedReply, Reply
 from tests.contract.brokers import Collector, eventually, make_task
@@ -36,6 +36,30 @@ async def test_round_trip_preserves_every_task_field(broker: Broker) -> None:
     assert delivery.death_reason == ""
     await delivery.ack()
     assert await backlog(broker, "m1") == 0
+    await sub.cancel()
+    await deliveries.stop()
+
+
+async def test_a_cold_lane_carries_tasks_of_any_model_and_hands_back_to_their_own(
+        broker: Broker) -> None:
+    """The cold lane is a queue of its own: tasks of several models wait there in order,
+    none in their models' queues; one given back (``republish``) goes to its model's."""
+    lane = cold_lane(0)
+    tasks = [make_task("m1"), make_task("m2")]
+    for task in tasks:
+        await broker.publish_task(task, lane)
+    stats = await broker.queue_stats(["m1", "m2", lane])
+    assert stats[lane].backlog == 2 and "m1" not in stats and "m2" not in stats
+    sub = await broker.subscribe(lane, prefetch=2)
+    deliveries: Collector[Delivery] = Collector(sub)
+    first, second = await deliveries.take(2)
+    assert [first.task, second.task] == tasks
+    await broker.republish(second.task)
+    await first.ack()
+    await second.ack()
+    assert await backlog(broker, lane) == 0
+    assert await backlog(broker, "m2") == 1
+    assert (await broker.queue_stats([cold_lane(2)])) == {}  # one lane per priority
     await sub.cancel()
     await deliveries.stop()
 

@@ -9,6 +9,7 @@ import json
 import re
 import subprocess
 import sys
+import textwrap
 import time
 import uuid
 from collections.abc import Iterator
@@ -218,6 +219,38 @@ def test_grpc_with_auth(tmp_path: Path) -> None:
                 metadata=(("authorization", f"Bearer {stranger}"),))
         assert info.value.code() == grpc.StatusCode.NOT_FOUND
         assert str(info.value.details()).startswith("failed to load 'simple'")
+        # A load's files publish as the key may, as on HTTP: a new model named for its
+        # tenant, of its tenant; not another's name, nor another tenant's package.
+        as_stranger = (("authorization", f"Bearer {stranger}"),)
+
+        def files_load(model: str, tenant: str) -> pb.RepositoryModelLoadResponse:
+            manifest = SIMPLE_MANIFEST.replace(
+                'name = "simple"', f'name = "{model}"\n    tenant = "{tenant}"')
+            files = {"file:1/model.toml": textwrap.dedent(manifest).encode(),
+                     "file:1/handler.py": textwrap.dedent(SIMPLE_HANDLER).encode()}
+            return call(address, "RepositoryModelLoad", pb.RepositoryModelLoadRequest(
+                model_name=model, parameters={
+                    path: pb.ModelRepositoryParameter(bytes_param=data)
+                    for path, data in files.items()}),
+                pb.RepositoryModelLoadResponse, metadata=as_stranger)
+
+        files_load("outsiders-simple", "outsiders")
+        ready = call(address, "ModelReady", pb.ModelReadyRequest(name="outsiders-simple"),
+                     pb.ModelReadyResponse, metadata=as_stranger)
+        assert ready.ready
+        with pytest.raises(grpc.RpcError) as info:
+            files_load("simple", "outsiders")  # another tenant's model: not found
+        assert info.value.code() == grpc.StatusCode.NOT_FOUND
+        with pytest.raises(grpc.RpcError) as info:
+            files_load("unclaimed", "outsiders")  # a name not its tenant's
+        assert info.value.code() == grpc.StatusCode.NOT_FOUND
+        with pytest.raises(grpc.RpcError) as info:
+            files_load("outsiders-theirs", "examples")  # another tenant's package
+        assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert "publishes that tenant's models only" in str(info.value.details())
+        index = call(address, "RepositoryIndex", pb.RepositoryIndexRequest(),
+                     pb.RepositoryIndexResponse, metadata=as_stranger)
+        assert [m.name for m in index.models] == ["outsiders-simple"]
     finally:
         proc.stop()
 

@@ -166,3 +166,11 @@ def test_tritonclient_load_model_with_files_publishes_and_warms(fleet: dict[str,
     with pytest.raises(triton.InferenceServerException, match="never changes"):
         client.load_model("acme-triton", headers=headers, files={
             "file:1/model.toml": manifest.encode(), "file:1/handler.py": handler.encode()})
+    # Another tenant's package: refused as PUT refuses it (403), not a server error.
+    theirs = textwrap.dedent(MANIFEST).format(name="acme-theirs", tenant="zeta-team")
+    with pytest.raises(triton.InferenceServerException) as info:
+        client.load_model("acme-theirs", headers=headers, files={
+            "file:1/model.toml": theirs.encode(), "file:1/handler.py": handler.encode()})
+    assert info.value.status() == "403"
+    assert info.value.message().startswith("failed to load 'acme-theirs'")
+    assert "publishes that tenant's models only" in info.value.message()

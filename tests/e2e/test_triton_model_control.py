@@ -4,7 +4,9 @@ tritonclient against ``modelfleet serve``, asserting what those examples assert:
 index counts the repository's models, a load with a malformed config fails ("failed to
 load"), one with ``{"max_batch_size":"16"}`` is applied (the model's configuration then
 says 16), an unload makes the model not ready, and a load of a model that does not
-exist fails ("failed to load"). Beyond them: the model serves under its config, a load
+exist fails ("failed to load"); over gRPC, a load whose files make no package (a file
+name past 255 bytes) is StatusCode.INTERNAL "failed to poll from model repository", as
+Triton answers it. Beyond them: the model serves under its config, a load
 without one takes it back to model.toml's, and a config that does not map is a 400
 that names what.
 
@@ -193,15 +195,35 @@ def test_the_grpc_model_control_examples_calls(tmp_path: Path) -> None:
     assert seen["ready_after_load"] and not seen["ready_after_unload"]
     assert "failed to load" in seen["wrong_format"][1]
     assert seen["max_batch_size"] == 16
-    # The example expects Triton's StatusCode.INTERNAL "failed to poll from model
-    # repository" for a load carrying files (its own TODO says INVALID_ARGUMENT is the
-    # right status): modelfleet answers INVALID_ARGUMENT, naming the parameter it refuses.
+    # Files that make no package (a file name past 255 bytes): Triton's status and words,
+    # which the example checks, then why.
     status, message = seen["files"]
-    assert status == "StatusCode.INVALID_ARGUMENT" and "failed to load" in message
-    assert "files" in message
+    assert status == "StatusCode.INTERNAL"
+    assert message.startswith("failed to load 'simple': failed to poll from model "
+                              "repository: the package's path 'AAAA")
+    assert "a part of 256 bytes: a file name is at most 255" in message
     assert seen["live_after_files"]
     assert seen["wrong_model"][0] == "StatusCode.NOT_FOUND"
     assert seen["wrong_model"][1].startswith("failed to load 'wrong_model_name'")
+    # A gRPC load's files that make a package publish it (bytes, as tritonclient sends).
+    assert seen["published"] == [True, True]
+    status, message = seen["no_manifest"]  # a package, but not a model's: the caller's
+    assert status == "StatusCode.INVALID_ARGUMENT" and "has no model.toml" in message
+
+
+def test_files_that_make_no_package_over_http_are_a_400_in_tritons_words(
+        served: tuple[str, str]) -> None:
+    """The gRPC example's load of a file name past 255 bytes, over HTTP: the caller's
+    mistake (400), worded as Triton words it; the server goes on serving."""
+    client = triton.InferenceServerClient(url=served[0], network_timeout=120)
+    client.load_model("simple")
+    with pytest.raises(InferenceServerException) as info:
+        client.load_model("simple", config="{}", files={"file:" + "A" * 256: b"a"})
+    assert info.value.status() == "400"
+    assert info.value.message().startswith(
+        "failed to load 'simple': failed to poll from model repository: the package's "
+        "path 'AAAA")
+    assert client.is_server_live() and client.is_model_ready("simple")
 
 
 # A stand-in for simple whose OUTPUT0 says how many requests its predict was given at once.

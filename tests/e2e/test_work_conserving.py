@@ -96,6 +96,8 @@ def test_backlog_gauge_of_a_queue_no_longer_considered_is_removed(tmp_path: Path
         "MODELFLEET_WORKER__DEMAND_WINDOW_S": "1",
         "MODELFLEET_SCHEDULING__STICKINESS_WINDOW_S": "1",
         "MODELFLEET_WORKER__RESCORE_INTERVAL_S": "0.2",
+        # Through its own queue (the gauge is a model queue's), not the cold lane.
+        "MODELFLEET_GATEWAY__COLD_LANE_PER_MODEL": "0",
     })
     gauge = 'modelfleet_queue_backlog{model="fails"}'
     try:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from modelfleet.broker import QueueStats
+from modelfleet.broker import QueueStats, cold_lane
 from modelfleet.broker.embedded import MemoryBroker
 from modelfleet.errors import DeadlineExceeded
 from modelfleet.gateway.service import GatewayService
@@ -73,7 +73,8 @@ def test_an_estimate_sums_the_gateways_fresh_counts_and_the_peers_that_consume()
 
 async def test_the_gateway_announces_how_many_wait_and_who_says_so(tmp_path: Path) -> None:
     settings = Settings(repo=str(EXAMPLES), state_dir=tmp_path,
-                        gateway={"demand_announce_interval_s": 0.05})
+                        gateway={"demand_announce_interval_s": 0.05,
+                                 "cold_lane_per_model": 0})  # all three in banner's queue
     broker = MemoryBroker(settings.broker)
     await broker.connect()
     _, catalog = open_repository(settings)
@@ -181,3 +182,38 @@ async def test_a_queue_is_taken_on_the_brokers_count_not_on_an_announcement(
     # being taken, and only the one with work waiting was.
     assert sorted(set(fleet.broker.counted)) == ["busy", "quiet"]
     assert set(fleet.coordinator._consumers) == {"busy"}
+
+
+async def test_requests_in_the_cold_lane_are_not_announced_as_waiting(tmp_path: Path) -> None:
+    """No worker holds banner: its first two requests go to the cold lane (its fan-out cap
+    is 2), the third to banner's queue, and the demand announced counts only what waits
+    in banner's queue."""
+    settings = Settings(repo=str(EXAMPLES), state_dir=tmp_path,
+                        gateway={"demand_announce_interval_s": 0.05})
+    broker = MemoryBroker(settings.broker)
+    await broker.connect()
+    _, catalog = open_repository(settings)
+    service = GatewayService(settings, broker, catalog)
+    await service.start()
+    events: list[dict[str, object]] = []
+
+    async def listen() -> None:
+        async for event in broker.events():
+            events.append(event)
+
+    listener = asyncio.create_task(listen())
+    await asyncio.sleep(0.05)  # subscribed
+    try:
+        calls = [asyncio.create_task(service.infer("banner", None, b"hi", "text/plain",
+                                                   now_ms() + 400, {})) for _ in range(3)]
+        await asyncio.sleep(0.2)
+        stats = await broker.queue_stats(["banner", cold_lane(0)])
+        assert stats[cold_lane(0)].backlog == 2 and stats["banner"].backlog == 1
+        for outcome in await asyncio.gather(*calls, return_exceptions=True):
+            assert isinstance(outcome, DeadlineExceeded)
+    finally:
+        listener.cancel()
+        await service.stop()
+        await broker.close()
+    demands = [e for e in events if e.get("kind") == "demand" and e["model_id"] == "banner"]
+    assert demands and {e["waiting"] for e in demands} == {1}

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import REGISTRY
 
+from modelfleet.broker import cold_lane
 from modelfleet.broker.embedded import MemoryBroker
 from modelfleet.errors import DeadlineExceeded, InvalidInput
 from modelfleet.gateway.service import GatewayService
@@ -330,3 +331,44 @@ async def test_a_gateway_and_a_worker_in_one_process_answer_and_refuse(tmp_path:
         await launcher.close()
         await service.stop()
         await broker.close()
+
+
+async def test_a_task_in_the_cold_lane_is_run_without_a_subscription(worker: Worker) -> None:
+    """A gateway sent a request for a model nobody held to the cold lane: the worker runs
+    it from there, never subscribing to the model's own queue for it."""
+    before = sample("modelfleet_worker_cold_lane_tasks_total", {})
+    task = worker.task("lane")
+    await worker.broker.publish_task(task, cold_lane(0))
+    reply = await worker.reply()
+    assert reply.request_id == task.request_id and reply.status == "ok" and reply.cold
+    assert sample("modelfleet_worker_cold_lane_tasks_total", {}) == before + 1
+    assert "timed" not in worker.coordinator.state()["subscriptions"]
+    assert await worker.broker.queue_stats(["timed"]) == {}  # its own queue: never declared
+
+
+async def test_a_cold_lane_task_this_worker_cannot_run_goes_to_its_models_queue(
+        worker: Worker) -> None:
+    """A model this worker's catalog does not know (published a moment ago, say) is not
+    failed here: the task moves to its model's own queue, announced, for a worker that
+    knows it."""
+    events: list[dict[str, object]] = []
+
+    async def listen() -> None:
+        async for event in worker.broker.events():
+            events.append(event)
+
+    listener = asyncio.create_task(listen())
+    await asyncio.sleep(0.05)
+    try:
+        task = worker.task("ghost", model="newmodel")
+        await worker.broker.publish_task(task, cold_lane(0))
+        deadline = time.monotonic() + 10
+        while not any(e.get("kind") == "demand" and e.get("model_id") == "newmodel"
+                      for e in events):  # announced once moved
+            assert time.monotonic() < deadline, "the task's model was never announced"
+            await asyncio.sleep(0.02)
+        stats = await worker.broker.queue_stats(["newmodel", cold_lane(0)])
+        assert stats["newmodel"].backlog == 1 and stats[cold_lane(0)].backlog == 0
+        assert worker.replies.empty()  # not failed: nobody was told anything
+    finally:
+        listener.cancel()

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from modelfleet.broker import cold_lane
 from modelfleet.broker.embedded import MemoryBroker
 from modelfleet.errors import DeadlineExceeded
 from modelfleet.gateway.service import GatewayService
@@ -54,7 +55,9 @@ def principal(plan: str) -> Principal:
 
 
 async def test_the_gateway_announces_its_callers_priority(tmp_path: Path) -> None:
-    settings = Settings(repo=str(EXAMPLES), state_dir=tmp_path)
+    # No cold lane: the request waits in banner's own queue, announced.
+    settings = Settings(repo=str(EXAMPLES), state_dir=tmp_path,
+                        gateway={"cold_lane_per_model": 0})
     broker = MemoryBroker(settings.broker)
     await broker.connect()
     _, catalog = open_repository(settings)
@@ -145,4 +148,30 @@ async def test_one_load_slot_goes_to_the_queue_whose_callers_have_the_higher_pla
         await coordinator.stop()
         await launcher.close()
         await inbox.close()
+        await broker.close()
+
+
+async def test_a_cold_request_takes_the_cold_lane_of_its_callers_priority(tmp_path: Path
+                                                                         ) -> None:
+    """No worker holds banner: an enterprise caller's request waits in the priority-2 cold
+    lane, a free caller's in lane 0, and neither in banner's queue."""
+    settings = Settings(repo=str(EXAMPLES), state_dir=tmp_path)
+    broker = MemoryBroker(settings.broker)
+    await broker.connect()
+    _, catalog = open_repository(settings)
+    service = GatewayService(settings, broker, catalog)
+    await service.start()
+    try:
+        for plan in ("enterprise", "free"):
+            token = CALLER.set(principal(plan))
+            try:
+                with pytest.raises(DeadlineExceeded):
+                    await service.infer("banner", None, b"hi", "text/plain", now_ms() + 200, {})
+            finally:
+                CALLER.reset(token)
+        stats = await broker.queue_stats(["banner", cold_lane(0), cold_lane(2)])
+        assert stats[cold_lane(2)].backlog == 1 and stats[cold_lane(0)].backlog == 1
+        assert "banner" not in stats  # its own queue was never declared
+    finally:
+        await service.stop()
         await broker.close()

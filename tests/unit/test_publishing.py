@@ -204,6 +204,8 @@ async def test_zip_archives_and_a_wrapping_folder_are_taken(gw: Gateway) -> None
     (b"\x1f\x8b" + b"\0" * 40, 400, "invalid_package", "cannot be read"),
     (tgz(files(**{"..__evil.py": b"x"})), 400, "invalid_package", "leaves the package"),
     (tgz({**files(), "/etc/evil.py": b"x"}), 400, "invalid_package", "absolute"),
+    (tgz({**files(), "a/" + "\u00e9" * 128: b"x"}), 400, "invalid_package",
+     "a part of 256 bytes: a file name is at most 255"),
     (tgz({"handler.py": HANDLER.encode()}), 400, "invalid_package", "no model.toml"),
     (tgz(files(manifest=MANIFEST + "pinned = true\n")), 400, "invalid_package",
      "field 'pinned'"),
@@ -344,6 +346,9 @@ async def test_load_with_files_publishes_the_version_folder_it_names(gw: Gateway
     ({"1/model.toml": b"x"}, {"version": "2"}, "version folder '1/' but the load asks"),
     ({"1/model.toml": b"x", "2/handler.py": b"x"}, {}, "no model.toml at its top"),
     ({"../model.toml": b"x"}, {}, "leaves the package"),
+    # simple_grpc_model_control's: Triton's words, then why.
+    ({"A" * 256: b"a"}, {"config": "{}"},
+     "failed to poll from model repository: the package's path 'AAAA"),
     ({}, {"file:model.toml": "%%%not base64"}, "is not base64"),
     ({}, {"file:model.toml": 12}, "in base64 (a string)"),
     # The package's tensors have no batch dimension: no max_batch_size maps onto it.
@@ -375,6 +380,14 @@ async def test_load_with_an_existing_version_is_a_v2_409(gw: Gateway) -> None:
 def test_unsafe_paths_are_refused(path: str) -> None:
     with pytest.raises(PackageRejected):
         checked_path(path)
+
+
+def test_a_file_name_holds_255_bytes_and_no_more() -> None:
+    assert checked_path("1/" + "a" * 255) == "1/" + "a" * 255
+    with pytest.raises(PackageRejected, match="a part of 256 bytes"):
+        checked_path("1/" + "a" * 256)
+    with pytest.raises(PackageRejected, match="a part of 256 bytes"):
+        checked_path("1/" + "\u00e9" * 128)  # 128 characters, 2 bytes each
 
 
 def test_the_digest_is_the_content_whatever_carried_it() -> None:

@@ -3,22 +3,26 @@
 from __future__ import annotations
 
 from modelfleet.broker.base import (
+    COLD_LANE,
     DEAD_LETTER_QUEUE,
     Broker,
     Delivery,
     Inbox,
     QueueStats,
     Subscription,
+    cold_lane,
 )
 from modelfleet.settings import BrokerSettings
 
 __all__ = [
+    "COLD_LANE",
     "DEAD_LETTER_QUEUE",
     "Broker",
     "Delivery",
     "Inbox",
     "QueueStats",
     "Subscription",
+    "cold_lane",
     "create_broker",
 ]
 

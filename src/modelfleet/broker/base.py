@@ -11,6 +11,11 @@ Vocabulary:
 
 - A *model queue* holds Tasks for one model id. Gateways publish into it
   (declaring it on first use); workers ``subscribe`` to the queues they choose.
+- The *cold lane* (``cold_lane(priority)``) is one more queue per plan priority, shared
+  by every model: a gateway
+  puts there the first tasks of a model that no worker holds or pulls, and every
+  worker takes from it while it has a permit free, so that a cold request waits for a
+  delivery, not for a worker to notice its queue.
 - An *inbox* is one gateway's reply queue; its address rides in every Task.
 - *Events* are small broadcast messages (worker state, model demand) that every
   ``events()`` iterator sees.
@@ -30,6 +35,16 @@ from typing import Any, Protocol, runtime_checkable
 from modelfleet.messages import EncodedReply, Reply, Task
 
 DEAD_LETTER_QUEUE = "modelfleet.dead-letters"
+# The cold lane: shared queues for tasks of models no worker holds or pulls, which any
+# worker with a free permit takes directly; one per plan priority, so that a burst of
+# one plan's cold requests does not queue another's behind it. Subscribe to one as to a
+# model queue (no model id can be such a name: an id starts with a letter or a digit).
+COLD_LANE = "_cold-lane"
+
+
+def cold_lane(priority: int) -> str:
+    """The cold lane of one plan priority (``scheduling.plan_priority``)."""
+    return f"{COLD_LANE}.{priority}"
 
 
 @dataclass(frozen=True)
@@ -120,8 +135,9 @@ class Broker(Protocol):
 
     async def close(self) -> None: ...
 
-    async def publish_task(self, task: Task) -> None:
-        """Durably enqueue ``task`` on its model's queue, declaring the queue if needed."""
+    async def publish_task(self, task: Task, queue: str | None = None) -> None:
+        """Durably enqueue ``task`` on its model's queue (or on ``queue``: a cold lane),
+        declaring the queue if needed."""
         ...
 
     async def subscribe(self, model_id: str, prefetch: int) -> Subscription: ...

@@ -255,12 +255,12 @@ class MemoryBroker:
         """Model queues that exist now (exact: they all live in this process)."""
         return len(self._queues) - (DEAD_LETTER_QUEUE in self._queues)
 
-    async def publish_task(self, task: Task) -> None:
+    async def publish_task(self, task: Task, queue: str | None = None) -> None:
         self._check()
-        queue = self._queue(task.model_id)
-        queue.touch()
-        queue.ready.append(_Message(task))
-        queue.dispatch()
+        target = self._queue(queue or task.model_id)
+        target.touch()
+        target.ready.append(_Message(task))
+        target.dispatch()
 
     def requeue(self, queue: _Queue, message: _Message) -> None:
         message.delivery_count += 1

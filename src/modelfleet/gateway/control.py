@@ -36,7 +36,14 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from modelfleet.errors import ModelfleetError, PayloadTooLarge, RequestRejected
+from modelfleet.errors import (
+    ModelfleetError,
+    PackageNotPolled,
+    PackageRejected,
+    PayloadTooLarge,
+    RequestRejected,
+)
+from modelfleet.gateway.control_plane import Outcome
 from modelfleet.gateway.http import load_failed, v2_error
 from modelfleet.gateway.pages import decode_cursor, encode_cursor, page_limit
 from modelfleet.gateway.publish import FILE_PREFIX, files_of
@@ -85,31 +92,7 @@ def control_router(service: GatewayService, publisher: Publisher | None = None) 
     async def load(model: str, request: Request) -> Response:
         try:
             params = await _parameters(request, load_body_bytes)
-            check_load_parameters(params, files_allowed=True)
-            workers = positive_int(params.get("workers", 1), "workers")
-            version = params.get("version")
-            if version is not None and not isinstance(version, str | int):
-                raise RequestRejected(f"'version' must be a string, got {version!r}")
-            pinned = flag(params.get("pinned", False), "pinned")
-            files = any(n.startswith(FILE_PREFIX) for n in params)
-            if "signature" in params and not files:
-                raise RequestRejected("'signature' signs the package of file:<path> "
-                                      "parameters, and this load has none")
-            if files and publisher is None:
-                raise RequestRejected("this gateway publishes no packages")
-            if files and publisher is not None:
-                with counted():
-                    package = files_of(params, publisher.limits)
-                    assert package is not None  # it has files
-                    version = await _publish(publisher, model, package, params)
-            # After a publish, the catalog holds the package: its model.toml is the one a
-            # config overrides.
-            config = load_config(service.catalog, model, params["config"]) \
-                if "config" in params else ""
-            outcome = await plane.load(model, None if version is None else str(version),
-                                       workers, config)
-            if pinned:
-                await plane.pin(model, True)
+            outcome, pinned = await run_load(service, publisher, model, params)
             return JSONResponse({"name": outcome.model_id, "version": outcome.version,
                                  "warm_on": list(outcome.workers), "pinned": pinned})
         except ModelfleetError as exc:
@@ -148,28 +131,57 @@ LOAD_PARAMETERS = frozenset({"workers", "version", "pinned", "config"})
 FILE_PARAMETERS = frozenset({"signature"})  # with file:<path> parameters
 
 
-def check_load_parameters(params: dict[str, Any], files_allowed: bool = False) -> None:
-    """``RequestRejected`` naming what a load does not take. ``files_allowed``: the HTTP
-    load, which publishes a package of ``file:<path>`` parameters (with its
-    ``signature``) first; gRPC's load takes none."""
-    allowed = LOAD_PARAMETERS | (FILE_PARAMETERS if files_allowed else frozenset())
-    unknown = sorted(n for n in set(params) - allowed
-                     if not (files_allowed and n.startswith(FILE_PREFIX)))
-    if not unknown:
-        return
-    files = [name for name in unknown if name.startswith(FILE_PREFIX)]
-    named = [name for name in unknown if name not in files]
-    if files:
-        named.append(f"files ({len(files)} 'file:' parameter(s))")
-    if files_allowed:
+def check_load_parameters(params: dict[str, Any]) -> None:
+    """``RequestRejected`` naming what a load does not take (HTTP's and gRPC's alike)."""
+    allowed = LOAD_PARAMETERS | FILE_PARAMETERS
+    unknown = sorted(n for n in set(params) - allowed if not n.startswith(FILE_PREFIX))
+    if unknown:
         raise RequestRejected(
             f"load takes the parameters workers, version, pinned, config, and "
-            f"file:<path> with signature to publish a package; not {', '.join(named)}")
-    raise RequestRejected(
-        f"load takes the parameters workers, version, pinned and config; not "
-        f"{', '.join(named)}" + (" (a package is published over HTTP: PUT "
-                                 "/v1/models/{m}/package, or the HTTP load with file: "
-                                 "parameters)" if files else ""))
+            f"file:<path> with signature to publish a package; not {', '.join(unknown)}")
+
+
+async def run_load(service: GatewayService, publisher: Publisher | None, model: str,
+                   params: dict[str, Any]) -> tuple[Outcome, bool]:
+    """A load with ``params`` (HTTP's and gRPC's): its files published first, then warm
+    under its config; (the outcome, pinned). A package its files cannot make fails as
+    Triton's load does, "failed to poll from model repository: <why>" (``polled``)."""
+    check_load_parameters(params)
+    workers = positive_int(params.get("workers", 1), "workers")
+    version = params.get("version")
+    if version is not None and not isinstance(version, str | int):
+        raise RequestRejected(f"'version' must be a string, got {version!r}")
+    pinned = flag(params.get("pinned", False), "pinned")
+    files = any(n.startswith(FILE_PREFIX) for n in params)
+    if "signature" in params and not files:
+        raise RequestRejected("'signature' signs the package of file:<path> "
+                              "parameters, and this load has none")
+    if files and publisher is None:
+        raise RequestRejected("this gateway publishes no packages")
+    if files and publisher is not None:
+        with counted():
+            try:
+                package = files_of(params, publisher.limits)
+            except PackageRejected as exc:
+                raise polled(exc) from None
+            assert package is not None  # it has files
+            version = await _publish(publisher, model, package, params)
+    # After a publish, the catalog holds the package: its model.toml is the one a
+    # config overrides.
+    config = load_config(service.catalog, model, params["config"]) \
+        if "config" in params else ""
+    outcome = await service.control.load(model, None if version is None else str(version),
+                                         workers, config)
+    if pinned:
+        await service.control.pin(model, True)
+    return outcome, pinned
+
+
+def polled(error: PackageRejected) -> PackageRejected:
+    """``error`` of a load's files, as Triton words one that makes no package."""
+    if type(error) is not PackageRejected:  # too large, signature: their own status
+        return error
+    return PackageNotPolled(f"failed to poll from model repository: {error.message}")
 
 
 async def _publish(publisher: Publisher, model: str, package: Package,

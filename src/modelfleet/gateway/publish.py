@@ -9,8 +9,9 @@
                                         "files", "servable"}
 
 The protocol's way, ``POST /v2/repository/models/{m}/load`` with ``file:<path>``
-parameters (base64, as tritonclient's ``load_model(files=...)`` sends them), is read
-here too (``files_of``) and answered by ``gateway/control.py``.
+parameters (base64, as tritonclient.http's ``load_model(files=...)`` sends them; gRPC's
+RepositoryModelLoad carries the bytes), is read here too (``files_of``) and answered by
+``gateway/control.py``.
 """
 
 from __future__ import annotations
@@ -57,13 +58,17 @@ def publish_router(publisher: Publisher) -> APIRouter:
 
 
 def files_of(params: Mapping[str, Any], limits: Limits) -> Package | None:
-    """The package in a load's ``file:<path>`` parameters (base64 values); None if none."""
+    """The package in a load's ``file:<path>`` parameters; None if none. A value is the
+    file's bytes (gRPC's ``bytes_param``) or their base64 (HTTP's JSON)."""
     named = {key[len(FILE_PREFIX):]: value for key, value in params.items()
              if key.startswith(FILE_PREFIX)}
     if not named:
         return None
     files: dict[str, bytes] = {}
     for path, value in named.items():
+        if isinstance(value, bytes):
+            files[path] = value
+            continue
         if not isinstance(value, str):
             raise PackageRejected(f"parameter 'file:{path}' must be the file's bytes in "
                                   "base64 (a string)")

@@ -2,7 +2,8 @@
 
 ``GatewayService`` never addresses a worker. It stamps a request id and a
 deadline, keeps large payloads in its ``PayloadStore``, publishes a small Task to the
-model's queue, and waits for the Reply that names the request on its own inbox.
+model's queue (or, for a model no worker holds or pulls, to the cold lane that every
+worker takes from), and waits for the Reply that names the request on its own inbox.
 It also announces demand per model on the event channel (that is how workers
 discover live queues) and keeps a ``FleetView`` from workers' state events.
 """
@@ -21,7 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from modelfleet.broker import Broker, Inbox
+from modelfleet import metrics
+from modelfleet.broker import Broker, Inbox, cold_lane
 from modelfleet.control.orders import OrderBook
 from modelfleet.errors import (
     BrokerError,
@@ -42,6 +44,7 @@ from modelfleet.gateway.payloads import PayloadStore
 from modelfleet.gateway.statistics import PUBLISH_INTERVAL_S, InferenceStatistics
 from modelfleet.messages import PayloadRef, Reply, Task, now_ms
 from modelfleet.repository import Catalog
+from modelfleet.repository.manifest import Manifest
 from modelfleet.scheduling.demand import DemandPriority
 from modelfleet.settings import Settings
 from modelfleet.tenancy.access import caller_priority, task_tenant
@@ -126,6 +129,7 @@ class GatewayService:
         self._cancels: set[asyncio.Task[None]] = set()
         self._inbox: Inbox | None = None
         self._announced: dict[str, float] = {}
+        self._in_cold_lane: dict[str, int] = {}  # model id -> its requests sent there, waiting
         # Callers' plan priorities per model, announced with the demand (issue 14).
         self._priority = DemandPriority(settings.gateway.max_timeout_s)
         self._loops: list[asyncio.Task[None]] = []
@@ -204,11 +208,17 @@ class GatewayService:
         task = Task(request_id, model_id, manifest.version, deadline_ms, self._inbox.address,
                     payload, content_type, now_ms(), *task_tenant(manifest.tenant, manifest.plan),
                     params)
+        priority = caller_priority()
+        lane = self._lane(model_id, manifest, priority)
         waiting = self.parked.park(request_id, model_id)
+        if lane is not None:
+            self._in_cold_lane[model_id] = self._in_cold_lane.get(model_id, 0) + 1
+            metrics.GATEWAY_COLD_LANE.inc()
         try:
-            await self.broker.publish_task(task)
-            self._priority.note(model_id, caller_priority(), time.monotonic())
-            await self._announce(model_id)
+            await self.broker.publish_task(task, lane)
+            self._priority.note(model_id, priority, time.monotonic())
+            if lane is None:  # a cold-lane task waits in no model queue: nothing to announce
+                await self._announce(model_id)
             try:
                 reply = await self._wait(waiting, deadline_ms, disconnected)
             except ClientGone:
@@ -220,9 +230,42 @@ class GatewayService:
         finally:
             self.parked.unpark(request_id)
             self.payloads.free(request_id)
+            if lane is not None:
+                left = self._in_cold_lane[model_id] - 1
+                if left:
+                    self._in_cold_lane[model_id] = left
+                else:
+                    del self._in_cold_lane[model_id]
+        if lane is not None and reply.status == "ok" and reply.worker_id:
+            # That worker holds the model now: its next requests go to the model's queue,
+            # for the fleet's scoring, without waiting for its next state to say so.
+            self.fleet.served(reply.worker_id, model_id)
         if reply.status != "ok":
             raise error_from_code(reply.error_code, reply.error_message)
         return Answer(reply.body, reply.content_type, reply)
+
+    def _lane(self, model_id: str, manifest: Manifest, priority: int) -> str | None:
+        """The cold lane of the caller's plan priority, or None for the model's own queue.
+
+        The lane when no live worker pulls the model's queue (by the workers' last
+        states), none holds it either (in a fleet of one worker, holding is no reason: the
+        lane reaches that worker), and fewer of its requests are in a lane from here than
+        ``gateway.cold_lane_per_model`` and its fan-out cap allow (beyond, they wait in its
+        queue, announced, where the scoring decides who pulls it). A model held by some
+        workers takes its own queue, so that a holder takes it warm (pull affinity).
+        Isolated and CUDA-only models always take their own queue (only some workers may
+        run them)."""
+        per_model = min(self.settings.gateway.cold_lane_per_model,
+                        self.settings.scheduling.fanout_cap(manifest.fanout.max_workers,
+                                                            manifest.plan))
+        if self.settings.gateway.cold_lane_per_model == 0 or manifest.isolated \
+                or manifest.device == "cuda" \
+                or self._in_cold_lane.get(model_id, 0) >= per_model \
+                or self.fleet.pulled_anywhere(model_id) \
+                or (self.fleet.held_anywhere(model_id) and not self.fleet.single_worker()):
+            return None
+        known = self.settings.scheduling.plan_priority.values()
+        return cold_lane(priority if priority in known else 0)
 
     async def _wait(self, waiting: asyncio.Future[Reply], deadline_ms: int,
                     disconnected: Callable[[], Awaitable[None]] | None) -> Reply:
@@ -264,6 +307,9 @@ class GatewayService:
         interval = self.settings.gateway.demand_announce_interval_s
         if now - self._announced.get(model_id, -1e9) < interval:
             return
+        waiting = self.parked.waiting(model_id) - self._in_cold_lane.get(model_id, 0)
+        if waiting <= 0:
+            return  # all of them in the cold lane
         self._announced[model_id] = now
         with contextlib.suppress(BrokerUnavailable):
             # ``waiting`` and ``gateway``: workers estimate the queue's backlog from them
@@ -271,7 +317,7 @@ class GatewayService:
             await self.broker.publish_event({"kind": "demand", "model_id": model_id,
                                              "at": time.time(),
                                              "priority": self._priority.of(model_id, now),
-                                             "waiting": self.parked.waiting(model_id),
+                                             "waiting": waiting,
                                              "gateway": self._announcer})
 
     async def _announce_waiting(self) -> None:

@@ -31,6 +31,7 @@ from modelfleet.errors import PackageRejected, PackageTooLarge
 
 MANIFEST = "model.toml"
 _SAFE_PART = re.compile(r"^[^\x00-\x1f/\\]+$")
+NAME_MAX = 255  # bytes in one file name: the limit of the filesystems a package lands on
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,10 @@ def checked_path(name: str) -> str:
         if not _SAFE_PART.match(part):
             raise PackageRejected(f"the package's path {name!r} has a backslash or a "
                                   "control character")
+        if len(part.encode("utf-8")) > NAME_MAX:
+            raise PackageRejected(f"the package's path {name[:64]!r}... has a part of "
+                                  f"{len(part.encode('utf-8'))} bytes: a file name is at "
+                                  f"most {NAME_MAX}")
     return "/".join(parts)
 
 

@@ -47,7 +47,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from modelfleet import metrics
-from modelfleet.broker import Broker, QueueStats, Subscription
+from modelfleet.broker import Broker, Delivery, QueueStats, Subscription, cold_lane
 from modelfleet.errors import BrokerUnavailable
 from modelfleet.repository import Catalog
 from modelfleet.scheduling import (
@@ -108,6 +108,8 @@ class Coordinator:
         self._permits = asyncio.Semaphore(self._cap)
         self._in_flight: set[asyncio.Task[None]] = set()
         self._consumers: dict[str, _Consumer] = {}
+        self._cold_lanes: dict[int, _Consumer] = {}  # plan priority -> consumer on its lane
+        self._cold_in_flight = 0  # tasks from the cold lanes running here
         # model id -> when its demand was last heard, oldest first: expiry pops the front
         # instead of scanning every model in demand at every re-score.
         self._demand: OrderedDict[str, float] = OrderedDict()
@@ -173,7 +175,8 @@ class Coordinator:
         await asyncio.gather(*background, return_exceptions=True)
         await self.control.stop()
         # 2. Stop taking new work: cancel every consumer (unstarted deliveries go back).
-        await asyncio.gather(*(self._unsubscribe(m) for m in list(self._consumers)))
+        await asyncio.gather(self._leave_cold_lanes(),
+                             *(self._unsubscribe(m) for m in list(self._consumers)))
         # 3. Drain: in-flight tasks finish and reply, or are handed back after the timeout.
         if self._in_flight:
             await asyncio.wait(self._in_flight, timeout=self._settings.worker.drain_timeout_s)
@@ -524,7 +527,83 @@ class Coordinator:
                         await consumer.subscription.set_prefetch(action.window)
                         consumer.prefetch = action.window
         await self._retire_idle_runtimes(now)
+        await self._keep_cold_lanes()
         metrics.SUBSCRIPTIONS.set(len(self._consumers))
+
+    # -- the cold lane ---------------------------------------------------------------
+    async def _keep_cold_lanes(self) -> None:
+        """Pull the cold lanes (one per plan priority) while this worker can take new
+        work, else leave them.
+
+        Gateways put there the first requests of models that no worker holds or pulls
+        (``gateway.cold_lane_per_model``); a free permit takes the next of them straight
+        away, where a model's own queue would wait for a worker to notice it and decide
+        to take it (an announcement, a re-score, a subscription: issue 23's cold path).
+        """
+        wanted = self._settings.worker.cold_lane and self.ready and not self._stopping
+        if not wanted:
+            if self._cold_lanes:
+                await self._leave_cold_lanes()
+                log.info("left the cold lanes: this worker cannot take new work")
+            return
+        prefetch = self._cold_lane_window()
+        for priority in sorted({0, *self._settings.scheduling.plan_priority.values()}):
+            consumer = self._cold_lanes.get(priority)
+            if consumer is not None and not consumer.task.done():
+                # Grown at once (a free permit must not wait), shrunk only once halved: on
+                # RabbitMQ each change starts a consumer anew (basic.qos applies to new ones).
+                if prefetch > consumer.prefetch or prefetch <= consumer.prefetch // 2:
+                    with contextlib.suppress(BrokerUnavailable):
+                        await consumer.subscription.set_prefetch(prefetch)
+                        consumer.prefetch = prefetch
+                continue
+            if consumer is not None:  # its stream ended (the broker closed it): afresh
+                await self._leave(self._cold_lanes.pop(priority))
+            subscription = await self._broker.subscribe(cold_lane(priority), prefetch)
+            consumer = _Consumer(subscription, asyncio.create_task(
+                self._consume(subscription, cold=True), name=f"consume-cold-lane-{priority}"))
+            consumer.prefetch = prefetch
+            self._cold_lanes[priority] = consumer
+            log.info("pulling the cold lane of priority %d (prefetch %d)", priority, prefetch)
+
+    def _cold_lane_window(self) -> int:
+        """How many unacked tasks each cold lane may hand this worker: a lane task holds
+        its delivery until it is answered, so the window bounds the lane's tasks running
+        here as well as those waiting. ``worker.cold_lane_prefetch`` if set; else the lane
+        tasks running now plus the free permits (work-conserving: a free permit is never
+        left idle while the lane has work), at least the shared runtimes' load slots, at
+        most the permits. Re-set at each re-score (one call to the broker when it moves)."""
+        fixed = self._settings.worker.cold_lane_prefetch
+        if fixed:
+            return fixed
+        slots = self._settings.runtime.max_concurrent_loads * len(self._supervisor.shared)
+        free = self._cap - len(self._in_flight)
+        return max(1, min(self._cap, max(slots, self._cold_in_flight + free)))
+
+    async def _leave_cold_lanes(self) -> None:
+        lanes, self._cold_lanes = self._cold_lanes, {}
+        await asyncio.gather(*(self._leave(consumer) for consumer in lanes.values()))
+
+    async def _leave(self, consumer: _Consumer) -> None:
+        with contextlib.suppress(BrokerUnavailable):
+            await consumer.subscription.cancel()
+        consumer.task.cancel()
+        await asyncio.wait({consumer.task})  # not `await`: our own cancellation stays ours
+
+    async def _passed_on(self, delivery: Delivery) -> bool:
+        """A cold-lane task this worker cannot run (a model its catalog does not know yet,
+        one only other workers run, or one whose runtime takes nothing now) goes to its
+        model's own queue, announced, where the fleet's scoring finds it. True if so."""
+        model_id = delivery.task.model_id
+        if self._runtime_accepting(model_id):
+            return False
+        with contextlib.suppress(BrokerUnavailable):
+            await self._broker.republish(delivery.task)
+            await delivery.ack()
+            await self._broker.publish_event({"kind": "demand", "model_id": model_id,
+                                              "at": time.time()})
+            metrics.COLD_LANE_PASSED_ON.inc()
+        return True
 
     async def _retire_idle_runtimes(self, now: float) -> None:
         """An isolated model's own runtime holds a process and its memory: stop it when idle."""
@@ -588,15 +667,14 @@ class Coordinator:
         consumer = self._consumers.pop(model_id, None)
         if consumer is None:
             return
-        with contextlib.suppress(BrokerUnavailable):
-            await consumer.subscription.cancel()
-        consumer.task.cancel()
-        await asyncio.wait({consumer.task})  # not `await`: our own cancellation stays ours
+        await self._leave(consumer)
         log.info("unsubscribed from %s", model_id)
 
     # -- running tasks -------------------------------------------------------------
-    async def _consume(self, subscription: Subscription) -> None:
+    async def _consume(self, subscription: Subscription, cold: bool = False) -> None:
         async for delivery in subscription:
+            if cold and await self._passed_on(delivery):
+                continue
             try:
                 await self._permits.acquire()
             except asyncio.CancelledError:
@@ -605,10 +683,17 @@ class Coordinator:
                     await delivery.release()
                 raise
             task = asyncio.create_task(self._tasks.run(delivery))
+            if cold:
+                metrics.COLD_LANE_TASKS.inc()
+                self._cold_in_flight += 1
+                task.add_done_callback(self._cold_finished)
             self._in_flight.add(task)
             metrics.PERMITS_IN_USE.set(len(self._in_flight))
             self._idle.observe(free_permits=self._cap - len(self._in_flight))
             task.add_done_callback(self._finished)
+
+    def _cold_finished(self, _: asyncio.Task[None]) -> None:
+        self._cold_in_flight -= 1
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._in_flight.discard(task)

@@ -269,10 +269,10 @@ class AmqpBroker:
             except PublishError as exc:
                 raise _Returned(routing_key) from exc
 
-    async def publish_task(self, task: Task) -> None:
+    async def publish_task(self, task: Task, queue: str | None = None) -> None:
         """Durably enqueue ``task``: persistent, confirmed, onto a queue whose lease
-        outlasts the task's deadline."""
-        name = self._queue_name(task.model_id)
+        outlasts the task's deadline (its model's, or ``queue``: the cold lane)."""
+        name = self._queue_name(queue or task.model_id)
         what = f"publish task {task.request_id} to {name}"
         self._require(what)
         remaining_s = (task.deadline_ms - now_ms()) / 1000

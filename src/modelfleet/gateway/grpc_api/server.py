@@ -12,6 +12,7 @@ from modelfleet.errors import ConfigError
 from modelfleet.gateway.auth import TenantGate
 from modelfleet.gateway.grpc_api.servicer import InferenceServicer, ReadinessCheck
 from modelfleet.gateway.service import GatewayService
+from modelfleet.publishing.publisher import Publisher
 
 log = logging.getLogger("modelfleet.gateway")
 
@@ -19,10 +20,12 @@ log = logging.getLogger("modelfleet.gateway")
 @contextlib.asynccontextmanager
 async def grpc_server(service: GatewayService, gate: TenantGate | None,
                       readiness: list[ReadinessCheck] | None = None,
-                      liveness: list[Callable[[], bool]] | None = None
-                      ) -> AsyncIterator[int | None]:
+                      liveness: list[Callable[[], bool]] | None = None,
+                      publisher: Publisher | None = None) -> AsyncIterator[int | None]:
     """Serve ``inference.GRPCInferenceService`` while the block runs; yields the bound port
-    (None when gRPC is off). Stopped with the drain's grace: calls in flight finish."""
+    (None when gRPC is off). ``publisher``: what a load's ``file:`` parameters publish
+    through (HTTP's), None where the repository takes no writes. Stopped with the drain's
+    grace: calls in flight finish."""
     gw = service.settings.gateway
     if gw.grpc_port is None:
         yield None
@@ -31,7 +34,7 @@ async def grpc_server(service: GatewayService, gate: TenantGate | None,
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", limit),
                                       ("grpc.max_send_message_length", limit)])
     server.add_generic_rpc_handlers((InferenceServicer(
-        service, readiness or [], liveness or [], gate).handlers(),))
+        service, readiness or [], liveness or [], gate, publisher).handlers(),))
     host = f"[{gw.host}]" if ":" in gw.host else gw.host
     try:
         port = server.add_insecure_port(f"{host}:{gw.grpc_port}")

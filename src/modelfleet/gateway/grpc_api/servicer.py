@@ -10,14 +10,16 @@ Each RPC goes through what its HTTP route uses, so both dialects answer alike:
 - ModelStatistics: the fleet-wide statistics (gateway/statistics.py);
 - ModelConfig: oip/model_config.py;
 - RepositoryIndex, RepositoryModelLoad, RepositoryModelUnload: the control plane, as
-  /v2/repository.
+  /v2/repository (``control.run_load``: a load's ``file:`` parameters, bytes here,
+  publish a package first, where the gateway publishes).
 
 With auth on, the API key travels in the ``authorization`` metadata (``Bearer <key>``),
 as on HTTP: health is open, a model's RPCs need a key that may use the model (another
 tenant's model is NOT_FOUND, like a missing one), the repository RPCs the operator role;
 inference is admitted by the tenant's plan limits and metered; an operator acts on its
 own tenant's models only (the index lists them alone), an administrator on all. A modelfleet error
-becomes the gRPC status its HTTP status maps to (``grpc_status``), with its message.
+becomes the gRPC status its HTTP status maps to (``grpc_status``), with its message; but
+a load whose files make no package is INTERNAL, as Triton answers it.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from google.protobuf import json_format
 from modelfleet import __version__, metrics
 from modelfleet.errors import ModelfleetError, ModelNotFound
 from modelfleet.gateway.auth import TenantGate
-from modelfleet.gateway.control import check_load_parameters, flag, load_config, positive_int
+from modelfleet.gateway.control import run_load
 from modelfleet.gateway.exchange import Routed, record_exchange
 from modelfleet.gateway.grpc_api import inference_pb2 as pb
 from modelfleet.gateway.grpc_api.tensors import parameter_value, request_body, response_message
@@ -53,6 +55,7 @@ from modelfleet.gateway.service import GatewayService
 from modelfleet.gateway.statistics import empty_stats, model_stats
 from modelfleet.oip.model_config import model_config
 from modelfleet.oip.transport import header_length_of
+from modelfleet.publishing.publisher import Publisher
 from modelfleet.tenancy import Forbidden
 from modelfleet.tenancy.access import CALLER, Principal
 from modelfleet.tenancy.usage import outcome_of
@@ -70,14 +73,20 @@ _GRPC_BY_HTTP = {400: grpc.StatusCode.INVALID_ARGUMENT, 401: grpc.StatusCode.UNA
 
 
 def grpc_status(error: ModelfleetError) -> grpc.StatusCode:
-    """The gRPC dialect's status of ``error``: the code of the status /v2 gives it."""
+    """The gRPC dialect's status of ``error``: the code of the status /v2 gives it, but
+    for a load's files that make no package: INTERNAL, as Triton answers it
+    (errors.PackageNotPolled)."""
+    if error.code == "package_not_polled":
+        return grpc.StatusCode.INTERNAL
     return _GRPC_BY_HTTP.get(v2_status(error), grpc.StatusCode.INTERNAL)
 
 
 class InferenceServicer:
     def __init__(self, service: GatewayService, readiness: list[ReadinessCheck],
-                 liveness: list[Callable[[], bool]], gate: TenantGate | None) -> None:
+                 liveness: list[Callable[[], bool]], gate: TenantGate | None,
+                 publisher: Publisher | None = None) -> None:
         self._service = service
+        self._publisher = publisher
         self._readiness = readiness
         self._liveness = liveness
         self._gate = gate
@@ -203,29 +212,30 @@ class InferenceServicer:
 
     async def repository_model_load(self, request: pb.RepositoryModelLoadRequest,
                                     context: Any) -> pb.RepositoryModelLoadResponse:
-        try:
-            await self._control(context, request.model_name)
-        except ModelNotFound as exc:  # another tenant's model: worded as a missing one
-            raise load_failed(request.model_name, exc) from None
+        model = request.model_name
+        principal = await self._operator(context)
+        if principal is not None and self._gate is not None:
+            # As on HTTP (gateway/auth.py): its own tenant's models, or a new one the key
+            # may publish (the load's files do, or it is not found).
+            owner = self._gate.owner_of(model)
+            if not principal.may_control(owner) and not (
+                    owner is None and principal.may_publish(model, None)):
+                raise load_failed(model, ModelNotFound(
+                    f"no model named '{model}' (GET /v1/models lists them)"))
+        token = CALLER.set(principal)  # the publisher checks the package's tenant by it
         try:
             await self._load(request)
         except ModelfleetError as exc:
-            raise load_failed(request.model_name, exc) from None
+            raise load_failed(model, exc) from None
+        finally:
+            CALLER.reset(token)
         return pb.RepositoryModelLoadResponse()
 
     async def _load(self, request: pb.RepositoryModelLoadRequest) -> None:
         params = {name: parameter_value(value) for name, value in request.parameters.items()}
-        check_load_parameters(params)
         if isinstance(params.get("config"), bytes):
             params["config"] = params["config"].decode("utf-8", "replace")
-        version = params.get("version")
-        config = load_config(self._service.catalog, request.model_name, params["config"]) \
-            if "config" in params else ""
-        plane = self._service.control
-        await plane.load(request.model_name, None if version is None else str(version),
-                         positive_int(params.get("workers", 1), "workers"), config)
-        if flag(params.get("pinned", False), "pinned"):
-            await plane.pin(request.model_name, True)
+        await run_load(self._service, self._publisher, request.model_name, params)
 
     async def repository_model_unload(self, request: pb.RepositoryModelUnloadRequest,
                                       context: Any) -> pb.RepositoryModelUnloadResponse:
