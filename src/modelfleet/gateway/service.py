@@ -248,21 +248,25 @@ class GatewayService:
         """The cold lane of the caller's plan priority, or None for the model's own queue.
 
         The lane when no live worker pulls the model's queue (by the workers' last
-        states), none holds it either (in a fleet of one worker, holding is no reason: the
-        lane reaches that worker), and fewer of its requests are in a lane from here than
-        ``gateway.cold_lane_per_model`` and its fan-out cap allow (beyond, they wait in its
-        queue, announced, where the scoring decides who pulls it). A model held by some
-        workers takes its own queue, so that a holder takes it warm (pull affinity).
+        states), none holds it either, and fewer of its requests are in a lane from here
+        than ``gateway.cold_lane_per_model`` and its fan-out cap allow (beyond, they wait
+        in its queue, announced, where the scoring decides who pulls it). A model held by
+        some workers takes its own queue, so that a holder takes it warm (pull affinity).
+        In a fleet of one worker, holding and the fan-out cap are no reason: the lane
+        reaches that worker, and a burst of one model arrives there together (a poison
+        pill's copies then share one crash).
         Isolated and CUDA-only models always take their own queue (only some workers may
         run them)."""
-        per_model = min(self.settings.gateway.cold_lane_per_model,
-                        self.settings.scheduling.fanout_cap(manifest.fanout.max_workers,
-                                                            manifest.plan))
-        if self.settings.gateway.cold_lane_per_model == 0 or manifest.isolated \
-                or manifest.device == "cuda" \
-                or self._in_cold_lane.get(model_id, 0) >= per_model \
-                or self.fleet.pulled_anywhere(model_id) \
-                or (self.fleet.held_anywhere(model_id) and not self.fleet.single_worker()):
+        per_model = self.settings.gateway.cold_lane_per_model
+        if per_model == 0 or manifest.isolated or manifest.device == "cuda" \
+                or self.fleet.pulled_anywhere(model_id):
+            return None
+        if not self.fleet.single_worker():  # one worker: caps and affinity are moot
+            if self.fleet.held_anywhere(model_id):
+                return None
+            per_model = min(per_model, self.settings.scheduling.fanout_cap(
+                manifest.fanout.max_workers, manifest.plan))
+        if self._in_cold_lane.get(model_id, 0) >= per_model:
             return None
         known = self.settings.scheduling.plan_priority.values()
         return cold_lane(priority if priority in known else 0)

@@ -600,9 +600,8 @@ class Coordinator:
         with contextlib.suppress(BrokerUnavailable):
             await self._broker.republish(delivery.task)
             await delivery.ack()
-            await self._broker.publish_event({"kind": "demand", "model_id": model_id,
-                                              "at": time.time()})
             metrics.COLD_LANE_PASSED_ON.inc()
+            await self._tasks.announce_queued(model_id)
         return True
 
     async def _retire_idle_runtimes(self, now: float) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
@@ -387,6 +388,16 @@ class TaskRunner:
         await self._through_reconnects(task, "hand-back",
                                        lambda: self._broker.republish(evidence))
         await delivery.ack()
+        await self.announce_queued(task.model_id)
+
+    async def announce_queued(self, model_id: str) -> None:
+        """Tell the fleet a task of ``model_id`` waits in its queue now, put there by this
+        worker (a hand-back, or a cold-lane task passed on): no gateway announces it (one
+        that sent it to the cold lane counts it there). Without a count, so that workers
+        count the queue exactly. Best effort."""
+        with contextlib.suppress(BrokerUnavailable):
+            await self._broker.publish_event({"kind": "demand", "model_id": model_id,
+                                              "at": time.time()})
 
 
 class _Crashed(Exception):
