@@ -82,9 +82,10 @@ def test_two_gateways_two_workers(tmp_path: Path, env: dict[str, str],
     assert [late_replies(base) for base in gateways] == [0.0, 0.0]
     workers = {w["worker_id"] for w in httpx.get(f"{gateways[0]}/v1/fleet").json()["workers"]}
     assert workers == {"w0", "w1"}
-    # Each gateway published to its one model's queue (iris, digits), and says so; so do
-    # the workers, for the queues they consume (README "The broker at scale").
-    assert [gauge(base, "modelfleet_broker_live_queues") for base in gateways] == [1.0, 1.0]
+    # Each gateway published to its one model's queue (iris, digits) and to the cold lane
+    # its first requests took (no worker held the model yet), and says so; so do the
+    # workers, for the queues they consume (README "The broker at scale").
+    assert [gauge(base, "modelfleet_broker_live_queues") for base in gateways] == [2.0, 2.0]
     for probe in probes:
         assert (gauge(probe, "modelfleet_broker_live_queues") or 0) >= 1
         assert gauge(probe, "modelfleet_broker_max_live_queues") == 5000

@@ -3,7 +3,8 @@
 Built from what the gateway already has, never by calling a worker: the workers'
 published ``worker_state`` events (``FleetView``), the broker's exact counts for the
 queues with demand (any gateway's announcements, workers' subscriptions and resident
-models, this gateway's parked requests), and this gateway's parked requests' ages.
+models, this gateway's parked requests) and for the cold lanes, and this gateway's
+parked requests' ages.
 Every gateway computes the same fleet-wide figures (aggregate them with ``max``).
 
 Bounded at any catalog size: ``queues`` holds the ``gateway.fleet_summary_models``
@@ -26,7 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from modelfleet import metrics
-from modelfleet.broker.base import Broker
+from modelfleet.broker.base import COLD_LANE, Broker, cold_lane
 from modelfleet.errors import BrokerError
 from modelfleet.gateway.fleet import FleetView
 from modelfleet.gateway.parking import ParkedRequests
@@ -91,11 +92,15 @@ class FleetSummary:
             resident = state.get("resident") or {}
             models |= {*state.get("subscriptions", []), *resident.get("device", []),
                        *resident.get("host", [])}
+        # The cold lanes hold work too (a model no worker pulls): counted with the rest.
+        lanes = [cold_lane(p) for p in
+                 sorted({0, *self._settings.scheduling.plan_priority.values()})]
         broker_error = ""
         try:
-            counts = await self._broker.queue_stats(sorted(models)) if models else {}
+            counts = await self._broker.queue_stats([*sorted(models), *lanes])
         except BrokerError as exc:  # the page still shows the workers
             counts, broker_error = {}, str(exc)
+        in_lanes = sum(counts.pop(lane).backlog for lane in lanes if lane in counts)
         limit = self._settings.gateway.fleet_summary_models
         ranked = sorted(models, key=lambda m: (
             -(counts[m].backlog if m in counts else 0), -oldest.get(m, 0.0),
@@ -113,7 +118,7 @@ class FleetSummary:
                    "consumers": sum(counts[m].consumers for m in rest if m in counts)}
         in_use = sum(int(w.get("permits_in_use", 0)) for w in workers)
         cap = sum(int(w.get("permits_cap", 0)) for w in workers)
-        backlog = sum(qs.backlog for qs in counts.values())
+        backlog = sum(qs.backlog for qs in counts.values()) + in_lanes
         per_worker = cap / len(workers) if workers else float(self._settings.worker.permits)
         rates = self._fleet.load_rates.series(workers_shown=())
         totals = {
@@ -125,6 +130,7 @@ class FleetSummary:
             # Unknown, not 0, when the broker could not count: a 0 would tell an
             # autoscaler to shrink the fleet because the broker is down.
             "backlog": None if broker_error else backlog,
+            "cold_lane_backlog": None if broker_error else in_lanes,  # part of backlog
             "desired_workers": None if broker_error else desired_workers(
                 in_use, backlog, per_worker, self._settings.gateway.target_permit_utilization),
             "resident_device": sum(len((w.get("resident") or {}).get("device", []))
@@ -155,6 +161,8 @@ class FleetSummary:
         backlogs = top_n({q["model"]: q["backlog"] for q in queues
                           if q["backlog"] is not None}, limit)
         backlogs[OTHER] += summary["queues_omitted"]["backlog"]  # the tail, not shown
+        # Tasks in the cold lanes are of models nobody pulls; the broker cannot say whose.
+        backlogs[COLD_LANE] = totals["cold_lane_backlog"]
         self._set_top(metrics.FLEET_BACKLOG, "backlog", backlogs)
         self._set_top(metrics.FLEET_OLDEST_WAITING, "oldest",
                       top_n({q["model"]: q["oldest_waiting_s"] for q in queues
