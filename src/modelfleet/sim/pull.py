@@ -490,13 +490,23 @@ class PullAffinity:
         # (scheduling.cannot_matter): held, warm here (device, host, pinned, loading) or
         # last counted with a backlog. snapshot_of leaves the others out itself, so the
         # snapshot is the same; this keeps the gathering O(what matters), not O(demand).
+        # A cold queue (not own, not loading here) on a runtime whose loader has no free
+        # slot cannot matter either (snapshot_of drops it): the loader's room is what
+        # worker_view makes of the stats' loading and the tasks running off the device.
         own = self._own(coord)
+        runtime_of = self.sim.catalog.runtime
+        busy = [set(models) for models in seen_loading]
+        for m in worker.running:
+            if m not in device:
+                busy[runtime_of[m]].add(m)
+        room = [r.loaders - len(b) for r, b in zip(worker.runtimes, busy, strict=True)]
+        loading_here = set().union(*busy)
         gather = set(own)
-        gather.update(demand.keys() & coord.backlogged)
-        for models in seen_loading:
+        for models in busy:
             gather.update(m for m in models if m in demand or m in own)
-        gather.update(m for m in worker.running
-                      if m not in device and (m in demand or m in own))
+        if any(slots > 0 for slots in room):
+            gather.update(m for m in demand.keys() & coord.backlogged
+                          if room[runtime_of[m]] > 0 or m in own or m in loading_here)
         counted: dict[str, tuple[int, int]] = {}
         facts: dict[str, QueueFacts] = {}
         for model in gather:
