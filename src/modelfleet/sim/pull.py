@@ -41,6 +41,7 @@ callers all have priority 0; a queue's plan still gives it its plan's priority.
 
 from __future__ import annotations
 
+import heapq
 import math
 import random
 import zlib
@@ -53,8 +54,11 @@ from modelfleet.scheduling import (
     Decision,
     Observation,
     QueueFacts,
+    QueueScorer,
+    QueueView,
     ScoringSettings,
     Snapshot,
+    WorkerView,
     actions_for,
     candidates,
     decide,
@@ -109,6 +113,10 @@ class Coordinator:
     meter_free: int = 0
     idle_permit_s: float = 0.0
     rescores: int = 0
+    # PullAffinity._starved_rank's memo: its noise window, the scorer, the ranks in it.
+    rank_bucket: int | None = None
+    rank_scorer: QueueScorer | None = None
+    rank_memo: dict[tuple[int, int], tuple[int, float, str]] = field(default_factory=dict)
 
 
 class PullAffinity:
@@ -468,12 +476,16 @@ class PullAffinity:
             coord.dirty.clear()
             return
         self._fold_heard(coord)  # what was heard while the stats were asked, too
-        for model in coord.dirty:
-            if model in demand:
-                self._set_count(coord, model)
-        for model in coord.held_backlog:  # held, with a backlog when last counted
-            if model in coord.consumers:
-                self._set_count(coord, model)
+        # What _set_count does, over a set at once: this runs per worker per announcement.
+        counted = coord.dirty & demand.keys()
+        counted.update(coord.held_backlog & coord.consumers.keys())  # held, last with backlog
+        counts = coord.counts
+        queues = self._queues
+        consumers = self._consumers
+        for model in counted:
+            counts[model] = (len(queues[model]), len(consumers[model]))
+        coord.backlogged -= counted
+        coord.backlogged |= counted & self._nonempty  # _nonempty: the queues not empty
         coord.dirty.clear()
 
     def observation(self, coord: Coordinator) -> Observation:
@@ -505,8 +517,25 @@ class PullAffinity:
         for models in busy:
             gather.update(m for m in models if m in demand or m in own)
         if any(slots > 0 for slots in room):
-            gather.update(m for m in demand.keys() & coord.backlogged
-                          if room[runtime_of[m]] > 0 or m in own or m in loading_here)
+            # Starved cold queues (nothing consumes them, as last counted) beyond a
+            # runtime's free slots cannot matter either: snapshot_of keeps the best
+            # ``room`` of them by scoring's own rank; so does this, from fewer views.
+            starving: list[list[int]] = [[] for _ in room]
+            for m in demand.keys() & coord.backlogged:
+                if m in own or m in loading_here:
+                    continue  # gathered above
+                r = runtime_of[m]
+                if room[r] <= 0:
+                    continue
+                if counts[m][1] == 0:
+                    starving[r].append(m)
+                else:
+                    gather.add(m)
+            for r, waiting in enumerate(starving):
+                if len(waiting) > room[r]:
+                    waiting = heapq.nsmallest(room[r], waiting,
+                                              key=partial(self._starved_rank, coord, sim.now))
+                gather.update(waiting)
         counted: dict[str, tuple[int, int]] = {}
         facts: dict[str, QueueFacts] = {}
         for model in gather:
@@ -537,6 +566,31 @@ class PullAffinity:
             recent_cold_subscribes=tuple(worker.recent_cold),
             free_permits=worker.free_permits, permits_cap=worker.permits,
             prefetch={names[m]: c.window for m, c in coord.consumers.items()})
+
+    def _starved_rank(self, coord: Coordinator, now: float, model: int
+                      ) -> tuple[int, float, str]:
+        """``snapshot_of``'s rank of a starved cold queue (as last counted) for this
+        worker: a pure function of the noise window, the model and its backlog, kept
+        for the window (a worker ranks the same starved queues re-score after re-score)."""
+        bucket = math.floor(now / self.settings.noise_hold_s)
+        if coord.rank_bucket != bucket:
+            coord.rank_bucket = bucket
+            coord.rank_memo = {}
+            coord.rank_scorer = QueueScorer(WorkerView(coord.worker.name), self.settings, now,
+                                            self.rng_seed)
+        backlog = coord.counts[model][0]
+        key = (model, backlog)
+        rank = coord.rank_memo.get(key)
+        if rank is None:
+            facts = self._facts[model]
+            view = QueueView(self._names[model], backlog, 0, facts.fanout_max_workers,
+                             facts.plan, facts.pinned, facts.batch_size, facts.runtime,
+                             facts.priority)
+            assert coord.rank_scorer is not None
+            rank = coord.rank_memo[key] = (
+                -max(self.settings.priority(facts.plan), facts.priority),
+                -coord.rank_scorer.score(view, 0.0), view.model_id)
+        return rank
 
     def _act(self, coord: Coordinator, steps: deque[Action]) -> None:
         """Carry ``scheduling.actions_for`` out step by step, each after what it waits for."""
