@@ -94,6 +94,7 @@ class Coordinator:
     waiters: deque[Consumer] = field(default_factory=deque)  # the permit semaphore's FIFO
     counts: dict[int, tuple[int, int]] = field(default_factory=dict)  # as last counted
     backlogged: set[int] = field(default_factory=set)  # those of counts with a backlog
+    starved: set[int] = field(default_factory=set)  # ... and no consumer anywhere
     dirty: set[int] = field(default_factory=set)
     heard_upto: int = 0  # announcements (PullAffinity._heard_log) folded into dirty so far
     held_backlog: set[int] = field(default_factory=set)  # held queues last seen with backlog
@@ -116,7 +117,8 @@ class Coordinator:
     # PullAffinity._starved_rank's memo: its noise window, the scorer, the ranks in it.
     rank_bucket: int | None = None
     rank_scorer: QueueScorer | None = None
-    rank_memo: dict[tuple[int, int], tuple[int, float, str]] = field(default_factory=dict)
+    rank_memo: dict[tuple[int, int], tuple[int, float, str, int]] = field(default_factory=dict)
+    own: set[int] = field(default_factory=set)  # its own candidates, as last gathered
 
 
 class PullAffinity:
@@ -394,14 +396,15 @@ class PullAffinity:
         sim = self.sim
         self._expire_demand()
         self._count(coord, full)
-        observation = self.observation(coord)
-        key = self._observed_key(coord, observation)
+        counted = self._gather(coord)
+        key = self._observed_key(coord, counted)
         if key == coord.last_key and coord.last_result is not None:
             # Nothing this worker observes changed since its last decision (within one
             # noise window): decide again would give the same answer, but for the few
             # milliseconds of stickiness decay between the two. Its CPU is still spent.
             snapshot, decision, waiting, untaken = coord.last_result
         else:
+            observation = self._observation_of(coord, counted)
             snapshot = snapshot_of(observation, self.settings, self.rng_seed)
             decision = decide(snapshot, self.settings, self.rng_seed)
             waiting = scheduling_work_waiting(snapshot, self.settings, True)
@@ -428,14 +431,18 @@ class PullAffinity:
         steps = deque(actions_for(decision, snapshot, self.settings))
         sim.work(coord.worker, cpu_s, lambda: self._act(coord, steps), "serve")
 
-    def _observed_key(self, coord: Coordinator, obs: Observation) -> tuple[object, ...]:
+    def _observed_key(self, coord: Coordinator, counted: dict[int, tuple[int, int]]
+                      ) -> tuple[object, ...]:
         """What a decision depends on besides the instant: the observation's fields that
-        change (the others are fixed per worker and model), the noise window, and how
-        many tasks this worker has finished (``last_served`` is updated in place)."""
-        return (math.floor(obs.now / self.settings.noise_hold_s), coord.worker.served,
-                obs.counts, obs.subscriptions, obs.resident_device, obs.resident_host,
-                obs.loading, obs.loading_for_tasks, obs.running,
-                obs.recent_cold_subscribes, obs.free_permits, obs.prefetch)
+        change (the others are fixed per worker and model), by model index, the noise
+        window, and how many tasks this worker has finished (``last_served`` is updated
+        in place). Equal keys, equal observations (``_observation_of``) but for ``now``."""
+        worker = coord.worker
+        device, host, seen_loading = coord.residency
+        return (math.floor(self.sim.now / self.settings.noise_hold_s), worker.served,
+                counted, worker.subscriptions, device, host, seen_loading,
+                dict(worker.running), tuple(worker.recent_cold), worker.free_permits,
+                {m: c.window for m, c in coord.consumers.items()})
 
     def _own(self, coord: Coordinator) -> set[int]:
         """The candidates that are not there by demand alone: held, resident, pinned."""
@@ -446,15 +453,20 @@ class PullAffinity:
         """How many queues ``scheduling.candidates`` gives the coordinator (every runtime
         here takes work): those announced within the window, plus its own."""
         demand = self._demand
-        return len(demand) + sum(1 for m in self._own(coord) if m not in demand)
+        return len(demand) + sum(1 for m in coord.own if m not in demand)
 
     def _set_count(self, coord: Coordinator, model: int) -> tuple[int, int]:
         """Count ``model``'s queue now (the broker's answer) and keep it as last counted."""
         count = coord.counts[model] = (len(self._queues[model]), len(self._consumers[model]))
         if count[0] > 0:
             coord.backlogged.add(model)
+            if count[1] == 0:
+                coord.starved.add(model)
+            else:
+                coord.starved.discard(model)
         else:
             coord.backlogged.discard(model)
+            coord.starved.discard(model)
         return count
 
     def _count(self, coord: Coordinator, full: bool) -> None:
@@ -468,6 +480,7 @@ class PullAffinity:
         if full:
             coord.counts = {}
             coord.backlogged = set()
+            coord.starved = set()
             for model in candidates((), coord.consumers, device, host, self.sim.catalog.pinned):
                 self._set_count(coord, model)
             for model in self._nonempty:
@@ -484,82 +497,94 @@ class PullAffinity:
         consumers = self._consumers
         for model in counted:
             counts[model] = (len(queues[model]), len(consumers[model]))
+        waiting = counted & self._nonempty  # _nonempty: the queues not empty
         coord.backlogged -= counted
-        coord.backlogged |= counted & self._nonempty  # _nonempty: the queues not empty
+        coord.backlogged |= waiting
+        coord.starved -= counted
+        coord.starved.update(m for m in waiting if not consumers[m])
         coord.dirty.clear()
 
     def observation(self, coord: Coordinator) -> Observation:
         """What this worker's coordinator knows now (``scheduling.Observation``): the
         counts of its candidates as last counted (one never counted is counted now, as
         the coordinator does), its runtimes' last stats, its tasks."""
-        sim = self.sim
+        return self._observation_of(coord, self._gather(coord))
+
+    def _gather(self, coord: Coordinator) -> dict[int, tuple[int, int]]:
+        """The candidates' counts the observation carries, by model index.
+
+        Of the candidates (scheduling.candidates), only those that can matter
+        (scheduling.cannot_matter): held, warm here (device, host, pinned, loading) or
+        last counted with a backlog. snapshot_of leaves the others out itself, so the
+        snapshot is the same; this keeps the gathering O(what matters), not O(demand).
+        A cold queue (not own, not loading here) on a runtime whose loader has no free
+        slot cannot matter either (snapshot_of drops it): the loader's room is what
+        worker_view makes of the stats' loading and the tasks running off the device.
+        Nor can starved cold queues (nothing consumes them, as last counted) beyond a
+        runtime's free slots: snapshot_of keeps the best ``room`` of them by scoring's
+        own rank; so does this, from fewer views."""
         worker = coord.worker
-        names = self._names
         device, _, seen_loading = coord.residency
         counts = coord.counts
         demand = self._demand
-        # Of the candidates (scheduling.candidates), only those that can matter
-        # (scheduling.cannot_matter): held, warm here (device, host, pinned, loading) or
-        # last counted with a backlog. snapshot_of leaves the others out itself, so the
-        # snapshot is the same; this keeps the gathering O(what matters), not O(demand).
-        # A cold queue (not own, not loading here) on a runtime whose loader has no free
-        # slot cannot matter either (snapshot_of drops it): the loader's room is what
-        # worker_view makes of the stats' loading and the tasks running off the device.
-        own = self._own(coord)
+        own = coord.own = self._own(coord)
         runtime_of = self.sim.catalog.runtime
         busy = [set(models) for models in seen_loading]
         for m in worker.running:
             if m not in device:
                 busy[runtime_of[m]].add(m)
         room = [r.loaders - len(b) for r, b in zip(worker.runtimes, busy, strict=True)]
-        loading_here = set().union(*busy)
         gather = set(own)
         for models in busy:
             gather.update(m for m in models if m in demand or m in own)
         if any(slots > 0 for slots in room):
-            # Starved cold queues (nothing consumes them, as last counted) beyond a
-            # runtime's free slots cannot matter either: snapshot_of keeps the best
-            # ``room`` of them by scoring's own rank; so does this, from fewer views.
-            starving: list[list[int]] = [[] for _ in room]
-            for m in demand.keys() & coord.backlogged:
-                if m in own or m in loading_here:
-                    continue  # gathered above
-                r = runtime_of[m]
-                if room[r] <= 0:
-                    continue
-                if counts[m][1] == 0:
-                    starving[r].append(m)
-                else:
-                    gather.add(m)
-            for r, waiting in enumerate(starving):
-                if len(waiting) > room[r]:
-                    waiting = heapq.nsmallest(room[r], waiting,
-                                              key=partial(self._starved_rank, coord, sim.now))
-                gather.update(waiting)
-        counted: dict[str, tuple[int, int]] = {}
-        facts: dict[str, QueueFacts] = {}
+            cold = demand.keys() & coord.backlogged
+            cold -= gather  # own, and loading here in demand
+            for models in busy:
+                cold -= models
+            starved = cold & coord.starved
+            cold -= starved
+            if len(room) == 1:
+                gather |= cold
+                self._claimable(coord, starved, room[0], gather)
+            else:
+                by_runtime: list[set[int]] = [set() for _ in room]
+                for m in starved:
+                    by_runtime[runtime_of[m]].add(m)
+                gather.update(m for m in cold if room[runtime_of[m]] > 0)
+                for slots, waiting in zip(room, by_runtime, strict=True):
+                    if slots > 0:
+                        self._claimable(coord, waiting, slots, gather)
+        counted: dict[int, tuple[int, int]] = {}
         for model in gather:
             count = counts.get(model)
             if count is None:
                 if model in demand:
                     continue  # in demand, never counted: an empty queue (see _count)
                 count = self._set_count(coord, model)
-            name = names[model]
-            counted[name] = count
-            facts[name] = self._facts[model]
-        now = sim.now
+            counted[model] = count
+        now = self.sim.now
         while worker.recent_cold and now - worker.recent_cold[0] >= COLD_WINDOW_S:
             worker.recent_cold.popleft()
+        return counted
+
+    def _observation_of(self, coord: Coordinator, counted: dict[int, tuple[int, int]]
+                        ) -> Observation:
+        worker = coord.worker
+        names = self._names
+        facts_of = self._facts
+        device, _, seen_loading = coord.residency
         runtimes = worker.runtimes
         return Observation(
-            now, worker.name, counted, facts,
+            self.sim.now, worker.name, {names[m]: c for m, c in counted.items()},
+            {names[m]: facts_of[m] for m in counted},
             subscriptions=worker.subscriptions,  # the names of coord.consumers' models
             resident_device=coord.residency_names[0],
             resident_host=coord.residency_names[1],
             load_slots={r.name: r.loaders for r in runtimes},
             loading={r.name: frozenset(names[m] for m in models)
                      for r, models in zip(runtimes, seen_loading, strict=True)},
-            loading_for_tasks={names[m]: self._facts[m].runtime for m in worker.running
+            loading_for_tasks={names[m]: facts_of[m].runtime for m in worker.running
                                if m not in device},
             running={names[m]: n for m, n in worker.running.items()},
             last_served=worker.last_served,
@@ -567,30 +592,42 @@ class PullAffinity:
             free_permits=worker.free_permits, permits_cap=worker.permits,
             prefetch={names[m]: c.window for m, c in coord.consumers.items()})
 
-    def _starved_rank(self, coord: Coordinator, now: float, model: int
-                      ) -> tuple[int, float, str]:
-        """``snapshot_of``'s rank of a starved cold queue (as last counted) for this
-        worker: a pure function of the noise window, the model and its backlog, kept
-        for the window (a worker ranks the same starved queues re-score after re-score)."""
+    def _claimable(self, coord: Coordinator, starved: set[int], slots: int,
+                   gather: set[int]) -> None:
+        """Add to ``gather`` the ``slots`` best of ``starved`` (all of them if no more)."""
+        if len(starved) <= slots:
+            gather |= starved
+            return
+        now = self.sim.now
         bucket = math.floor(now / self.settings.noise_hold_s)
         if coord.rank_bucket != bucket:
             coord.rank_bucket = bucket
             coord.rank_memo = {}
             coord.rank_scorer = QueueScorer(WorkerView(coord.worker.name), self.settings, now,
                                             self.rng_seed)
-        backlog = coord.counts[model][0]
-        key = (model, backlog)
-        rank = coord.rank_memo.get(key)
-        if rank is None:
-            facts = self._facts[model]
-            view = QueueView(self._names[model], backlog, 0, facts.fanout_max_workers,
-                             facts.plan, facts.pinned, facts.batch_size, facts.runtime,
-                             facts.priority)
-            assert coord.rank_scorer is not None
-            rank = coord.rank_memo[key] = (
-                -max(self.settings.priority(facts.plan), facts.priority),
-                -coord.rank_scorer.score(view, 0.0), view.model_id)
-        return rank
+        memo = coord.rank_memo
+        counts = coord.counts
+        ranked = []
+        for m in starved:
+            key = (m, counts[m][0])
+            rank = memo.get(key)
+            if rank is None:
+                rank = memo[key] = self._starved_rank(coord, m, key[1])
+            ranked.append(rank)
+        gather.update(rank[3] for rank in heapq.nsmallest(slots, ranked))
+
+    def _starved_rank(self, coord: Coordinator, model: int, backlog: int
+                      ) -> tuple[int, float, str, int]:
+        """``snapshot_of``'s rank of a starved cold queue (as last counted) for this
+        worker, then the model's index: a pure function of the noise window, the model
+        and its backlog, kept for the window (``Coordinator.rank_memo``)."""
+        facts = self._facts[model]
+        view = QueueView(self._names[model], backlog, 0, facts.fanout_max_workers,
+                         facts.plan, facts.pinned, facts.batch_size, facts.runtime,
+                         facts.priority)
+        assert coord.rank_scorer is not None
+        return (-max(self.settings.priority(facts.plan), facts.priority),
+                -coord.rank_scorer.score(view, 0.0), view.model_id, model)
 
     def _act(self, coord: Coordinator, steps: deque[Action]) -> None:
         """Carry ``scheduling.actions_for`` out step by step, each after what it waits for."""
