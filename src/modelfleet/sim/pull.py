@@ -149,6 +149,13 @@ class PullAffinity:
         self._heard_log: list[int] = []  # every announcement heard, in order
         self._names: tuple[str, ...] = ()
         self._facts: list[QueueFacts] = []  # per model: what its queue view carries
+        # Per model, what a count of its queue says now: (ready, consumers), kept by
+        # _dispatch, which every change of a queue or of its consumers goes through.
+        self._qstate: list[tuple[int, int]] = []
+        self._consumed: set[int] = set()  # models with a consumer
+        self._free: set[int] = set()  # workers (by index) with a free permit
+        self._announce_interval_s = 0.0
+        self._announce_s = 0.0
 
     @property
     def sim(self) -> Simulation:
@@ -168,6 +175,9 @@ class PullAffinity:
         self._queues = [deque() for _ in range(models)]
         self._consumers = [[] for _ in range(models)]
         self._turn = [0] * models
+        self._qstate = [(0, 0)] * models
+        self._announce_interval_s = cfg.announce_interval_s
+        self._announce_s = cfg.broker_costs.announce_s
         cat = sim.catalog
         batch = max(1, cfg.batch_size)
         # Simulated callers all have the default priority (0); a queue's plan still
@@ -178,6 +188,7 @@ class PullAffinity:
             rng = random.Random(zlib.crc32(f"{self.rng_seed}/{worker.name}".encode()))
             coord = Coordinator(worker, rng, meter_since=cfg.warmup_s, meter_free=worker.permits)
             self._coords.append(coord)
+            self._note_free(coord)
             # Workers started together: each first re-score somewhere in the first period.
             coord.generation += 1
             generation = coord.generation
@@ -207,11 +218,11 @@ class PullAffinity:
             self._parked.pop(model, None)
 
     def _announce(self, model: int) -> None:
-        sim = self.sim
-        if sim.now - self._announced.get(model, -1e9) < sim.config.announce_interval_s:
+        now = self.sim.now
+        if now - self._announced.get(model, -1e9) < self._announce_interval_s:
             return
-        self._announced[model] = sim.now
-        sim.after(sim.config.broker_costs.announce_s, lambda: self._heard(model))
+        self._announced[model] = now
+        self.sim.after(self._announce_s, lambda: self._heard(model))
 
     def _announce_waiting(self) -> None:
         sim = self.sim
@@ -230,16 +241,18 @@ class PullAffinity:
         self._heard_log.append(model)
         if not self.sim.config.event_rescores:
             return
-        for coord in self._coords:
-            if coord.state != PAUSING and model not in coord.consumers \
-                    and coord.worker.in_flight < coord.worker.permits:
+        coords = self._coords
+        for index in sorted(self._free):  # those with a free permit, in worker order
+            coord = coords[index]
+            if coord.state != PAUSING and model not in coord.consumers:
                 self._wake(coord)
 
     def _fold_heard(self, coord: Coordinator) -> None:
         """Announcements heard since the last fold: those of models not pulled are dirty."""
         log = self._heard_log
-        consumers = coord.consumers
-        coord.dirty.update(m for m in log[coord.heard_upto:] if m not in consumers)
+        heard = set(log[coord.heard_upto:])
+        heard -= coord.consumers.keys()
+        coord.dirty |= heard
         coord.heard_upto = len(log)
 
     # --- the broker -------------------------------------------------------------------------
@@ -261,6 +274,11 @@ class PullAffinity:
                 self._take(self._coords[consumer.owner], consumer)
         if not queue:
             self._nonempty.discard(model)
+        self._qstate[model] = (len(queue), len(consumers))
+        if consumers:
+            self._consumed.add(model)
+        else:
+            self._consumed.discard(model)
 
     def _requeue_front(self, model: int, task: Task) -> None:
         self._delivered.pop(task[0], None)
@@ -284,9 +302,19 @@ class PullAffinity:
         self._meter(coord)
         self.sim.start(coord.worker, task)
         coord.meter_free = coord.worker.free_permits
+        self._note_free(coord)
+
+    def _note_free(self, coord: Coordinator) -> None:
+        """Keep ``_free`` (announcements wake only workers with a free permit): called
+        wherever a permit is taken (``_start``) or given back (``on_settled``)."""
+        if coord.worker.in_flight < coord.worker.permits:
+            self._free.add(coord.worker.index)
+        else:
+            self._free.discard(coord.worker.index)
 
     def on_settled(self, worker: SimWorker, task: Task) -> None:
         coord = self._coords[worker.index]
+        self._note_free(coord)
         self._meter(coord)
         coord.meter_free = worker.free_permits
         consumer = self._delivered.pop(task[0], None)
@@ -492,16 +520,12 @@ class PullAffinity:
         # What _set_count does, over a set at once: this runs per worker per announcement.
         counted = coord.dirty & demand.keys()
         counted.update(coord.held_backlog & coord.consumers.keys())  # held, last with backlog
-        counts = coord.counts
-        queues = self._queues
-        consumers = self._consumers
-        for model in counted:
-            counts[model] = (len(queues[model]), len(consumers[model]))
+        coord.counts.update(zip(counted, map(self._qstate.__getitem__, counted), strict=True))
         waiting = counted & self._nonempty  # _nonempty: the queues not empty
         coord.backlogged -= counted
         coord.backlogged |= waiting
         coord.starved -= counted
-        coord.starved.update(m for m in waiting if not consumers[m])
+        coord.starved |= waiting - self._consumed
         coord.dirty.clear()
 
     def observation(self, coord: Coordinator) -> Observation:
