@@ -108,7 +108,7 @@ class Coordinator:
     residency_names: tuple[frozenset[str], frozenset[str]] = (frozenset(), frozenset())
     # The last decision and what it was decided on (PullAffinity._observed_key).
     last_key: tuple[object, ...] | None = None
-    last_result: tuple[Snapshot, Decision, bool, bool] | None = None
+    last_result: tuple[Snapshot, Decision, bool, bool, tuple[Action, ...]] | None = None
     # Idle-permit meter (modelfleet.worker.idle.IdleMeter), over the measured window.
     meter_since: float = 0.0
     meter_free: int = 0
@@ -430,7 +430,7 @@ class PullAffinity:
             # Nothing this worker observes changed since its last decision (within one
             # noise window): decide again would give the same answer, but for the few
             # milliseconds of stickiness decay between the two. Its CPU is still spent.
-            snapshot, decision, waiting, untaken = coord.last_result
+            snapshot, decision, waiting, untaken, steps_for = coord.last_result
         else:
             observation = self._observation_of(coord, counted)
             snapshot = snapshot_of(observation, self.settings, self.rng_seed)
@@ -438,25 +438,25 @@ class PullAffinity:
             waiting = scheduling_work_waiting(snapshot, self.settings, True)
             untaken = waiting if sim.config.wake_on_held_backlog else \
                 scheduling_work_waiting(snapshot, self.settings, False)
+            steps_for = actions_for(decision, snapshot, self.settings)
             coord.last_key = key
-            coord.last_result = (snapshot, decision, waiting, untaken)
+            coord.last_result = (snapshot, decision, waiting, untaken, steps_for)
+            coord.worker.scores = dict(decision.scores)
         self._meter(coord)
         coord.waiting = waiting
         coord.untaken = untaken
-        counts = coord.counts
-        coord.held_backlog = {m for m in coord.consumers if counts.get(m, (0, 0))[0] > 0} \
+        coord.held_backlog = coord.consumers.keys() & coord.backlogged \
             if sim.config.recount_held_backlog else set()
         coord.meter_free = coord.worker.free_permits
         now = sim.now
         if sim.config.warmup_s <= now <= sim.config.duration_s:
             coord.rescores += 1
-        coord.worker.scores = dict(decision.scores)
         # The coordinator builds and scores a view of every candidate, not just these.
         # (rescore_cpu_per_model_s: a build whose re-score walked the whole catalog.)
         cpu_s = (sim.config.decide_cpu_s + sim.config.decide_cpu_per_queue_s
                  * self._candidate_count(coord)
                  + sim.config.rescore_cpu_per_model_s * len(self._names))
-        steps = deque(actions_for(decision, snapshot, self.settings))
+        steps = deque(steps_for)
         sim.work(coord.worker, cpu_s, lambda: self._act(coord, steps), "serve")
 
     def _observed_key(self, coord: Coordinator, counted: dict[int, tuple[int, int]]
@@ -481,7 +481,7 @@ class PullAffinity:
         """How many queues ``scheduling.candidates`` gives the coordinator (every runtime
         here takes work): those announced within the window, plus its own."""
         demand = self._demand
-        return len(demand) + sum(1 for m in coord.own if m not in demand)
+        return len(demand) + len(coord.own - demand.keys())
 
     def _set_count(self, coord: Coordinator, model: int) -> tuple[int, int]:
         """Count ``model``'s queue now (the broker's answer) and keep it as last counted."""
