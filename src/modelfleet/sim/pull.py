@@ -386,20 +386,32 @@ class PullAffinity:
             sim.after(count_s, lambda: self._observed(coord, count_all))
 
     def _refresh(self, coord: Coordinator) -> None:
-        """What the runtimes' ``stats`` say: device, host, and loading per runtime."""
+        """What the runtimes' ``stats`` say: device, host, and loading per runtime. What
+        did not change since the last stats keeps its objects (the decision's key
+        compares them first by identity)."""
+        runtimes = coord.worker.runtimes
+        ids = [runtime.cache.resident_ids() for runtime in runtimes]
+        if len(ids) == 1:
+            device_names, host_names = ids[0]
+        else:
+            device_names = frozenset().union(*(d for d, _ in ids))
+            host_names = frozenset().union(*(h for _, h in ids))
+        old_device, old_host, old_loading = coord.residency
+        old_device_names, old_host_names = coord.residency_names
         index_of = self.sim.index_of
-        device: set[int] = set()
-        host: set[int] = set()
-        loading: list[set[int]] = []
-        for runtime in coord.worker.runtimes:
-            snap = runtime.cache.snapshot()
-            device.update(index_of[n] for n in snap.device)
-            host.update(index_of[n] for n in snap.host)
-            loading.append(set(runtime.loading))
+        if device_names == old_device_names:
+            device, device_names = old_device, old_device_names
+        else:
+            device = {index_of[n] for n in device_names}
+        if host_names == old_host_names:
+            host, host_names = old_host, old_host_names
+        else:
+            host = {index_of[n] for n in host_names}
+        loading = [set(runtime.loading) for runtime in runtimes]
+        if loading == old_loading:
+            loading = old_loading
         coord.residency = (device, host, loading)
-        names = self._names
-        coord.residency_names = (frozenset(names[m] for m in device),
-                                 frozenset(names[m] for m in host))
+        coord.residency_names = (device_names, host_names)
         coord.refreshed_at = self.sim.now
 
     def _to_count(self, coord: Coordinator, full: bool) -> int:
@@ -481,7 +493,7 @@ class PullAffinity:
         """How many queues ``scheduling.candidates`` gives the coordinator (every runtime
         here takes work): those announced within the window, plus its own."""
         demand = self._demand
-        return len(demand) + len(coord.own - demand.keys())
+        return len(demand) + sum(1 for m in coord.own if m not in demand)
 
     def _set_count(self, coord: Coordinator, model: int) -> tuple[int, int]:
         """Count ``model``'s queue now (the broker's answer) and keep it as last counted."""
