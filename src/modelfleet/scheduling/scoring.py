@@ -327,7 +327,8 @@ def choose_queues(queues: Sequence[QueueView], worker: WorkerView, settings: Sco
     cold = _admit_cold(take_starving, take_cold, idle_join, runtime_of, priority_of, worker,
                        settings, now, reasons)
     chosen = kept + take_warm + [(scores[m], m) for m in cold]
-    chosen.sort(key=lambda item: (-item[0], item[1]))
+    if len(chosen) > settings.max_subscriptions:  # else every one is kept: order moot
+        chosen.sort(key=lambda item: (-item[0], item[1]))
     for _, model_id in chosen[settings.max_subscriptions:]:
         reasons[model_id] = "max-subscriptions"
         if model_id in worker.subscriptions:
