@@ -231,3 +231,14 @@ def test_a_budget_cut_below_a_load_in_flight_does_not_refuse_it() -> None:
     cache.set_budgets(30 * MB)
     with pytest.raises(ModelTooLarge, match="'liar' needs 35000000 bytes"):
         cache.commit("liar", 35 * MB, 1.0, "disk")
+
+
+def test_resident_ids_name_what_the_snapshot_lists_per_tier() -> None:
+    cache = make_cache(device=100 * MB, host=150 * MB, lru=True)
+    assert cache.resident_ids() == (frozenset(), frozenset())
+    load(cache, "a", 60 * MB)
+    load(cache, "b", 60 * MB)  # demotes "a"
+    cache.reserve("c", 10 * MB)  # a load in flight is resident nowhere yet
+    snap = cache.snapshot()
+    assert cache.resident_ids() == (frozenset(snap.device), frozenset(snap.host))
+    assert cache.resident_ids() == (frozenset({"b"}), frozenset({"a"}))

@@ -116,6 +116,11 @@ class ModelCache:
             drops=self._drops + self.host.drops,
         )
 
+    def resident_ids(self) -> tuple[frozenset[str], frozenset[str]]:
+        """The model ids on the device and in host memory now: ``snapshot``'s
+        ``device`` and ``host`` keys, without copying the rest of it."""
+        return frozenset(self._device), self.host.ids()
+
     def hit(self, model_id: str) -> Tier | None:
         """Record one use of ``model_id`` and say where it is. None: not resident
         (it may be loading: see ``reservation``; a load's commit counts as one use)."""

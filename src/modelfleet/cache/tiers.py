@@ -37,6 +37,10 @@ class HostTier:
         """A copy of model id -> bytes."""
         return dict(self._resident)
 
+    def ids(self) -> frozenset[str]:
+        """The model ids resident here."""
+        return frozenset(self._resident)
+
     def protect(self, model_id: str) -> None:
         """A promotion of ``model_id`` started: keep it until ``forget`` or ``unprotect``."""
         self._protected.add(model_id)

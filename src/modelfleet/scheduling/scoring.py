@@ -138,11 +138,33 @@ class QueueScorer:
         return self._noise_amplitude * (2.0 * u - 1.0)
 
     def score(self, queue: QueueView, warmth: float) -> float:
-        """The score of ``queue`` given its ``warmth`` (the starvation override included)."""
-        base = self.pressure(queue) + self.noise(queue.model_id)
-        if queue.backlog > 0 and queue.consumers == 0:
+        """The score of ``queue`` given its ``warmth`` (the starvation override included).
+
+        ``pressure(queue) + noise(model_id)``, then ``stickiness``: the same operations
+        in the same order, written out (this runs per queue per decision)."""
+        model_id = queue.model_id
+        backlog = queue.backlog
+        if backlog <= 0:
+            pressure = 0.0
+        else:
+            others = queue.consumers - 1 if model_id in self._subscriptions else queue.consumers
+            pressure = self._pressure_w * math.log1p(backlog / (max(others, 0) + 1)
+                                                     / self._pressure_scale)
+        if self._noise_amplitude == 0:
+            noise = 0.0
+        else:
+            u = _held_uniform(self._rng_seed, self._worker_id, self._bucket, "noise", model_id)
+            noise = self._noise_amplitude * (2.0 * u - 1.0)
+        base = pressure + noise
+        if backlog > 0 and queue.consumers == 0:
             return self._starvation + base
-        return warmth + self.stickiness(queue) + base
+        served = self._served.get(model_id)
+        if served is None:
+            stickiness = 0.0
+        else:
+            age = max(self._now - served, 0.0)
+            stickiness = self._sticky_w * max(0.0, 1.0 - age / self._sticky_window)
+        return warmth + stickiness + base
 
 
 def noise(settings: ScoringSettings, rng_seed: int, worker_id: str, model_id: str,
@@ -223,15 +245,24 @@ def choose_queues(queues: Sequence[QueueView], worker: WorkerView, settings: Sco
     unsubscribe: set[str] = set()
     bucket = math.floor(now / settings.noise_hold_s)
     scorer = QueueScorer(worker, settings, now, rng_seed)
+    caps: dict[tuple[int, str], int] = {}  # settings.fanout_cap, per (fan-out, plan)
+    cold_views: dict[str, QueueView] = {}  # what _admit_cold ranks: starved or cold takes
+    subscriptions = worker.subscriptions
 
     for queue in queues:
         model_id = queue.model_id
-        held = model_id in worker.subscriptions
+        held = model_id in subscriptions
         heat = scorer.warmth(queue)
         score = scorer.score(queue, heat)
         scores[model_id] = score
         warm = heat > 0
-        cap = None if queue.pinned else settings.fanout_cap(queue.fanout_max_workers, queue.plan)
+        if queue.pinned:
+            cap = None
+        else:
+            cap_key = (queue.fanout_max_workers, queue.plan)
+            cap = caps.get(cap_key)
+            if cap is None:
+                cap = caps[cap_key] = settings.fanout_cap(*cap_key)
 
         if held:
             if cap is not None and queue.consumers > cap:
@@ -254,7 +285,11 @@ def choose_queues(queues: Sequence[QueueView], worker: WorkerView, settings: Sco
             continue
 
         if is_starving(queue):
-            (take_warm if warm else take_starving).append((score, model_id))
+            if warm:
+                take_warm.append((score, model_id))
+            else:
+                take_starving.append((score, model_id))
+                cold_views[model_id] = queue
             reasons[model_id] = "starving"
         elif queue.backlog == 0 and not warm:
             reasons[model_id] = "idle-cold"
@@ -263,7 +298,11 @@ def choose_queues(queues: Sequence[QueueView], worker: WorkerView, settings: Sco
         elif score < settings.subscribe_threshold:
             if (worker.free_permits > 0 and queue.backlog > 0
                     and scorer.backlog_per_consumer(queue) >= settings.idle_join_backlog):
-                (take_warm if warm else take_cold).append((score, model_id))
+                if warm:
+                    take_warm.append((score, model_id))
+                else:
+                    take_cold.append((score, model_id))
+                    cold_views[model_id] = queue
                 idle_join.add(model_id)
                 reasons[model_id] = "idle-join"
             else:
@@ -273,6 +312,7 @@ def choose_queues(queues: Sequence[QueueView], worker: WorkerView, settings: Sco
             reasons[model_id] = "warm"
         else:
             take_cold.append((score, model_id))
+            cold_views[model_id] = queue
             reasons[model_id] = "pressure"
 
     for model_id in worker.subscriptions:
@@ -280,13 +320,15 @@ def choose_queues(queues: Sequence[QueueView], worker: WorkerView, settings: Sco
             unsubscribe.add(model_id)
             reasons[model_id] = "gone"
 
-    runtime_of = {queue.model_id: queue.runtime for queue in queues}
-    priority_of = {queue.model_id: max(settings.priority(queue.plan), queue.priority)
-                   for queue in queues}
+    # Only the cold candidates' runtimes and priorities are asked for (_admit_cold).
+    runtime_of = {model_id: queue.runtime for model_id, queue in cold_views.items()}
+    priority_of = {model_id: max(settings.priority(queue.plan), queue.priority)
+                   for model_id, queue in cold_views.items()}
     cold = _admit_cold(take_starving, take_cold, idle_join, runtime_of, priority_of, worker,
                        settings, now, reasons)
     chosen = kept + take_warm + [(scores[m], m) for m in cold]
-    chosen.sort(key=lambda item: (-item[0], item[1]))
+    if len(chosen) > settings.max_subscriptions:  # else every one is kept: order moot
+        chosen.sort(key=lambda item: (-item[0], item[1]))
     for _, model_id in chosen[settings.max_subscriptions:]:
         reasons[model_id] = "max-subscriptions"
         if model_id in worker.subscriptions:
@@ -343,6 +385,8 @@ def _admit_cold(starving: list[_Scored], pressured: list[_Scored], idle_join: se
         else:
             reasons[model_id] = "no-capacity"
 
+    if not pressured:
+        return admitted
     budget = cold_budget(worker, settings, now)
     permits = worker.free_permits
     pressured.sort(key=rank)

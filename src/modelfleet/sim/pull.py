@@ -41,6 +41,7 @@ callers all have priority 0; a queue's plan still gives it its plan's priority.
 
 from __future__ import annotations
 
+import heapq
 import math
 import random
 import zlib
@@ -53,8 +54,11 @@ from modelfleet.scheduling import (
     Decision,
     Observation,
     QueueFacts,
+    QueueScorer,
+    QueueView,
     ScoringSettings,
     Snapshot,
+    WorkerView,
     actions_for,
     candidates,
     decide,
@@ -90,6 +94,7 @@ class Coordinator:
     waiters: deque[Consumer] = field(default_factory=deque)  # the permit semaphore's FIFO
     counts: dict[int, tuple[int, int]] = field(default_factory=dict)  # as last counted
     backlogged: set[int] = field(default_factory=set)  # those of counts with a backlog
+    starved: set[int] = field(default_factory=set)  # ... and no consumer anywhere
     dirty: set[int] = field(default_factory=set)
     heard_upto: int = 0  # announcements (PullAffinity._heard_log) folded into dirty so far
     held_backlog: set[int] = field(default_factory=set)  # held queues last seen with backlog
@@ -103,12 +108,17 @@ class Coordinator:
     residency_names: tuple[frozenset[str], frozenset[str]] = (frozenset(), frozenset())
     # The last decision and what it was decided on (PullAffinity._observed_key).
     last_key: tuple[object, ...] | None = None
-    last_result: tuple[Snapshot, Decision, bool, bool] | None = None
+    last_result: tuple[Snapshot, Decision, bool, bool, tuple[Action, ...]] | None = None
     # Idle-permit meter (modelfleet.worker.idle.IdleMeter), over the measured window.
     meter_since: float = 0.0
     meter_free: int = 0
     idle_permit_s: float = 0.0
     rescores: int = 0
+    # PullAffinity._starved_rank's memo: its noise window, the scorer, the ranks in it.
+    rank_bucket: int | None = None
+    rank_scorer: QueueScorer | None = None
+    rank_memo: dict[tuple[int, int], tuple[int, float, str, int]] = field(default_factory=dict)
+    own: set[int] = field(default_factory=set)  # its own candidates, as last gathered
 
 
 class PullAffinity:
@@ -139,6 +149,13 @@ class PullAffinity:
         self._heard_log: list[int] = []  # every announcement heard, in order
         self._names: tuple[str, ...] = ()
         self._facts: list[QueueFacts] = []  # per model: what its queue view carries
+        # Per model, what a count of its queue says now: (ready, consumers), kept by
+        # _dispatch, which every change of a queue or of its consumers goes through.
+        self._qstate: list[tuple[int, int]] = []
+        self._consumed: set[int] = set()  # models with a consumer
+        self._free: set[int] = set()  # workers (by index) with a free permit
+        self._announce_interval_s = 0.0
+        self._announce_s = 0.0
 
     @property
     def sim(self) -> Simulation:
@@ -158,6 +175,9 @@ class PullAffinity:
         self._queues = [deque() for _ in range(models)]
         self._consumers = [[] for _ in range(models)]
         self._turn = [0] * models
+        self._qstate = [(0, 0)] * models
+        self._announce_interval_s = cfg.announce_interval_s
+        self._announce_s = cfg.broker_costs.announce_s
         cat = sim.catalog
         batch = max(1, cfg.batch_size)
         # Simulated callers all have the default priority (0); a queue's plan still
@@ -168,6 +188,7 @@ class PullAffinity:
             rng = random.Random(zlib.crc32(f"{self.rng_seed}/{worker.name}".encode()))
             coord = Coordinator(worker, rng, meter_since=cfg.warmup_s, meter_free=worker.permits)
             self._coords.append(coord)
+            self._note_free(coord)
             # Workers started together: each first re-score somewhere in the first period.
             coord.generation += 1
             generation = coord.generation
@@ -197,11 +218,11 @@ class PullAffinity:
             self._parked.pop(model, None)
 
     def _announce(self, model: int) -> None:
-        sim = self.sim
-        if sim.now - self._announced.get(model, -1e9) < sim.config.announce_interval_s:
+        now = self.sim.now
+        if now - self._announced.get(model, -1e9) < self._announce_interval_s:
             return
-        self._announced[model] = sim.now
-        sim.after(sim.config.broker_costs.announce_s, lambda: self._heard(model))
+        self._announced[model] = now
+        self.sim.after(self._announce_s, lambda: self._heard(model))
 
     def _announce_waiting(self) -> None:
         sim = self.sim
@@ -220,16 +241,18 @@ class PullAffinity:
         self._heard_log.append(model)
         if not self.sim.config.event_rescores:
             return
-        for coord in self._coords:
-            if coord.state != PAUSING and model not in coord.consumers \
-                    and coord.worker.in_flight < coord.worker.permits:
+        coords = self._coords
+        for index in sorted(self._free):  # those with a free permit, in worker order
+            coord = coords[index]
+            if coord.state != PAUSING and model not in coord.consumers:
                 self._wake(coord)
 
     def _fold_heard(self, coord: Coordinator) -> None:
         """Announcements heard since the last fold: those of models not pulled are dirty."""
         log = self._heard_log
-        consumers = coord.consumers
-        coord.dirty.update(m for m in log[coord.heard_upto:] if m not in consumers)
+        heard = set(log[coord.heard_upto:])
+        heard -= coord.consumers.keys()
+        coord.dirty |= heard
         coord.heard_upto = len(log)
 
     # --- the broker -------------------------------------------------------------------------
@@ -251,6 +274,11 @@ class PullAffinity:
                 self._take(self._coords[consumer.owner], consumer)
         if not queue:
             self._nonempty.discard(model)
+        self._qstate[model] = (len(queue), len(consumers))
+        if consumers:
+            self._consumed.add(model)
+        else:
+            self._consumed.discard(model)
 
     def _requeue_front(self, model: int, task: Task) -> None:
         self._delivered.pop(task[0], None)
@@ -274,9 +302,19 @@ class PullAffinity:
         self._meter(coord)
         self.sim.start(coord.worker, task)
         coord.meter_free = coord.worker.free_permits
+        self._note_free(coord)
+
+    def _note_free(self, coord: Coordinator) -> None:
+        """Keep ``_free`` (announcements wake only workers with a free permit): called
+        wherever a permit is taken (``_start``) or given back (``on_settled``)."""
+        if coord.worker.in_flight < coord.worker.permits:
+            self._free.add(coord.worker.index)
+        else:
+            self._free.discard(coord.worker.index)
 
     def on_settled(self, worker: SimWorker, task: Task) -> None:
         coord = self._coords[worker.index]
+        self._note_free(coord)
         self._meter(coord)
         coord.meter_free = worker.free_permits
         consumer = self._delivered.pop(task[0], None)
@@ -348,20 +386,32 @@ class PullAffinity:
             sim.after(count_s, lambda: self._observed(coord, count_all))
 
     def _refresh(self, coord: Coordinator) -> None:
-        """What the runtimes' ``stats`` say: device, host, and loading per runtime."""
+        """What the runtimes' ``stats`` say: device, host, and loading per runtime. What
+        did not change since the last stats keeps its objects (the decision's key
+        compares them first by identity)."""
+        runtimes = coord.worker.runtimes
+        ids = [runtime.cache.resident_ids() for runtime in runtimes]
+        if len(ids) == 1:
+            device_names, host_names = ids[0]
+        else:
+            device_names = frozenset().union(*(d for d, _ in ids))
+            host_names = frozenset().union(*(h for _, h in ids))
+        old_device, old_host, old_loading = coord.residency
+        old_device_names, old_host_names = coord.residency_names
         index_of = self.sim.index_of
-        device: set[int] = set()
-        host: set[int] = set()
-        loading: list[set[int]] = []
-        for runtime in coord.worker.runtimes:
-            snap = runtime.cache.snapshot()
-            device.update(index_of[n] for n in snap.device)
-            host.update(index_of[n] for n in snap.host)
-            loading.append(set(runtime.loading))
+        if device_names == old_device_names:
+            device, device_names = old_device, old_device_names
+        else:
+            device = {index_of[n] for n in device_names}
+        if host_names == old_host_names:
+            host, host_names = old_host, old_host_names
+        else:
+            host = {index_of[n] for n in host_names}
+        loading = [set(runtime.loading) for runtime in runtimes]
+        if loading == old_loading:
+            loading = old_loading
         coord.residency = (device, host, loading)
-        names = self._names
-        coord.residency_names = (frozenset(names[m] for m in device),
-                                 frozenset(names[m] for m in host))
+        coord.residency_names = (device_names, host_names)
         coord.refreshed_at = self.sim.now
 
     def _to_count(self, coord: Coordinator, full: bool) -> int:
@@ -386,48 +436,53 @@ class PullAffinity:
         sim = self.sim
         self._expire_demand()
         self._count(coord, full)
-        observation = self.observation(coord)
-        key = self._observed_key(coord, observation)
+        counted = self._gather(coord)
+        key = self._observed_key(coord, counted)
         if key == coord.last_key and coord.last_result is not None:
             # Nothing this worker observes changed since its last decision (within one
             # noise window): decide again would give the same answer, but for the few
             # milliseconds of stickiness decay between the two. Its CPU is still spent.
-            snapshot, decision, waiting, untaken = coord.last_result
+            snapshot, decision, waiting, untaken, steps_for = coord.last_result
         else:
+            observation = self._observation_of(coord, counted)
             snapshot = snapshot_of(observation, self.settings, self.rng_seed)
             decision = decide(snapshot, self.settings, self.rng_seed)
             waiting = scheduling_work_waiting(snapshot, self.settings, True)
             untaken = waiting if sim.config.wake_on_held_backlog else \
                 scheduling_work_waiting(snapshot, self.settings, False)
+            steps_for = actions_for(decision, snapshot, self.settings)
             coord.last_key = key
-            coord.last_result = (snapshot, decision, waiting, untaken)
+            coord.last_result = (snapshot, decision, waiting, untaken, steps_for)
+            coord.worker.scores = dict(decision.scores)
         self._meter(coord)
         coord.waiting = waiting
         coord.untaken = untaken
-        counts = coord.counts
-        coord.held_backlog = {m for m in coord.consumers if counts.get(m, (0, 0))[0] > 0} \
+        coord.held_backlog = coord.consumers.keys() & coord.backlogged \
             if sim.config.recount_held_backlog else set()
         coord.meter_free = coord.worker.free_permits
         now = sim.now
         if sim.config.warmup_s <= now <= sim.config.duration_s:
             coord.rescores += 1
-        coord.worker.scores = dict(decision.scores)
         # The coordinator builds and scores a view of every candidate, not just these.
         # (rescore_cpu_per_model_s: a build whose re-score walked the whole catalog.)
         cpu_s = (sim.config.decide_cpu_s + sim.config.decide_cpu_per_queue_s
                  * self._candidate_count(coord)
                  + sim.config.rescore_cpu_per_model_s * len(self._names))
-        steps = deque(actions_for(decision, snapshot, self.settings))
+        steps = deque(steps_for)
         sim.work(coord.worker, cpu_s, lambda: self._act(coord, steps), "serve")
 
-    def _observed_key(self, coord: Coordinator, obs: Observation) -> tuple[object, ...]:
+    def _observed_key(self, coord: Coordinator, counted: dict[int, tuple[int, int]]
+                      ) -> tuple[object, ...]:
         """What a decision depends on besides the instant: the observation's fields that
-        change (the others are fixed per worker and model), the noise window, and how
-        many tasks this worker has finished (``last_served`` is updated in place)."""
-        return (math.floor(obs.now / self.settings.noise_hold_s), coord.worker.served,
-                obs.counts, obs.subscriptions, obs.resident_device, obs.resident_host,
-                obs.loading, obs.loading_for_tasks, obs.running,
-                obs.recent_cold_subscribes, obs.free_permits, obs.prefetch)
+        change (the others are fixed per worker and model), by model index, the noise
+        window, and how many tasks this worker has finished (``last_served`` is updated
+        in place). Equal keys, equal observations (``_observation_of``) but for ``now``."""
+        worker = coord.worker
+        device, host, seen_loading = coord.residency
+        return (math.floor(self.sim.now / self.settings.noise_hold_s), worker.served,
+                counted, worker.subscriptions, device, host, seen_loading,
+                dict(worker.running), tuple(worker.recent_cold), worker.free_permits,
+                {m: c.window for m, c in coord.consumers.items()})
 
     def _own(self, coord: Coordinator) -> set[int]:
         """The candidates that are not there by demand alone: held, resident, pinned."""
@@ -438,15 +493,20 @@ class PullAffinity:
         """How many queues ``scheduling.candidates`` gives the coordinator (every runtime
         here takes work): those announced within the window, plus its own."""
         demand = self._demand
-        return len(demand) + sum(1 for m in self._own(coord) if m not in demand)
+        return len(demand) + sum(1 for m in coord.own if m not in demand)
 
     def _set_count(self, coord: Coordinator, model: int) -> tuple[int, int]:
         """Count ``model``'s queue now (the broker's answer) and keep it as last counted."""
         count = coord.counts[model] = (len(self._queues[model]), len(self._consumers[model]))
         if count[0] > 0:
             coord.backlogged.add(model)
+            if count[1] == 0:
+                coord.starved.add(model)
+            else:
+                coord.starved.discard(model)
         else:
             coord.backlogged.discard(model)
+            coord.starved.discard(model)
         return count
 
     def _count(self, coord: Coordinator, full: bool) -> None:
@@ -460,6 +520,7 @@ class PullAffinity:
         if full:
             coord.counts = {}
             coord.backlogged = set()
+            coord.starved = set()
             for model in candidates((), coord.consumers, device, host, self.sim.catalog.pinned):
                 self._set_count(coord, model)
             for model in self._nonempty:
@@ -468,65 +529,141 @@ class PullAffinity:
             coord.dirty.clear()
             return
         self._fold_heard(coord)  # what was heard while the stats were asked, too
-        for model in coord.dirty:
-            if model in demand:
-                self._set_count(coord, model)
-        for model in coord.held_backlog:  # held, with a backlog when last counted
-            if model in coord.consumers:
-                self._set_count(coord, model)
+        # What _set_count does, over a set at once: this runs per worker per announcement.
+        counted = coord.dirty & demand.keys()
+        counted.update(coord.held_backlog & coord.consumers.keys())  # held, last with backlog
+        coord.counts.update(zip(counted, map(self._qstate.__getitem__, counted), strict=True))
+        waiting = counted & self._nonempty  # _nonempty: the queues not empty
+        coord.backlogged -= counted
+        coord.backlogged |= waiting
+        coord.starved -= counted
+        coord.starved |= waiting - self._consumed
         coord.dirty.clear()
 
     def observation(self, coord: Coordinator) -> Observation:
         """What this worker's coordinator knows now (``scheduling.Observation``): the
         counts of its candidates as last counted (one never counted is counted now, as
         the coordinator does), its runtimes' last stats, its tasks."""
-        sim = self.sim
+        return self._observation_of(coord, self._gather(coord))
+
+    def _gather(self, coord: Coordinator) -> dict[int, tuple[int, int]]:
+        """The candidates' counts the observation carries, by model index.
+
+        Of the candidates (scheduling.candidates), only those that can matter
+        (scheduling.cannot_matter): held, warm here (device, host, pinned, loading) or
+        last counted with a backlog. snapshot_of leaves the others out itself, so the
+        snapshot is the same; this keeps the gathering O(what matters), not O(demand).
+        A cold queue (not own, not loading here) on a runtime whose loader has no free
+        slot cannot matter either (snapshot_of drops it): the loader's room is what
+        worker_view makes of the stats' loading and the tasks running off the device.
+        Nor can starved cold queues (nothing consumes them, as last counted) beyond a
+        runtime's free slots: snapshot_of keeps the best ``room`` of them by scoring's
+        own rank; so does this, from fewer views."""
         worker = coord.worker
-        names = self._names
         device, _, seen_loading = coord.residency
         counts = coord.counts
         demand = self._demand
-        # Of the candidates (scheduling.candidates), only those that can matter
-        # (scheduling.cannot_matter): held, warm here (device, host, pinned, loading) or
-        # last counted with a backlog. snapshot_of leaves the others out itself, so the
-        # snapshot is the same; this keeps the gathering O(what matters), not O(demand).
-        own = self._own(coord)
+        own = coord.own = self._own(coord)
+        runtime_of = self.sim.catalog.runtime
+        busy = [set(models) for models in seen_loading]
+        for m in worker.running:
+            if m not in device:
+                busy[runtime_of[m]].add(m)
+        room = [r.loaders - len(b) for r, b in zip(worker.runtimes, busy, strict=True)]
         gather = set(own)
-        gather.update(demand.keys() & coord.backlogged)
-        for models in seen_loading:
+        for models in busy:
             gather.update(m for m in models if m in demand or m in own)
-        gather.update(m for m in worker.running
-                      if m not in device and (m in demand or m in own))
-        counted: dict[str, tuple[int, int]] = {}
-        facts: dict[str, QueueFacts] = {}
+        if any(slots > 0 for slots in room):
+            cold = demand.keys() & coord.backlogged
+            cold -= gather  # own, and loading here in demand
+            for models in busy:
+                cold -= models
+            starved = cold & coord.starved
+            cold -= starved
+            if len(room) == 1:
+                gather |= cold
+                self._claimable(coord, starved, room[0], gather)
+            else:
+                by_runtime: list[set[int]] = [set() for _ in room]
+                for m in starved:
+                    by_runtime[runtime_of[m]].add(m)
+                gather.update(m for m in cold if room[runtime_of[m]] > 0)
+                for slots, waiting in zip(room, by_runtime, strict=True):
+                    if slots > 0:
+                        self._claimable(coord, waiting, slots, gather)
+        counted: dict[int, tuple[int, int]] = {}
         for model in gather:
             count = counts.get(model)
             if count is None:
                 if model in demand:
                     continue  # in demand, never counted: an empty queue (see _count)
                 count = self._set_count(coord, model)
-            name = names[model]
-            counted[name] = count
-            facts[name] = self._facts[model]
-        now = sim.now
+            counted[model] = count
+        now = self.sim.now
         while worker.recent_cold and now - worker.recent_cold[0] >= COLD_WINDOW_S:
             worker.recent_cold.popleft()
+        return counted
+
+    def _observation_of(self, coord: Coordinator, counted: dict[int, tuple[int, int]]
+                        ) -> Observation:
+        worker = coord.worker
+        names = self._names
+        facts_of = self._facts
+        device, _, seen_loading = coord.residency
         runtimes = worker.runtimes
         return Observation(
-            now, worker.name, counted, facts,
+            self.sim.now, worker.name, {names[m]: c for m, c in counted.items()},
+            {names[m]: facts_of[m] for m in counted},
             subscriptions=worker.subscriptions,  # the names of coord.consumers' models
             resident_device=coord.residency_names[0],
             resident_host=coord.residency_names[1],
             load_slots={r.name: r.loaders for r in runtimes},
             loading={r.name: frozenset(names[m] for m in models)
                      for r, models in zip(runtimes, seen_loading, strict=True)},
-            loading_for_tasks={names[m]: self._facts[m].runtime for m in worker.running
+            loading_for_tasks={names[m]: facts_of[m].runtime for m in worker.running
                                if m not in device},
             running={names[m]: n for m, n in worker.running.items()},
             last_served=worker.last_served,
             recent_cold_subscribes=tuple(worker.recent_cold),
             free_permits=worker.free_permits, permits_cap=worker.permits,
             prefetch={names[m]: c.window for m, c in coord.consumers.items()})
+
+    def _claimable(self, coord: Coordinator, starved: set[int], slots: int,
+                   gather: set[int]) -> None:
+        """Add to ``gather`` the ``slots`` best of ``starved`` (all of them if no more)."""
+        if len(starved) <= slots:
+            gather |= starved
+            return
+        now = self.sim.now
+        bucket = math.floor(now / self.settings.noise_hold_s)
+        if coord.rank_bucket != bucket:
+            coord.rank_bucket = bucket
+            coord.rank_memo = {}
+            coord.rank_scorer = QueueScorer(WorkerView(coord.worker.name), self.settings, now,
+                                            self.rng_seed)
+        memo = coord.rank_memo
+        counts = coord.counts
+        ranked = []
+        for m in starved:
+            key = (m, counts[m][0])
+            rank = memo.get(key)
+            if rank is None:
+                rank = memo[key] = self._starved_rank(coord, m, key[1])
+            ranked.append(rank)
+        gather.update(rank[3] for rank in heapq.nsmallest(slots, ranked))
+
+    def _starved_rank(self, coord: Coordinator, model: int, backlog: int
+                      ) -> tuple[int, float, str, int]:
+        """``snapshot_of``'s rank of a starved cold queue (as last counted) for this
+        worker, then the model's index: a pure function of the noise window, the model
+        and its backlog, kept for the window (``Coordinator.rank_memo``)."""
+        facts = self._facts[model]
+        view = QueueView(self._names[model], backlog, 0, facts.fanout_max_workers,
+                         facts.plan, facts.pinned, facts.batch_size, facts.runtime,
+                         facts.priority)
+        assert coord.rank_scorer is not None
+        return (-max(self.settings.priority(facts.plan), facts.priority),
+                -coord.rank_scorer.score(view, 0.0), view.model_id, model)
 
     def _act(self, coord: Coordinator, steps: deque[Action]) -> None:
         """Carry ``scheduling.actions_for`` out step by step, each after what it waits for."""
