@@ -9,6 +9,7 @@ fresh announced count, and what it is about to take.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -71,10 +72,13 @@ def test_an_estimate_sums_the_gateways_fresh_counts_and_the_peers_that_consume()
     assert counts.estimate("y", 5.5) is None
 
 
-async def test_the_gateway_announces_how_many_wait_and_who_says_so(tmp_path: Path) -> None:
+@contextlib.asynccontextmanager
+async def gateway_hearing_events(tmp_path: Path, **gateway: object) -> AsyncIterator[
+        tuple[GatewayService, MemoryBroker, list[dict[str, object]]]]:
+    """A started gateway service on the embedded broker, no worker, and every event
+    published while it runs."""
     settings = Settings(repo=str(EXAMPLES), state_dir=tmp_path,
-                        gateway={"demand_announce_interval_s": 0.05,
-                                 "cold_lane_per_model": 0})  # all three in banner's queue
+                        gateway={"demand_announce_interval_s": 0.05, **gateway})
     broker = MemoryBroker(settings.broker)
     await broker.connect()
     _, catalog = open_repository(settings)
@@ -89,14 +93,19 @@ async def test_the_gateway_announces_how_many_wait_and_who_says_so(tmp_path: Pat
     listener = asyncio.create_task(listen())
     await asyncio.sleep(0.05)  # subscribed
     try:
-        calls = [service.infer("banner", None, b"hi", "text/plain", now_ms() + 400, {})
-                 for _ in range(3)]  # no worker here: they wait, announced
-        for outcome in await asyncio.gather(*calls, return_exceptions=True):
-            assert isinstance(outcome, DeadlineExceeded)
+        yield service, broker, events
     finally:
         listener.cancel()
         await service.stop()
         await broker.close()
+
+
+async def test_the_gateway_announces_how_many_wait_and_who_says_so(tmp_path: Path) -> None:
+    async with gateway_hearing_events(tmp_path, cold_lane_per_model=0) as (service, _, events):
+        calls = [service.infer("banner", None, b"hi", "text/plain", now_ms() + 400, {})
+                 for _ in range(3)]  # no worker here, no cold lane: they wait, announced
+        for outcome in await asyncio.gather(*calls, return_exceptions=True):
+            assert isinstance(outcome, DeadlineExceeded)
     demands = [e for e in events if e.get("kind") == "demand" and e["model_id"] == "banner"]
     assert demands[0]["waiting"] == 1  # announced with the first request
     assert 3 in {e["waiting"] for e in demands}  # then re-announced with all three
@@ -188,22 +197,7 @@ async def test_requests_in_the_cold_lane_are_not_announced_as_waiting(tmp_path: 
     """No worker holds banner: its first two requests go to the cold lane (its fan-out cap
     is 2), the third to banner's queue, and the demand announced counts only what waits
     in banner's queue."""
-    settings = Settings(repo=str(EXAMPLES), state_dir=tmp_path,
-                        gateway={"demand_announce_interval_s": 0.05})
-    broker = MemoryBroker(settings.broker)
-    await broker.connect()
-    _, catalog = open_repository(settings)
-    service = GatewayService(settings, broker, catalog)
-    await service.start()
-    events: list[dict[str, object]] = []
-
-    async def listen() -> None:
-        async for event in broker.events():
-            events.append(event)
-
-    listener = asyncio.create_task(listen())
-    await asyncio.sleep(0.05)  # subscribed
-    try:
+    async with gateway_hearing_events(tmp_path) as (service, broker, events):
         calls = [asyncio.create_task(service.infer("banner", None, b"hi", "text/plain",
                                                    now_ms() + 400, {})) for _ in range(3)]
         await asyncio.sleep(0.2)
@@ -211,9 +205,5 @@ async def test_requests_in_the_cold_lane_are_not_announced_as_waiting(tmp_path: 
         assert stats[cold_lane(0)].backlog == 2 and stats["banner"].backlog == 1
         for outcome in await asyncio.gather(*calls, return_exceptions=True):
             assert isinstance(outcome, DeadlineExceeded)
-    finally:
-        listener.cancel()
-        await service.stop()
-        await broker.close()
     demands = [e for e in events if e.get("kind") == "demand" and e["model_id"] == "banner"]
     assert demands and {e["waiting"] for e in demands} == {1}
