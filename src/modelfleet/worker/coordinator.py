@@ -47,7 +47,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from modelfleet import metrics
-from modelfleet.broker import Broker, Delivery, QueueStats, Subscription, cold_lane
+from modelfleet.broker import Broker, Delivery, QueueStats, Subscription
 from modelfleet.errors import BrokerUnavailable
 from modelfleet.repository import Catalog
 from modelfleet.scheduling import (
@@ -66,6 +66,8 @@ from modelfleet.scheduling import (
 from modelfleet.scheduling.demand import DemandPriority
 from modelfleet.settings import Settings
 from modelfleet.worker.announced import AnnouncedCounts
+from modelfleet.worker.cold_lanes import ColdLanes
+from modelfleet.worker.consumer import Consumer, leave
 from modelfleet.worker.control import ControlAgent
 from modelfleet.worker.idle import IdleMeter
 from modelfleet.worker.pinning import PinKeeper
@@ -87,13 +89,6 @@ def default_worker_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
-class _Consumer:
-    def __init__(self, subscription: Subscription, task: asyncio.Task[None]) -> None:
-        self.subscription = subscription
-        self.task = task
-        self.prefetch = 0
-
-
 class Coordinator:
     def __init__(self, settings: Settings, broker: Broker, catalog: Catalog,
                  supervisor: RuntimeSupervisor, clock: Callable[[], float] = time.time,
@@ -107,9 +102,7 @@ class Coordinator:
         self._cap = settings.worker.permits
         self._permits = asyncio.Semaphore(self._cap)
         self._in_flight: set[asyncio.Task[None]] = set()
-        self._consumers: dict[str, _Consumer] = {}
-        self._cold_lanes: dict[int, _Consumer] = {}  # plan priority -> consumer on its lane
-        self._cold_in_flight = 0  # tasks from the cold lanes running here
+        self._consumers: dict[str, Consumer] = {}
         # model id -> when its demand was last heard, oldest first: expiry pops the front
         # instead of scanning every model in demand at every re-score.
         self._demand: OrderedDict[str, float] = OrderedDict()
@@ -126,6 +119,12 @@ class Coordinator:
         self._tasks = TaskRunner(settings, broker, catalog, supervisor, self.worker_id,
                                  self.control, TaskLog(self.worker_id, settings.log_format),
                                  self._stop_pulling, clock)
+        self._lanes = ColdLanes(
+            settings, broker, accepting=self._runtime_accepting, start=self._start,
+            announce_queued=self._tasks.announce_queued,
+            free_permits=lambda: self._cap - len(self._in_flight),
+            load_slots=lambda: settings.runtime.max_concurrent_loads
+            * len(self._supervisor.shared))
         self._counts: dict[str, QueueStats] = {}  # candidate queues as last counted
         # Counts from the fleet's announcements (worker/announced.py), and the candidates
         # whose entry in _counts is such an estimate rather than the broker's count.
@@ -175,7 +174,7 @@ class Coordinator:
         await asyncio.gather(*background, return_exceptions=True)
         await self.control.stop()
         # 2. Stop taking new work: cancel every consumer (unstarted deliveries go back).
-        await asyncio.gather(self._leave_cold_lanes(),
+        await asyncio.gather(self._lanes.leave(),
                              *(self._unsubscribe(m) for m in list(self._consumers)))
         # 3. Drain: in-flight tasks finish and reply, or are handed back after the timeout.
         if self._in_flight:
@@ -527,82 +526,8 @@ class Coordinator:
                         await consumer.subscription.set_prefetch(action.window)
                         consumer.prefetch = action.window
         await self._retire_idle_runtimes(now)
-        await self._keep_cold_lanes()
+        await self._lanes.keep(self.ready and not self._stopping)
         metrics.SUBSCRIPTIONS.set(len(self._consumers))
-
-    # -- the cold lane ---------------------------------------------------------------
-    async def _keep_cold_lanes(self) -> None:
-        """Pull the cold lanes (one per plan priority) while this worker can take new
-        work, else leave them.
-
-        Gateways put there the first requests of models that no worker holds or pulls
-        (``gateway.cold_lane_per_model``); a free permit takes the next of them straight
-        away, where a model's own queue would wait for a worker to notice it and decide
-        to take it (an announcement, a re-score, a subscription: issue 23's cold path).
-        """
-        wanted = self._settings.worker.cold_lane and self.ready and not self._stopping
-        if not wanted:
-            if self._cold_lanes:
-                await self._leave_cold_lanes()
-                log.info("left the cold lanes: this worker cannot take new work")
-            return
-        prefetch = self._cold_lane_window()
-        for priority in sorted({0, *self._settings.scheduling.plan_priority.values()}):
-            consumer = self._cold_lanes.get(priority)
-            if consumer is not None and not consumer.task.done():
-                # Grown at once (a free permit must not wait), shrunk only once halved: on
-                # RabbitMQ each change starts a consumer anew (basic.qos applies to new ones).
-                if prefetch > consumer.prefetch or prefetch <= consumer.prefetch // 2:
-                    with contextlib.suppress(BrokerUnavailable):
-                        await consumer.subscription.set_prefetch(prefetch)
-                        consumer.prefetch = prefetch
-                continue
-            if consumer is not None:  # its stream ended (the broker closed it): afresh
-                await self._leave(self._cold_lanes.pop(priority))
-            subscription = await self._broker.subscribe(cold_lane(priority), prefetch)
-            consumer = _Consumer(subscription, asyncio.create_task(
-                self._consume(subscription, cold=True), name=f"consume-cold-lane-{priority}"))
-            consumer.prefetch = prefetch
-            self._cold_lanes[priority] = consumer
-            log.info("pulling the cold lane of priority %d (prefetch %d)", priority, prefetch)
-
-    def _cold_lane_window(self) -> int:
-        """How many unacked tasks each cold lane may hand this worker: a lane task holds
-        its delivery until it is answered, so the window bounds the lane's tasks running
-        here as well as those waiting. ``worker.cold_lane_prefetch`` if set; else the lane
-        tasks running now plus the free permits (work-conserving: a free permit is never
-        left idle while the lane has work), at least the shared runtimes' load slots, at
-        most the permits. Re-set at each re-score (one call to the broker when it moves)."""
-        fixed = self._settings.worker.cold_lane_prefetch
-        if fixed:
-            return fixed
-        slots = self._settings.runtime.max_concurrent_loads * len(self._supervisor.shared)
-        free = self._cap - len(self._in_flight)
-        return max(1, min(self._cap, max(slots, self._cold_in_flight + free)))
-
-    async def _leave_cold_lanes(self) -> None:
-        lanes, self._cold_lanes = self._cold_lanes, {}
-        await asyncio.gather(*(self._leave(consumer) for consumer in lanes.values()))
-
-    async def _leave(self, consumer: _Consumer) -> None:
-        with contextlib.suppress(BrokerUnavailable):
-            await consumer.subscription.cancel()
-        consumer.task.cancel()
-        await asyncio.wait({consumer.task})  # not `await`: our own cancellation stays ours
-
-    async def _passed_on(self, delivery: Delivery) -> bool:
-        """A cold-lane task this worker cannot run (a model its catalog does not know yet,
-        one only other workers run, or one whose runtime takes nothing now) goes to its
-        model's own queue, announced, where the fleet's scoring finds it. True if so."""
-        model_id = delivery.task.model_id
-        if self._runtime_accepting(model_id):
-            return False
-        with contextlib.suppress(BrokerUnavailable):
-            await self._broker.republish(delivery.task)
-            await delivery.ack()
-            metrics.COLD_LANE_PASSED_ON.inc()
-            await self._tasks.announce_queued(model_id)
-        return True
 
     async def _retire_idle_runtimes(self, now: float) -> None:
         """An isolated model's own runtime holds a process and its memory: stop it when idle."""
@@ -656,7 +581,7 @@ class Coordinator:
         if model_id in self._consumers or self._stopping:
             return
         subscription = await self._broker.subscribe(model_id, prefetch)
-        consumer = _Consumer(subscription, asyncio.create_task(
+        consumer = Consumer(subscription, asyncio.create_task(
             self._consume(subscription), name=f"consume-{model_id}"))
         consumer.prefetch = prefetch
         self._consumers[model_id] = consumer
@@ -666,33 +591,29 @@ class Coordinator:
         consumer = self._consumers.pop(model_id, None)
         if consumer is None:
             return
-        await self._leave(consumer)
+        await leave(consumer)
         log.info("unsubscribed from %s", model_id)
 
     # -- running tasks -------------------------------------------------------------
-    async def _consume(self, subscription: Subscription, cold: bool = False) -> None:
+    async def _consume(self, subscription: Subscription) -> None:
         async for delivery in subscription:
-            if cold and await self._passed_on(delivery):
-                continue
-            try:
-                await self._permits.acquire()
-            except asyncio.CancelledError:
-                # Unsubscribed while this task waited for a permit: it was never started.
-                with contextlib.suppress(BrokerUnavailable, RuntimeError):
-                    await delivery.release()
-                raise
-            task = asyncio.create_task(self._tasks.run(delivery))
-            if cold:
-                metrics.COLD_LANE_TASKS.inc()
-                self._cold_in_flight += 1
-                task.add_done_callback(self._cold_finished)
-            self._in_flight.add(task)
-            metrics.PERMITS_IN_USE.set(len(self._in_flight))
-            self._idle.observe(free_permits=self._cap - len(self._in_flight))
-            task.add_done_callback(self._finished)
+            await self._start(delivery)
 
-    def _cold_finished(self, _: asyncio.Task[None]) -> None:
-        self._cold_in_flight -= 1
+    async def _start(self, delivery: Delivery) -> asyncio.Task[None]:
+        """Wait for a permit, then run the delivery's task (a model queue's or a lane's)."""
+        try:
+            await self._permits.acquire()
+        except asyncio.CancelledError:
+            # Unsubscribed while this task waited for a permit: it was never started.
+            with contextlib.suppress(BrokerUnavailable, RuntimeError):
+                await delivery.release()
+            raise
+        task = asyncio.create_task(self._tasks.run(delivery))
+        self._in_flight.add(task)
+        metrics.PERMITS_IN_USE.set(len(self._in_flight))
+        self._idle.observe(free_permits=self._cap - len(self._in_flight))
+        task.add_done_callback(self._finished)
+        return task
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._in_flight.discard(task)
