@@ -183,3 +183,64 @@ def test_each_runtime_reports_its_rss_next_to_its_budget(tmp_path: Path) -> None
             assert budget == BUDGET and startup > 0
             assert metric_sum(base, "modelfleet_runtime_rss_limit_bytes", runtime=name) > budget
         assert metric_sum(base, "modelfleet_runtime_over_memory_budget") == 0
+
+
+# Its predict keeps what it allocates, after the model is unloaded too (a module-level
+# list, as a leaky model's cache would): its runtime's RSS stays over the line whatever
+# that runtime sheds.
+LEAKER = '''
+    import numpy as np
+    from modelfleet import Model
+
+    KEPT = []
+
+    class Leaker(Model):
+        def load(self, ctx):
+            self.w = np.ones(16, dtype=np.float32)
+
+        async def preprocess(self, request):
+            return 0
+
+        def predict(self, batch):
+            KEPT.append(np.ones(150 * 1024 * 1024 // 4, dtype=np.float32))
+            return [0.0 for _ in batch]
+'''
+
+
+def test_a_load_refused_by_one_runtimes_memory_guard_is_served_by_another(
+        tmp_path: Path) -> None:
+    """A runtime whose RSS stays over its line refuses every load (``no_capacity``) until
+    it has shed back under, which here is never. A miss placed there is not failed after
+    the memory retries (it used to be a 503 after 3.6 s): it moves to the other shared
+    runtime and is answered."""
+    repo = tmp_path / "repo"
+    write_package(repo, "leaker", MANIFEST.format(name="leaker", mb=1, cls="Leaker"), LEAKER)
+    for name, mb in (("filler", 8), ("small", 5)):
+        folder = write_package(repo, name, MANIFEST.format(name=name, mb=mb, cls="Blob"), BLOB)
+        np.full(mb * MiB // 4, 1.0, dtype=np.float32).tofile(folder / "weights.bin")
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    env = {"MODELFLEET_WORKER__SHARED_RUNTIMES": "2",
+           "MODELFLEET_WORKER__DEVICE_BUDGET_BYTES": str(BUDGET),
+           "MODELFLEET_WORKER__RESCORE_INTERVAL_S": "0.2",
+           "MODELFLEET_RUNTIME__HOST_BUDGET_BYTES": "0",
+           "MODELFLEET_DLQ_DB": str(tmp_path / "dlq.sqlite3")}
+    with running(["serve", "--repo", str(repo), "--port", str(port)], tmp_path, "serve",
+                 f"{base}/readyz", env):
+        answer = httpx.post(f"{base}/v1/models/leaker/infer", json={}, timeout=60)
+        assert answer.status_code == 200, answer.text
+        deadline = time.monotonic() + 30
+        while metric_sum(base, "modelfleet_runtime_over_memory_budget") < 1:
+            assert time.monotonic() < deadline, "the leaker's runtime never went over its line"
+            time.sleep(0.2)
+        # The leaker's runtime shed what it could and holds nothing now, so the next
+        # misses are placed there: each is refused, and moves to the other runtime.
+        answer = httpx.post(f"{base}/v1/models/filler/infer", json={}, timeout=60)
+        assert answer.status_code == 200, answer.text
+        refused = metric_sum(base, "modelfleet_worker_memory_retries_total", code="no_capacity")
+        answer = httpx.post(f"{base}/v1/models/small/infer", json={}, timeout=60)
+        assert answer.status_code == 200, answer.text
+        assert metric_sum(base, "modelfleet_worker_memory_retries_total",
+                          code="no_capacity") > refused, "the miss was not placed on the " \
+            "runtime over its line: this test did not exercise the refusal"
+        assert metric_sum(base, "modelfleet_runtime_over_memory_budget") == 1

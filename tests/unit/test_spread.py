@@ -46,6 +46,26 @@ def test_a_model_stays_on_its_runtime_while_it_is_held() -> None:
     assert spread.route("a", two(), POOL) == "runtime-0"
 
 
+def test_a_load_refused_for_memory_moves_the_model_to_another_runtime() -> None:
+    spread = Spread(replica_at=4, keep_s=10, size_of=size_table({}))
+    assert spread.home("a", two(), POOL) == "runtime-0"
+    assert spread.rehome("a", "runtime-0", two(), POOL) == "runtime-1"
+    assert spread.holders("a") == ("runtime-1",)  # its next tasks go there too
+    assert spread.route("a", two(), POOL) == "runtime-1"
+
+
+def test_a_refused_model_goes_to_a_holder_it_has_already_and_nowhere_when_alone() -> None:
+    spread = Spread(replica_at=1, keep_s=10, size_of=size_table({}))
+    three = [*two(), RuntimeView("runtime-2")]
+    spread._holders["a"] = ["runtime-0", "runtime-2"]  # a replica on runtime-2
+    assert spread.rehome("a", "runtime-0", three, POOL) == "runtime-2"
+    assert spread.holders("a") == ("runtime-2",)
+    down = two(b=RuntimeView("runtime-1", up=False))
+    spread.home("b", down, POOL)
+    assert spread.rehome("b", "runtime-0", down, POOL) is None  # no other runtime up
+    assert spread.holders("b") == ("runtime-0",)
+
+
 def on(*names: str, model: str = "hot", **extra: int) -> list[RuntimeView]:
     """Both runtimes, with ``model`` resident on ``names``."""
     return [RuntimeView(f"runtime-{i}", resident=frozenset({model})

@@ -121,6 +121,27 @@ class Spread:
         self._holders[model_id] = [chosen]
         return chosen
 
+    def rehome(self, model_id: str, refused: str, views: Sequence[RuntimeView],
+               pool_bytes: int) -> str | None:
+        """The runtime ``refused`` turned the model's load away for memory (its RSS guard:
+        it takes no load until it has shed back under its line, which can take seconds).
+        Another runtime that is up runs it instead, and replaces ``refused`` among its
+        holders: a holder already up if it has one, else the best place among the
+        others. None if no other runtime is up."""
+        holders = self._holders.setdefault(model_id, [])
+        by_name = {v.name: v for v in views}
+        up = [name for name in holders
+              if name != refused and name in by_name and by_name[name].up]
+        if up:
+            chosen = min(up, key=lambda name: (self._on_runtime[name], holders.index(name)))
+        else:
+            others = [v for v in views if v.up and v.name != refused]
+            if not others:
+                return None
+            chosen = self.place(model_id, others, pool_bytes)
+        self._holders[model_id] = [chosen, *(h for h in holders if h not in (chosen, refused))]
+        return chosen
+
     def place(self, model_id: str, views: Sequence[RuntimeView], pool_bytes: int,
               exclude: frozenset[str] = frozenset()) -> str:
         """Where a model goes: resident first, else least load, then most free share."""

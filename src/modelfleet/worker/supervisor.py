@@ -546,6 +546,22 @@ class RuntimeSupervisor:
             if not self.spread.running_at(model_id, runtime.name):
                 self.pool.release(runtime.name, model_id)
 
+    def elsewhere(self, model_id: str, refused: SupervisedRuntime) -> SupervisedRuntime:
+        """After a shared runtime's RSS guard refused the model's load: another shared
+        runtime that is up, the task counted there instead (``spread.rehome``); the
+        refusing one itself when it is the only one up."""
+        if refused not in self.shared:
+            return refused
+        name = self.spread.rehome(model_id, refused.name, self._views(), self.pool.pool_bytes)
+        if name is None or name == refused.name:
+            return refused
+        chosen = self._shared_named(name)
+        self.done(model_id, refused)
+        self.spread.started(model_id, chosen.name)
+        log.info("runtime %s is over its memory line: %s runs on %s instead", refused.name,
+                 model_id, chosen.name)
+        return chosen
+
     def refused_for_memory(self, runtime: SupervisedRuntime, model_id: str) -> None:
         """The runtime refused the model's load for memory: the room held for it is
         reckoned afresh at the next ``prepare`` (the budgets have moved since)."""

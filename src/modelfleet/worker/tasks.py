@@ -144,8 +144,12 @@ class TaskRunner:
                         deadline.reschedule(asyncio.get_running_loop().time())
                     reply = await self._run_on(runtime, delivery, queue_wait_ms=max(
                         0, received_ms - task.enqueued_ms))
-                    reply = await self._past_memory_refusals(runtime, delivery, reply,
-                                                             received_ms)
+                    tries = 0
+                    while (code := self._memory_refusal(runtime, reply, tries)) is not None:
+                        tries += 1  # `runtime` may move: the handlers below see where to
+                        runtime = await self._before_memory_retry(runtime, task, code, tries)
+                        reply = await self._run_on(runtime, delivery, queue_wait_ms=max(
+                            0, received_ms - task.enqueued_ms))
             except TimeoutError:
                 self._count_dropped(task)
                 await delivery.ack()
@@ -260,25 +264,30 @@ class TaskRunner:
                     return False
                 await backoff.sleep()
 
-    async def _past_memory_refusals(self, runtime: SupervisedRuntime, delivery: Delivery,
-                                    reply: EncodedReply, received_ms: int) -> EncodedReply:
-        """A runtime of the pooled budget that refused a load for memory (its RSS guard:
-        ``no_capacity``; a budget moved away under a concurrent miss: ``model_too_large``)
-        is asked again shortly, within the task's deadline, instead of failing the caller:
-        the pool moves room and the guard sheds in well under a second. A model that does
-        not fit at all is still refused after MEMORY_RETRIES[code] tries."""
-        tries = 0
-        while reply.status == "error" and self._supervisor.is_shared(runtime):
-            code = reply.decode().error_code
-            if tries >= MEMORY_RETRIES.get(code, 0):
-                return reply
-            tries += 1
-            metrics.MEMORY_RETRIES.labels(code).inc()
-            self._supervisor.refused_for_memory(runtime, delivery.task.model_id)
-            await asyncio.sleep(MEMORY_RETRY_PAUSE_S * tries)
-            reply = await self._run_on(runtime, delivery, queue_wait_ms=max(
-                0, received_ms - delivery.task.enqueued_ms))
-        return reply
+    def _memory_refusal(self, runtime: SupervisedRuntime, reply: EncodedReply,
+                        tries: int) -> str | None:
+        """The code of a shared runtime's refusal for memory that is worth asking again
+        after ``tries`` (``no_capacity``: its RSS guard; ``model_too_large``: a budget
+        moved away under a concurrent miss), within the task's deadline instead of
+        failing the caller; None otherwise. A model that does not fit at all is still
+        refused after MEMORY_RETRIES[code] tries."""
+        if reply.status != "error" or not self._supervisor.is_shared(runtime):
+            return None
+        code = reply.decode().error_code
+        return code if tries < MEMORY_RETRIES.get(code, 0) else None
+
+    async def _before_memory_retry(self, runtime: SupervisedRuntime, task: Task, code: str,
+                                   tries: int) -> SupervisedRuntime:
+        """Where to ask again, after a pause. An RSS guard holds its runtime over the line
+        until it has shed, which may take seconds: the task moves to another shared
+        runtime (``supervisor.elsewhere``). A budget moved away is asked again where it
+        is: the pool moves room in well under a second."""
+        metrics.MEMORY_RETRIES.labels(code).inc()
+        self._supervisor.refused_for_memory(runtime, task.model_id)
+        if code == "no_capacity":
+            runtime = self._supervisor.elsewhere(task.model_id, runtime)
+        await asyncio.sleep(MEMORY_RETRY_PAUSE_S * tries)
+        return runtime
 
     async def _run_on(self, runtime: SupervisedRuntime, delivery: Delivery,
                       queue_wait_ms: float) -> EncodedReply:
