@@ -56,9 +56,13 @@ def test_a_load_refused_for_memory_moves_the_model_to_another_runtime() -> None:
 
 def test_a_refused_model_goes_to_a_holder_it_has_already_and_nowhere_when_alone() -> None:
     spread = Spread(replica_at=1, keep_s=10, size_of=size_table({}))
-    three = [*two(), RuntimeView("runtime-2")]
-    spread._holders["a"] = ["runtime-0", "runtime-2"]  # a replica on runtime-2
-    assert spread.rehome("a", "runtime-0", three, POOL) == "runtime-2"
+    three = [RuntimeView(f"runtime-{i}", resident=frozenset({"a"}) if i == 0 else frozenset())
+             for i in range(3)]
+    assert spread.home("a", three, POOL) == "runtime-0"
+    spread.started("a", "runtime-0")
+    spread.started("b", "runtime-1")  # busy: the replica goes to runtime-2
+    assert spread.review("a", three, POOL, now=0) == Change("add", "a", "runtime-2")
+    assert spread.rehome("a", "runtime-0", three, POOL) == "runtime-2"  # a holder already
     assert spread.holders("a") == ("runtime-2",)
     down = two(b=RuntimeView("runtime-1", up=False))
     spread.home("b", down, POOL)

@@ -278,8 +278,21 @@ class ControlAgent:
         for key, at in list(self._warmed.items()):
             if key[1] in resident.get(key[0], ()) or now - at > WARMED_LAG_S:
                 del self._warmed[key]
+        warming: dict[str, set[str]] = {}
+        for m, v in (*self._warming, *self._warmed):
+            warming.setdefault(m, set()).add(v)
         for model_id in held:
             versions = tuple(m.version for m in self._catalog.get(model_id).versions)
+            if len(versions) == 1 and resident[model_id] == {versions[0]} \
+                    and self.state.loaded(model_id) and not pinned_here.get(model_id) \
+                    and not self.pinned(model_id):
+                # Nearly every model of a large catalog: one version, resident at it
+                # alone, no order. Its route is that version and the plan has nothing to
+                # do for it
+                # (``plan``), so it costs a dict write here, not a view.
+                self._superseded.pop((model_id, versions[0]), None)
+                self._routes[model_id] = versions[0]
+                continue
             current = route(model_id, versions, self.state.version(model_id), fleet)
             previous = self._routes.get(model_id)
             if previous is not None and previous != current:
@@ -291,8 +304,7 @@ class ControlAgent:
                 model_id, versions, current, self.state.loaded(model_id),
                 self.pinned(model_id), self.state.version(model_id), here,
                 pinned_here.get(model_id, frozenset()),
-                loading.get(model_id, frozenset()) | {
-                    v for m, v in (*self._warming, *self._warmed) if m == model_id},
+                loading.get(model_id, frozenset()) | warming.get(model_id, set()),
                 self._not_now(model_id, now),
                 {v: now - t for (m, v), t in self._superseded.items() if m == model_id}))
         decided = plan(views, self._settings.drain_s)

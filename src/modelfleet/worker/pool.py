@@ -84,6 +84,9 @@ class BudgetPool:
         # so that another miss does not take the room back before the load reserves it,
         # and a burst of tasks for a model being loaded moves budgets once, not per task.
         self._grants: dict[tuple[str, str], int] = {}
+        # runtime -> (the read, its resident models as a set): made once per read, not
+        # on every view of it (a runtime of a large catalog holds hundreds of models).
+        self._resident: dict[str, tuple[DeviceBudget, frozenset[str]]] = {}
 
     def views(self, names: Sequence[str], up: Callable[[str], bool]) -> list[RuntimeView]:
         """The runtimes as last read, with the tasks in flight on each now."""
@@ -98,12 +101,18 @@ class BudgetPool:
                 # A granted load's reservation, once made, is the grant: counted once.
                 reserved_bytes=max(read.reserved_bytes if read else 0, granted),
                 pinned_bytes=read.pinned_bytes if read else 0,
-                resident=frozenset(read.device) if read else frozenset()))
+                resident=self._resident_in(name, read) if read else frozenset()))
         return views
 
     def resident_on(self, name: str, model_id: str) -> bool:
         read = self._read.get(name)
-        return read is not None and model_id in read.device
+        return read is not None and model_id in self._resident_in(name, read)
+
+    def _resident_in(self, name: str, read: DeviceBudget) -> frozenset[str]:
+        memo = self._resident.get(name)
+        if memo is None or memo[0] is not read:
+            memo = self._resident[name] = (read, frozenset(read.device))
+        return memo[1]
 
     async def make_room(self, runtimes: Sequence[Shared], grow: str, model_id: str,
                         need_bytes: int) -> None:

@@ -77,6 +77,10 @@ class Spread:
         self.keep_s = keep_s
         self._size_of = size_of  # a model's bytes (its estimate until measured)
         self._holders: dict[str, list[str]] = {}  # model id -> runtimes, home first
+        # runtime -> the models placed on it: the inverse of _holders, kept by _hold, so
+        # that what is placed and not yet resident is a set difference, not a walk of
+        # every placement (a miss is placed on every cold request).
+        self._placed_on: dict[str, set[str]] = {}
         self._running: Counter[tuple[str, str]] = Counter()  # (model, runtime) -> tasks
         self._on_runtime: Counter[str] = Counter()  # runtime -> tasks, every model
         self._quiet_since: dict[str, float] = {}  # model -> since when under the drop line
@@ -118,7 +122,7 @@ class Spread:
         if held:
             return held[0]
         chosen = self.place(model_id, views, pool_bytes)
-        self._holders[model_id] = [chosen]
+        self._hold(model_id, [chosen])
         return chosen
 
     def rehome(self, model_id: str, refused: str, views: Sequence[RuntimeView],
@@ -128,7 +132,7 @@ class Spread:
         Another runtime that is up runs it instead, and replaces ``refused`` among its
         holders: a holder already up if it has one, else the best place among the
         others. None if no other runtime is up."""
-        holders = self._holders.setdefault(model_id, [])
+        holders = self._holders.get(model_id, [])
         by_name = {v.name: v for v in views}
         up = [name for name in holders
               if name != refused and name in by_name and by_name[name].up]
@@ -139,7 +143,7 @@ class Spread:
             if not others:
                 return None
             chosen = self.place(model_id, others, pool_bytes)
-        self._holders[model_id] = [chosen, *(h for h in holders if h not in (chosen, refused))]
+        self._hold(model_id, [chosen, *(h for h in holders if h not in (chosen, refused))])
         return chosen
 
     def place(self, model_id: str, views: Sequence[RuntimeView], pool_bytes: int,
@@ -157,8 +161,19 @@ class Spread:
 
     def _pending_bytes(self, view: RuntimeView) -> int:
         """Bytes of models placed on a runtime and not resident there (yet)."""
-        return sum(self._size_of(m) for m, holders in self._holders.items()
-                   if view.name in holders and m not in view.resident)
+        placed = self._placed_on.get(view.name, set())
+        return sum(self._size_of(m) for m in placed - view.resident)
+
+    def _hold(self, model_id: str, holders: list[str]) -> None:
+        """Set the runtimes holding ``model_id``, home first (none: forget it)."""
+        for name in self._holders.get(model_id, ()):
+            self._placed_on[name].discard(model_id)
+        if holders:
+            self._holders[model_id] = holders
+            for name in holders:
+                self._placed_on.setdefault(name, set()).add(model_id)
+        else:
+            self._holders.pop(model_id, None)
 
     def route(self, model_id: str, views: Sequence[RuntimeView], pool_bytes: int) -> str:
         """The runtime a task for the model runs on: the least-loaded holder that is up."""
@@ -195,14 +210,15 @@ class Spread:
             if not spare or not self.room_for(self._size_of(model_id), views, pool_bytes):
                 return None
             chosen = self.place(model_id, spare, pool_bytes)
-            holders.append(chosen)
+            self._hold(model_id, [*holders, chosen])
             return Change("add", model_id, chosen)
         if len(holders) > 1 and demand * 2 <= self.replica_at * (len(holders) - 1):
             since = self._quiet_since.setdefault(model_id, now)
             if now - since < self.keep_s:
                 return None
             self._quiet_since.pop(model_id, None)
-            return Change("drop", model_id, holders.pop())
+            self._hold(model_id, holders[:-1])
+            return Change("drop", model_id, holders[-1])
         self._quiet_since.pop(model_id, None)
         return None
 
@@ -222,7 +238,7 @@ class Spread:
         busy = {model for model, _ in self._running}
         for model_id in list(self._holders):
             if model_id not in resident and model_id not in busy:
-                del self._holders[model_id]
+                self._hold(model_id, [])
                 self._quiet_since.pop(model_id, None)
         return changes
 
