@@ -46,6 +46,9 @@ class Weights(Model):
     def to_host(self):
         self.w = self.w.copy(); self.where = "host"
 
+    def unload(self):
+        time.sleep({unload_s})
+
     def to_device(self):
         time.sleep({move_s})
         self.w = self.w.copy(); self.where = "device"
@@ -60,7 +63,8 @@ class Weights(Model):
 
 
 def package(root: Path, name: str, estimate_mb: float, load_s: float = 0.0,
-            pinned: bool = False, broken: bool = False, move_s: float = 0.0) -> None:
+            pinned: bool = False, broken: bool = False, move_s: float = 0.0,
+            unload_s: float = 0.0) -> None:
     folder = root / name / "1"
     folder.mkdir(parents=True)
     (folder / "model.toml").write_text(textwrap.dedent(f'''
@@ -70,7 +74,8 @@ def package(root: Path, name: str, estimate_mb: float, load_s: float = 0.0,
         [fanout]
         pinned = {"true" if pinned else "false"}
     '''))
-    source = HANDLER.replace("{load_s}", str(load_s)).replace("{move_s}", str(move_s))
+    source = HANDLER.replace("{load_s}", str(load_s)).replace("{move_s}", str(move_s)) \
+        .replace("{unload_s}", str(unload_s))
     if estimate_mb <= 16:  # real artifact bytes, so the measured size matches the estimate
         rng = np.random.default_rng(len(name))
         rng.standard_normal(int(estimate_mb * MiB / 8)).tofile(folder / "weights.bin")
@@ -444,3 +449,31 @@ async def test_a_budget_moved_away_during_a_load_does_not_fail_its_request(
     snap = host.cache.snapshot()
     assert snap.device_used_bytes <= 5 * MiB
     books_match(host)
+
+
+async def test_a_model_reloaded_while_its_eviction_is_carried_out_stays_loaded(
+        tmp_path: Path) -> None:
+    """A budget cut evicts two models; while the first one's unload runs, the budget
+    comes back (the worker's pool moves budgets between runtimes) and the second is
+    requested and loaded afresh. The eviction that was decided before must not then
+    take the fresh copy: that left the cache holding a model the host had dropped, and
+    its next request failed with "no load ... is in flight; call reserve first" (one
+    500 in the 5,000-model bench)."""
+    package(tmp_path, "a", 1, unload_s=0.5)
+    package(tmp_path, "b", 1, unload_s=0.5)
+    host = host_for(tmp_path, 4, 0)
+    x = [0.5] * 64
+    await infer(host, "a", x)
+    await infer(host, "b", x)
+    cut = asyncio.create_task(host.set_budgets(0, 0))
+    await until(lambda: host.tier_of("a", "1") is None and host.tier_of("b", "1") is None,
+                "both evicted by the cache")
+    await host.set_budgets(4 * MiB, 0)
+    assert not cut.done()  # the first unload is still running
+    for model in ("a", "b"):
+        assert len(await infer(host, model, x)) == 4
+    await cut
+    books_match(host)
+    for model in ("a", "b"):
+        assert host.tier_of(model, "1") == "device"
+        assert len(await infer(host, model, x)) == 4

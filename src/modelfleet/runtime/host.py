@@ -404,12 +404,19 @@ class ModelHost:
                        manifest.batching.max_delay_ms / 1000)
 
     async def _carry_out(self, evictions: list[Eviction]) -> None:
+        """Carry out the cache's evictions, in order. Every dropped model leaves
+        ``_models`` before the first await: a request that comes while an earlier one
+        is being freed loads that model afresh, and this eviction frees the copy it was
+        decided for, never the fresh one (which the cache holds, and a later request
+        would then have found missing)."""
+        dropped = {e.model_id: self._models.pop(e.model_id, None)
+                   for e in evictions if e.action != "demote"}
         for eviction in evictions:
             self.events.evictions.append((eviction.action, model_of(eviction.model_id)))
             if eviction.action == "demote":
                 await self._demote(eviction.model_id)
-            else:
-                await self._unload(eviction.model_id)
+            elif (loaded := dropped.pop(eviction.model_id, None)) is not None:
+                await self._free(loaded)
 
     async def _demote(self, key: str) -> None:
         loaded = self._models.get(key)
