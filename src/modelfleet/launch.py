@@ -144,6 +144,10 @@ def _listen(host: str, port: int) -> socket.socket:
 
 async def _until_signalled(server: _Server, listener: socket.socket,
                            drain: Drain | None = None) -> None:
+    # Everything start-up built lives as long as the process: out of the cyclic
+    # collector's sight, so that a full collection under load walks only what requests
+    # made (unfrozen, one took ~60 ms of the event loop in a loaded serve process).
+    gc.freeze()
     stop, hurry = asyncio.Event(), asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
