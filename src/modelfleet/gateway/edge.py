@@ -42,6 +42,7 @@ from modelfleet import metrics
 from modelfleet.errors import ModelfleetError, RequestRejected
 from modelfleet.gateway.body import REFUSED_BODY
 from modelfleet.gateway.chunked import ChunkGuardedConnection, ChunkRefused
+from modelfleet.gateway.corked import CorkedTransport
 from modelfleet.gateway.http import (
     HeaderFieldsTooLarge,
     TooManyConnections,
@@ -108,6 +109,9 @@ class EdgeProtocol(H11Protocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        # Every write from here on (uvicorn's and ours) goes through the cork: a
+        # response's head and body leave in one send (gateway/corked.py).
+        self.transport = CorkedTransport(transport, self.loop)  # type: ignore[assignment]
         metrics.OPEN_CONNECTIONS.set(len(self.connections))
         if len(self.connections) > self.limits.max_connections:
             self._refused = True
@@ -133,6 +137,7 @@ class EdgeProtocol(H11Protocol):
             self._answer_request_and_close(refused.error)
 
     def on_response_complete(self) -> None:
+        self.transport.flush()  # type: ignore[attr-defined]  # the whole answer, one send
         super().on_response_complete()
         self._follow()
 
