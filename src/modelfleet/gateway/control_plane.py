@@ -49,7 +49,8 @@ from modelfleet.errors import (
     NoCapacity,
     error_from_code,
 )
-from modelfleet.repository import Catalog
+from modelfleet.repository import Catalog, CatalogEntry
+from modelfleet.repository.manifest import Manifest
 from modelfleet.repository.overrides import ConfigOverride
 from modelfleet.settings import Settings
 
@@ -222,7 +223,17 @@ class ControlPlane:
         """The version a request gets: the one it named, else the model's route."""
         if version is not None or model_id not in self._catalog:
             return version
-        versions = [m.version for m in self._catalog.get(model_id).versions]
+        return self.route_of(self._catalog.get(model_id)).version
+
+    def route_of(self, entry: CatalogEntry, version: str | None = None) -> Manifest:
+        """The manifest a request for ``entry`` gets: the version it named
+        (``ModelNotFound`` if not served), else the model's route. It asks the catalog
+        nothing more: the request path looks the model up once and passes the entry.
+        An unversioned route is remembered (stickiness): call it once per request."""
+        if version is not None:
+            return entry.version(version)
+        model_id = entry.model_id
+        versions = [m.version for m in entry.versions]
         now = self._clock()
         last = self._routed.get(model_id)
         sticky = last[0] if last is not None and now - last[1] < \
@@ -231,7 +242,7 @@ class ControlPlane:
         chosen = route(model_id, versions, self.state.version(model_id),
                        self.holdings_of(model_id), sticky)
         self._routed[model_id] = (chosen, now)
-        return chosen
+        return entry.version(chosen)
 
     def warm_on(self, model_id: str, version: str) -> list[str]:
         return sorted(h.worker_id for h in self.holdings_of(model_id)
