@@ -38,7 +38,7 @@ from modelfleet.errors import (
     UnsupportedContentType,
 )
 from modelfleet.gateway.control_plane import ControlPlane
-from modelfleet.gateway.fleet import FleetView
+from modelfleet.gateway.fleet import FleetView, WorkerRegistry
 from modelfleet.gateway.inflight import RequestsInFlight
 from modelfleet.gateway.parking import ParkedRequests
 from modelfleet.gateway.payloads import PayloadStore
@@ -116,9 +116,12 @@ class GatewayService:
         self.parked = ParkedRequests()
         self._announcer = uuid.uuid4().hex[:16]  # names this gateway in its announcements
         self.payloads = PayloadStore(settings.gateway.payload_store_bytes, settings.secret)
-        self.fleet = FleetView(settings.gateway.worker_stale_after_s)
+        # The one registry of workers (one staleness rule: gateway.worker_stale_after_s)
+        # under both the fleet's states and the control plane's announcements.
+        workers = WorkerRegistry(settings.gateway.worker_stale_after_s)
+        self.fleet = FleetView(registry=workers)
         # unloads, pins, the route; the orders kept in ``orders`` (the deployment's db)
-        self.control = ControlPlane(settings, broker, catalog, orders=orders)
+        self.control = ControlPlane(settings, broker, catalog, orders=orders, registry=workers)
         self.requests = RequestsInFlight()
         self._cancels: set[asyncio.Task[None]] = set()
         self._inbox: Inbox | None = None
