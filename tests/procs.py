@@ -18,6 +18,10 @@ from pathlib import Path
 import httpx
 import psutil
 
+from modelfleet.gateway.resolve import Outcome
+from modelfleet.gateway.service import GatewayService
+from modelfleet.messages import now_ms
+from modelfleet.tenancy.access import CALLER
 from modelfleet.tenancy.keys import Role
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -196,3 +200,17 @@ def worker(tmp_path: Path, broker: str, env: dict[str, str], name: str,
                     {"MODELFLEET_EXAMPLE_SLOWLOAD_S": "3", **env}, tmp_path / f"{name}.log",
                     f"{probes}/readyz")
     return proc, probes
+
+
+async def ask(service: GatewayService, model: str, version: str | None, body: bytes,
+              content_type: str, deadline_ms: int, params: dict[str, str] | None = None
+              ) -> Outcome:
+    """One request through ``GatewayService`` as a handler sends it: resolved once (for
+    the caller the auth layer set, if any; the timeout of ``deadline_ms``), the worker's
+    failure raised as the error it names, as the handlers answer it."""
+    resolved = service.resolve(model, version, max(0.001, (deadline_ms - now_ms()) / 1000),
+                               CALLER.get())
+    outcome = await service.infer(resolved, body, content_type, params or {})
+    if outcome.error is not None:
+        raise outcome.error
+    return outcome

@@ -245,9 +245,6 @@ async def serve(settings: Settings) -> None:
                 try:
                     publisher = _publisher(settings, store, catalog, refresher, broker,
                                            origin)
-                    app = create_app(service, readiness=[
-                        lambda: (coordinator.ready, "worker not ready")],
-                        liveness=[lambda: coordinator.live], publisher=publisher)
                     gw = settings.gateway
                     log.info("modelfleet serving %d models from %s on http://%s:%d "
                              "(broker: %s)", len(catalog), settings.repo, gw.host,
@@ -258,6 +255,10 @@ async def serve(settings: Settings) -> None:
                             grpc_server(service, gate, [lambda: (coordinator.ready,
                                                                  "worker not ready")],
                                         [lambda: coordinator.live], publisher):
+                        app = create_app(service, readiness=[
+                            lambda: (coordinator.ready, "worker not ready")],
+                            liveness=[lambda: coordinator.live], publisher=publisher,
+                            meter=gate.meter if gate is not None else None)
                         await _until_signalled(_http_server(guarded(app, gate), settings,
                                                             edge=True),
                                                listener, _draining(service, settings))
@@ -282,7 +283,6 @@ async def gateway(settings: Settings) -> None:
             refresher = CatalogRefresher(store, catalog, settings.repo_refresh_s)
             origin = uuid.uuid4().hex[:16]
             publisher = _publisher(settings, store, catalog, refresher, broker, origin)
-            app = create_app(service, publisher=publisher)
             await service.start()
             try:
                 log.info("modelfleet gateway on http://%s:%d (broker: %s)",
@@ -291,6 +291,8 @@ async def gateway(settings: Settings) -> None:
                 async with _refreshing(refresher, service.event_observers, origin), \
                         tenant_gate(settings, catalog, embedded=False) as gate, \
                         grpc_server(service, gate, publisher=publisher):
+                    app = create_app(service, publisher=publisher,
+                                     meter=gate.meter if gate is not None else None)
                     await _until_signalled(_http_server(guarded(app, gate), settings,
                                                         edge=True),
                                            listener, _draining(service, settings))

@@ -83,6 +83,9 @@ class Reply:
     timings_ms: dict[str, float] = field(default_factory=dict)
     worker_id: str = ""
     cold: bool = False
+    # A v2 answer with binary outputs: the length of its JSON header (the gateway's
+    # Inference-Header-Content-Length); None for any other body.
+    header_length: int | None = None
 
     @classmethod
     def failure(cls, request_id: str, error: ModelfleetError, worker_id: str = "",
@@ -112,8 +115,17 @@ def encode_reply(reply: Reply) -> bytes:
     return packed
 
 
+_REPLY_FIELDS = frozenset(Reply.__dataclass_fields__)
+
+
 def decode_reply(raw: bytes) -> Reply:
-    return Reply(**msgpack.unpackb(raw, raw=False))
+    """A Reply; fields a newer sender added and this version lacks are left out (a
+    mixed fleet during a rolling upgrade), and one an older sender lacks takes its
+    default."""
+    data = msgpack.unpackb(raw, raw=False)
+    if not _REPLY_FIELDS.issuperset(data):
+        data = {k: v for k, v in data.items() if k in _REPLY_FIELDS}
+    return Reply(**data)
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from modelfleet.settings import Settings
 from modelfleet.worker.announced import AnnouncedCounts
 from modelfleet.worker.coordinator import Coordinator
 from modelfleet.worker.supervisor import RuntimeSupervisor
-from tests.procs import EXAMPLES, write_package
+from tests.procs import EXAMPLES, ask, write_package
 
 MODEL = '''
     from modelfleet import Model
@@ -102,7 +102,7 @@ async def gateway_hearing_events(tmp_path: Path, **gateway: object) -> AsyncIter
 
 async def test_the_gateway_announces_how_many_wait_and_who_says_so(tmp_path: Path) -> None:
     async with gateway_hearing_events(tmp_path, cold_lane_per_model=0) as (service, _, events):
-        calls = [service.infer("banner", None, b"hi", "text/plain", now_ms() + 400, {})
+        calls = [ask(service, "banner", None, b"hi", "text/plain", now_ms() + 400, {})
                  for _ in range(3)]  # no worker here, no cold lane: they wait, announced
         for outcome in await asyncio.gather(*calls, return_exceptions=True):
             assert isinstance(outcome, DeadlineExceeded)
@@ -198,7 +198,7 @@ async def test_requests_in_the_cold_lane_are_not_announced_as_waiting(tmp_path: 
     is 2), the third to banner's queue, and the demand announced counts only what waits
     in banner's queue."""
     async with gateway_hearing_events(tmp_path) as (service, broker, events):
-        calls = [asyncio.create_task(service.infer("banner", None, b"hi", "text/plain",
+        calls = [asyncio.create_task(ask(service, "banner", None, b"hi", "text/plain",
                                                    now_ms() + 400, {})) for _ in range(3)]
         await asyncio.sleep(0.2)
         stats = await broker.queue_stats(["banner", cold_lane(0)])

@@ -226,3 +226,30 @@ async def test_an_order_the_broker_did_not_take_is_not_applied_either(tmp_path: 
     with pytest.raises(BrokerUnavailable):
         await p.unload("m")
     assert p.available("m")  # nobody heard the unload: this gateway does not refuse alone
+
+
+def test_the_fleet_view_and_the_plane_share_one_registry_and_one_staleness_rule(
+        tmp_path: Path) -> None:
+    """One registry under both: a worker heard by either event counts as live for both,
+    a silent one leaves both at the same moment, a gone one at once."""
+    from modelfleet.gateway.fleet import FleetView, WorkerRegistry
+
+    clock = Clock()
+    workers = WorkerRegistry(stale_after_s=10, clock=clock)
+    fleet = FleetView(registry=workers)
+    p = ControlPlane(Settings(), MemoryBroker(BrokerSettings(url="memory")),
+                     repo(tmp_path, {"m": ["1", "2"]}), clock=clock, registry=workers)
+    for name in ("a", "b"):
+        p.observe(worker(name, {"m": {"1"}}))
+        fleet.observe({"kind": "worker_state", "worker_id": name,
+                       "resident": {"device": ["m"], "host": []}})
+    assert fleet.warm_on("m") == ["a", "b"] and p.warm_on("m", "1") == ["a", "b"]
+    clock.now += 8
+    p.observe(worker("b", {"m": {"1"}}))  # b's control announcement keeps b live for both
+    clock.now += 5  # a silent for 13 s, past stale_after_s
+    assert fleet.warm_on("m") == ["b"] and p.warm_on("m", "1") == ["b"]
+    assert [h.worker_id for h in p.holdings()] == ["b"]
+    assert [w["worker_id"] for w in fleet.workers()] == ["b"]
+    fleet.observe({"kind": "worker_gone", "worker_id": "b"})  # heard once: gone for both
+    assert fleet.warm_on("m") == [] and p.holdings() == [] and p.holdings_of("m") == []
+    assert not fleet.held_anywhere("m")

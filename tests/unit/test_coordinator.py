@@ -32,7 +32,7 @@ from modelfleet.runtime.inprocess import InProcessLauncher
 from modelfleet.settings import Settings
 from modelfleet.worker.coordinator import Coordinator
 from modelfleet.worker.supervisor import RuntimeSupervisor
-from tests.procs import EXAMPLES, write_package
+from tests.procs import EXAMPLES, ask, write_package
 
 # A model whose predict writes "start <text> <t>" and "end <text> <t>" lines to a log
 # beside it, sleeps for the number in its input ("slow 0.5"), and echoes the text.
@@ -316,15 +316,15 @@ async def test_a_gateway_and_a_worker_in_one_process_answer_and_refuse(tmp_path:
     await service.start()
     await coordinator.start()
     try:
-        answer = await service.infer("iris", None, b'{"features": [5.1, 3.5, 1.4, 0.2]}',
+        answer = await ask(service, "iris", None, b'{"features": [5.1, 3.5, 1.4, 0.2]}',
                                      "application/json", now_ms() + 30_000, {})
         assert json.loads(answer.body)["class"] == "setosa"
         assert answer.reply.worker_id == "w1" and answer.reply.cold
         with pytest.raises(InvalidInput):
-            await service.infer("iris", None, b'{"features": [1]}', "application/json",
+            await ask(service, "iris", None, b'{"features": [1]}', "application/json",
                                 now_ms() + 30_000, {})
         with pytest.raises(DeadlineExceeded):
-            await service.infer("slowload", None, b'{"n": 1}', "application/json",
+            await ask(service, "slowload", None, b'{"n": 1}', "application/json",
                                 now_ms() + 300, {})
     finally:
         await coordinator.stop()

@@ -27,7 +27,7 @@ from modelfleet.tenancy.plans import BUILTIN
 from modelfleet.tenancy.store import Tenant
 from modelfleet.worker.coordinator import Coordinator
 from modelfleet.worker.supervisor import RuntimeSupervisor
-from tests.procs import EXAMPLES, write_package
+from tests.procs import EXAMPLES, ask, write_package
 
 
 def test_the_highest_priority_within_the_window_counts() -> None:
@@ -74,7 +74,7 @@ async def test_the_gateway_announces_its_callers_priority(tmp_path: Path) -> Non
     token = CALLER.set(principal("enterprise"))
     try:
         with pytest.raises(DeadlineExceeded):  # no worker here: only the announcement
-            await service.infer("banner", None, b"hi", "text/plain", now_ms() + 300, {})
+            await ask(service, "banner", None, b"hi", "text/plain", now_ms() + 300, {})
     finally:
         CALLER.reset(token)
         listener.cancel()
@@ -166,7 +166,7 @@ async def test_a_cold_request_takes_the_cold_lane_of_its_callers_priority(tmp_pa
             token = CALLER.set(principal(plan))
             try:
                 with pytest.raises(DeadlineExceeded):
-                    await service.infer("banner", None, b"hi", "text/plain", now_ms() + 200, {})
+                    await ask(service, "banner", None, b"hi", "text/plain", now_ms() + 200, {})
             finally:
                 CALLER.reset(token)
         stats = await broker.queue_stats(["banner", cold_lane(0), cold_lane(2)])

@@ -26,7 +26,7 @@ from modelfleet.runtime.inprocess import InProcessLauncher
 from modelfleet.settings import Settings
 from modelfleet.worker.coordinator import Coordinator
 from modelfleet.worker.supervisor import RuntimeSupervisor
-from tests.procs import write_package
+from tests.procs import ask, write_package
 
 ECHO = '''
     from modelfleet import Model, Request
@@ -101,7 +101,7 @@ async def gpu_fleet(repo: Path) -> AsyncIterator[Fleet]:
 
 
 async def _infer(fleet: Fleet, model: str) -> dict[str, str]:
-    answer = await fleet.gateway.infer(model, None, b"hi", "text/plain", now_ms() + 20_000, {})
+    answer = await ask(fleet.gateway, model, None, b"hi", "text/plain", now_ms() + 20_000, {})
     result: dict[str, str] = json.loads(answer.body)
     return result
 

@@ -309,10 +309,11 @@ STATUS_LITERALS = {
     ("oip.py", "live"): "the spec's health: 400 means false",
     ("oip.py", "ready"): "",
     ("oip.py", "model_ready"): "",
-    ("exchange.py", "exchange"): "what a request that raised a bug of ours is counted as",
+    ("exchange.py", "exchange"): "what a request that raised a bug of ours is counted as, "
+                                 "and one never answered (499) in its usage",
     ("grpc_api/servicer.py", "model_infer"): "what a call that raised a bug is counted as",
     ("grpc_api/servicer.py", "__init__"): "_Usage: a call never answered counts as 499",
-    ("auth.py", "__init__"): "_Seen: a request never answered counts as 499",
+    ("auth.py", "_metered"): "a request never answered counts as 499",
 }
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from modelfleet.gateway.auth import Route, _server_timing, classify
+from modelfleet.gateway.auth import Route, classify
 from modelfleet.tenancy.access import Principal
 from modelfleet.tenancy.plans import BUILTIN
 from modelfleet.tenancy.store import Tenant
@@ -75,25 +75,6 @@ def test_an_operator_controls_its_own_tenants_models_only() -> None:
     assert not operator.may_control(None)  # ...nor a model that does not exist
     assert not principal("caller").may_control("acme")  # a caller controls nothing
     assert principal("admin").may_control("other") and principal("admin").may_control(None)
-
-
-def test_server_timing_is_read_back_into_phases() -> None:
-    assert _server_timing("queue_wait;dur=1.50, predict;dur=2.25, model_load;dur=300.00") == {
-        "queue_wait": 1.5, "predict": 2.25, "model_load": 300.0}
-    assert _server_timing("junk, x;dur=abc") == {}
-
-
-def test_a_task_carries_the_callers_tenant_and_plan_when_one_is_known() -> None:
-    from modelfleet.tenancy.access import CALLER, task_tenant
-
-    assert task_tenant("examples", "free") == ("examples", "free")  # auth off
-    token = CALLER.set(Principal("0123456789ab", "caller", Tenant("acme", "pro"),
-                                 BUILTIN["pro"]))
-    try:
-        assert task_tenant("examples", "free") == ("acme", "pro")
-    finally:
-        CALLER.reset(token)
-    assert task_tenant("examples", "free") == ("examples", "free")
 
 
 @pytest.mark.parametrize(("mode", "host", "embedded", "on"), [

@@ -48,9 +48,8 @@ def request_with(parameters: object) -> bytes:
 
 
 def test_the_timeout_parameter_is_microseconds() -> None:
-    assert deadline_request(parse_request(request_with({"timeout": 2_500_000})), "9") == \
-        "2.500000"
-    assert deadline_request(parse_request(request_with({})), "9") == "9"
+    assert deadline_request(parse_request(request_with({"timeout": 2_500_000})), 9.0) == 2.5
+    assert deadline_request(parse_request(request_with({})), 9.0) == 9.0
     assert deadline_request(parse_request(request_with({})), None) is None
 
 

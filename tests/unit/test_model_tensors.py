@@ -15,7 +15,6 @@ from modelfleet import LocalModel
 from modelfleet.errors import ManifestError, ModelFailed, RequestRejected
 from modelfleet.oip import HEADER_LENGTH_PARAM, OIP_CONTENT_TYPE
 from modelfleet.oip.codec import decode_response, encode_request
-from modelfleet.oip.transport import header_length_of
 from modelfleet.repository.manifest import parse_manifest
 
 MODELS = Path(__file__).resolve().parents[2] / "examples" / "models"
@@ -188,7 +187,7 @@ def test_the_handler_gets_the_requests_own_parameters(tmp_path: Path) -> None:
 def test_only_the_requested_outputs_in_the_format_asked(model: LocalModel) -> None:
     answer = raw_answer(model, doc_of(INPUTS, outputs=[
         {"name": "upper", "parameters": {"binary_data": True}}]))
-    header_length = header_length_of(answer.content_type)
+    header_length = answer.header_length
     assert header_length is not None
     doc, arrays = decode_response(answer.body, header_length)
     assert [o["name"] for o in doc["outputs"]] == ["upper"]

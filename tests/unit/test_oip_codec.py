@@ -6,11 +6,12 @@ import json
 import struct
 from typing import Any
 
+import msgpack
 import numpy as np
 import pytest
 
 from modelfleet.errors import RequestRejected
-from modelfleet.oip import OIP_CONTENT_TYPE
+from modelfleet.messages import Reply, decode_reply, encode_reply
 from modelfleet.oip.codec import (
     OutputTensor,
     decode_response,
@@ -22,7 +23,6 @@ from modelfleet.oip.codec import (
 from modelfleet.oip.datatypes import DATATYPES, datatype_of, element_size
 from modelfleet.oip.signature import check_request, shape_fits
 from modelfleet.oip.tensor import TensorHeader, as_output_array, decode_tensor
-from modelfleet.oip.transport import header_length_of, response_content_type
 
 SAMPLES: dict[str, np.ndarray] = {
     "BOOL": np.array([[True, False, True], [False, False, True]]),
@@ -480,8 +480,13 @@ def test_shape_fits() -> None:
     assert not shape_fits((5,), (-1, 2)) and not shape_fits((5, 3), (-1, 2))
 
 
-def test_binary_answer_framing_travels_in_the_content_type() -> None:
-    assert response_content_type(None) == "application/json"
-    assert header_length_of(response_content_type(42)) == 42
-    assert header_length_of("application/json") is None
-    assert header_length_of(f"{OIP_CONTENT_TYPE}; header-length=x") is None
+def test_binary_answer_framing_travels_as_a_field_of_the_reply() -> None:
+    binary = Reply("r", "ok", b"{}", "application/octet-stream", header_length=42)
+    assert decode_reply(encode_reply(binary)).header_length == 42
+    assert decode_reply(encode_reply(Reply("r", "ok", b"{}"))).header_length is None
+    # A frame from an older sender (no such field) and from a newer one (a field this
+    # version lacks) both decode.
+    older = msgpack.packb({k: v for k, v in vars(binary).items() if k != "header_length"})
+    assert decode_reply(older) == Reply("r", "ok", b"{}", "application/octet-stream")
+    newer = msgpack.packb({**vars(binary), "added_later": 1})
+    assert decode_reply(newer) == binary

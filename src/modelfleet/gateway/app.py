@@ -33,7 +33,7 @@ from modelfleet.gateway.body import read_body as _read_body
 from modelfleet.gateway.control import control_router
 from modelfleet.gateway.dashboard import dashboard_router
 from modelfleet.gateway.encoding import inflate
-from modelfleet.gateway.exchange import Routed, answer_headers, exchange
+from modelfleet.gateway.exchange import Ticket, answer_headers, exchange
 from modelfleet.gateway.fleet_summary import FleetSummary
 from modelfleet.gateway.http import (
     HTTPError,
@@ -50,10 +50,12 @@ from modelfleet.gateway.observe import RequestObserver
 from modelfleet.gateway.oip import oip_router
 from modelfleet.gateway.pages import decode_cursor, encode_cursor, page_limit
 from modelfleet.gateway.publish import publish_router
-from modelfleet.gateway.service import Answer, GatewayService
+from modelfleet.gateway.resolve import Outcome, timeout_header
+from modelfleet.gateway.service import GatewayService
 from modelfleet.labels import ModelLabels
 from modelfleet.publishing.publisher import Publisher
 from modelfleet.repository.manifest import CONTENT_TYPES
+from modelfleet.tenancy.usage import UsageMeter
 
 log = logging.getLogger("modelfleet.gateway")
 ReadinessCheck = Callable[[], tuple[bool, str]]
@@ -71,7 +73,10 @@ _INFER_OPENAPI: dict[str, Any] = {
 
 def create_app(service: GatewayService, readiness: list[ReadinessCheck] | None = None,
                liveness: list[Callable[[], bool]] | None = None,
-               publisher: Publisher | None = None) -> FastAPI:
+               publisher: Publisher | None = None, meter: UsageMeter | None = None
+               ) -> FastAPI:
+    """The app; ``meter``: with auth on, where inference usage is counted (the auth
+    layer's, ``TenantGate.meter``)."""
     app = FastAPI(title="modelfleet gateway", version=__version__)
     checks = readiness or []
     alive = liveness or []
@@ -123,27 +128,29 @@ def create_app(service: GatewayService, readiness: list[ReadinessCheck] | None =
         return await _infer(model, version, request)
 
     async def _infer(model: str, version: str | None, request: Request) -> Response:
-        async def run(guard: RequestGuard, routed: Routed) -> Answer:
-            # The version this request will get (a rollout may hold the route back).
-            manifest = service.catalog.get(model).version(service.control.route(model, version))
-            routed.version = manifest.version
-            deadline_ms = service.deadline_ms(manifest.timeout_s,
-                                              request.headers.get("x-request-timeout"))
+        async def run(guard: RequestGuard, ticket: Ticket) -> Outcome:
+            # Resolved once: the version this request gets (a rollout may hold the route
+            # back) is the one its task, log line, statistics and usage name.
+            resolved = ticket.resolved = service.resolve(
+                model, version, timeout_header(request.headers.get("x-request-timeout")),
+                ticket.caller)
             with guard.reading(body_timeout_s):
                 body = await _read_body(request, limit)
+            ticket.bytes_in = len(body)
             # gzip or deflate, inflated under the same limit as on /v2 (a bomb is a 413).
             body = inflate(body, request.headers.get("content-encoding", ""), limit)
             content_type = request.headers.get("content-type", "").split(";")[0].strip()
             params = {k: v for k, v in request.query_params.items()}
-            return await service.infer(model, version, body, content_type.lower(), deadline_ms,
-                                       params, disconnected=_disconnect_waiter(request))
+            return await service.infer(resolved, body, content_type.lower(), params,
+                                       disconnected=_disconnect_waiter(request))
 
-        def respond(answer: Answer) -> Response:
-            return Response(answer.body, media_type=answer.content_type,
-                            headers=answer_headers(answer))
+        def respond(outcome: Outcome) -> Response:
+            return Response(outcome.body, media_type=outcome.content_type,
+                            headers=answer_headers(outcome))
 
         return await exchange(service, observer, model, version, "request", run, respond,
-                              v1_error, lambda message: v1_error(ModelfleetError(message)))
+                              v1_error, lambda message: v1_error(ModelfleetError(message)),
+                              meter)
 
     @app.get("/v1/payloads/{request_id}", include_in_schema=False)
     async def payload(request_id: str, expires: str = "", sig: str = "") -> Response:
@@ -204,7 +211,7 @@ def create_app(service: GatewayService, readiness: list[ReadinessCheck] | None =
         app.include_router(publish_router(publisher))
     # /v2/repository: load (with files: publish), unload, pin
     app.include_router(control_router(service, publisher))
-    app.include_router(oip_router(service, checks, alive, observer))  # /v2: OIP data plane
+    app.include_router(oip_router(service, checks, alive, observer, meter))  # /v2: OIP data plane
     return app
 
 

@@ -7,7 +7,8 @@ are covered without their authors doing anything:
     model      /v1/models/{m}..., /v2/models/{m}...: a key whose tenant may use m
                (owner, grant, or admin); others get the same 404 as a missing model.
                Inference there is admitted by the tenant's plan (429 + Retry-After),
-               and metered (usage, per tenant, model and hour)
+               and metered (usage, per tenant, model and hour: the handler writes
+               the row from the outcome it holds, gateway/exchange.py)
     catalog    GET /v1/models, GET /v2/models/stats: any key; the list shows only the
                models it may use
     control    /v2/repository/models/{m}/*: the operator role, on its own tenant's
@@ -261,7 +262,9 @@ class AuthMiddleware:
 
     async def _metered(self, model: str, principal: Principal, scope: Scope,
                        receive: Receive, send: Send) -> None:
-        """Admit by plan, run, and count what the tenant used."""
+        """Admit by plan, run, and count the tenant's request by the status it got. Its
+        usage row is the handler's to write (gateway/exchange.py), from the outcome it
+        holds: only a refusal here, which never reaches the handler, is metered here."""
         tenant = principal.tenant.name
         label = self.gate.label(tenant)
         try:
@@ -272,19 +275,21 @@ class AuthMiddleware:
                 self.gate.meter.record(tenant, model, "rate_limited")
             await self._refuse(exc, scope, receive, send)
             return
-        seen = _Seen()
+        status = 499  # never answered: the caller went away
+
+        async def sending(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
         caller = CALLER.set(principal)
         try:
-            await self.app(scope, seen.receiving(receive), seen.sending(send))
+            await self.app(scope, receive, sending)
         finally:
             CALLER.reset(caller)
             await release()
-            outcome = outcome_of(seen.status)
-            metrics.TENANT_REQUESTS.labels(label, outcome).inc()
-            if self.gate.owner_of(model) is not None:  # usage rows for real models only
-                self.gate.meter.record(tenant, model, outcome, seen.timing_s("predict"),
-                                       seen.timing_s("model_load"), seen.bytes_in,
-                                       seen.bytes_out)
+            metrics.TENANT_REQUESTS.labels(label, outcome_of(status)).inc()
 
     async def _filtered(self, scope: Scope, receive: Receive, send: Send,
                         keep: Callable[[str], bool]) -> None:
@@ -324,54 +329,6 @@ def _kept(listing: Any, keep: Callable[[str], bool]) -> Any:
         return {k: rows(v) if k in ("models", "model_stats") and isinstance(v, list) else v
                 for k, v in listing.items()}
     return listing
-
-
-class _Seen:
-    """What passed through one request: its body size, its answer's status, size and
-    the worker's phase timings (the Server-Timing header)."""
-
-    def __init__(self) -> None:
-        self.bytes_in = 0
-        self.bytes_out = 0
-        self.status = 499  # never answered: the caller went away
-        self.timings_ms: dict[str, float] = {}
-
-    def receiving(self, receive: Receive) -> Receive:
-        async def wrapped() -> Message:
-            message = await receive()
-            if message["type"] == "http.request":
-                self.bytes_in += len(message.get("body", b""))
-            return message
-
-        return wrapped
-
-    def sending(self, send: Send) -> Send:
-        async def wrapped(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                self.status = int(message["status"])
-                for name, value in message.get("headers", []):
-                    if name.lower() == b"server-timing":
-                        self.timings_ms.update(_server_timing(value.decode("latin-1")))
-            elif message["type"] == "http.response.body":
-                self.bytes_out += len(message.get("body", b""))
-            await send(message)
-
-        return wrapped
-
-    def timing_s(self, phase: str) -> float:
-        return self.timings_ms.get(phase, 0.0) / 1000
-
-
-def _server_timing(header: str) -> dict[str, float]:
-    timings: dict[str, float] = {}
-    for entry in header.split(","):
-        name, _, params = entry.strip().partition(";")
-        for param in params.split(";"):
-            key, _, value = param.strip().partition("=")
-            if key == "dur":
-                with contextlib.suppress(ValueError):
-                    timings[name.strip()] = float(value)
-    return timings
 
 
 def _header(scope: Scope, name: bytes) -> str | None:

@@ -8,7 +8,9 @@ out a command: publish it as an event, then collect the named workers' results.
 
 Both request-path questions cost O(1) in the catalog and the fleet: the route reads
 only the announcements of workers that mention the model (an index, model -> workers,
-kept as announcements arrive), and the repository index is read a page at a time.
+kept as announcements arrive, in the gateway's one ``WorkerRegistry``, which says which
+workers are live for the fleet view and this plane alike), and the repository index is
+read a page at a time.
 
 With an ``OrderBook`` (the deployment's database, ``control.orders``) every order it
 gives is kept there too; ``restore`` reads them back at start-up and tells the fleet,
@@ -49,7 +51,9 @@ from modelfleet.errors import (
     NoCapacity,
     error_from_code,
 )
-from modelfleet.repository import Catalog
+from modelfleet.gateway.fleet import WorkerRegistry
+from modelfleet.repository import Catalog, CatalogEntry
+from modelfleet.repository.manifest import Manifest
 from modelfleet.repository.overrides import ConfigOverride
 from modelfleet.settings import Settings
 
@@ -82,8 +86,11 @@ class _Collect:
 
 class ControlPlane:
     def __init__(self, settings: Settings, broker: Broker, catalog: Catalog,
-                 clock: Callable[[], float] = time.time, orders: OrderBook | None = None
-                 ) -> None:
+                 clock: Callable[[], float] = time.time, orders: OrderBook | None = None,
+                 registry: WorkerRegistry | None = None) -> None:
+        """``registry``: the gateway's one registry of workers, shared with its
+        ``FleetView`` (one of its own, by ``control.stale_after_s`` and ``clock``, when
+        none is given)."""
         self._settings = settings.control
         self._orders = orders
         self._told_at = float("-inf")  # when the orders were last told to the fleet
@@ -94,8 +101,11 @@ class ControlPlane:
         self.state = ControlState()
         follow_configs(self.state, catalog)
         self._revisions = RevisionClock(f"gateway-{uuid.uuid4().hex[:12]}", clock)
-        self._holdings: dict[str, tuple[float, Holdings, bool]] = {}  # worker -> (seen, .., ready)
-        self._mentions: dict[str, set[str]] = {}  # model -> workers whose holdings name it
+        self._workers = registry if registry is not None else \
+            WorkerRegistry(settings.control.stale_after_s, clock)
+        self._holdings: dict[str, tuple[Holdings, bool]] = {}  # worker -> (holdings, ready)
+        self._mentions = self._workers.index()  # model -> workers whose holdings name it
+        self._workers.on_forget(self._forget)
         self._pending: dict[str, _Collect] = {}
         self._routed: dict[str, tuple[str, float]] = {}  # model -> (version, when) last routed
         self._started = time.monotonic()  # workers announce themselves only every few s
@@ -115,36 +125,20 @@ class ControlPlane:
             if result is not None and result.command_id in self._pending:
                 self._pending[result.command_id].add(result)
         elif kind == "worker_gone":
-            self._forget(str(event.get("worker_id", "")))
+            self._workers.forget(str(event.get("worker_id", "")))
         else:
             holdings = holdings_of(event)
             if holdings is not None:
                 self.state.merge(event.get("control"))
-                before = self._holdings.get(holdings.worker_id)
-                self._holdings[holdings.worker_id] = (self._clock(), holdings,
-                                                      bool(event.get("ready", True)))
-                self._reindex(holdings.worker_id, before[1] if before else None, holdings)
+                self._workers.heard(holdings.worker_id)
+                self._holdings[holdings.worker_id] = (holdings, bool(event.get("ready", True)))
+                self._mentions.put(holdings.worker_id, _named(holdings))  # O(models named)
                 if self.state.newer_than(event.get("control")):
                     self._tell_soon()
 
-    def _reindex(self, worker_id: str, before: Holdings | None, after: Holdings | None
-                 ) -> None:
-        """Keep ``_mentions`` in step with one worker's announcement: O(models it names)."""
-        old = _named(before) if before is not None else frozenset()
-        new = _named(after) if after is not None else frozenset()
-        for model_id in old - new:
-            workers = self._mentions.get(model_id)
-            if workers is not None:
-                workers.discard(worker_id)
-                if not workers:
-                    del self._mentions[model_id]
-        for model_id in new - old:
-            self._mentions.setdefault(model_id, set()).add(worker_id)
-
     def _forget(self, worker_id: str) -> None:
-        gone = self._holdings.pop(worker_id, None)
-        if gone is not None:
-            self._reindex(worker_id, gone[1], None)
+        """The registry forgot ``worker_id`` (gone, or silent): its holdings go too."""
+        self._holdings.pop(worker_id, None)
 
     # -- the orders kept ----------------------------------------------------------
     async def restore(self) -> int:
@@ -175,22 +169,13 @@ class ControlPlane:
 
     def holdings(self) -> list[Holdings]:
         """Live workers' latest announcements (silent ones age out)."""
-        now = self._clock()
-        for worker_id, (seen, _, _) in list(self._holdings.items()):
-            if now - seen > self._settings.stale_after_s:
-                self._forget(worker_id)
-        return [h for _, h, _ in self._holdings.values()]
+        self._workers.prune()
+        return [h for h, _ in self._holdings.values()]
 
     def holdings_of(self, model_id: str) -> list[Holdings]:
         """The live announcements that name ``model_id`` (resident, failed or pinned),
         by worker id: what every per-model question needs, in O(those workers)."""
-        now = self._clock()
-        found = []
-        for worker_id in sorted(self._mentions.get(model_id, ())):
-            seen, holdings, _ = self._holdings[worker_id]
-            if now - seen <= self._settings.stale_after_s:
-                found.append(holdings)
-        return found
+        return [self._holdings[worker_id][0] for worker_id in self._mentions.live(model_id)]
 
     async def _ready_workers_at_least(self, wanted: int) -> list[str]:
         """The ready workers; while there are fewer than ``wanted`` and this gateway is
@@ -205,7 +190,7 @@ class ControlPlane:
 
     def _ready_workers(self) -> list[str]:
         self.holdings()
-        return sorted(w for w, (_, _, ready) in self._holdings.items() if ready)
+        return sorted(w for w, (_, ready) in self._holdings.items() if ready)
 
     # -- the request path ---------------------------------------------------------
     def available(self, model_id: str) -> bool:
@@ -222,7 +207,17 @@ class ControlPlane:
         """The version a request gets: the one it named, else the model's route."""
         if version is not None or model_id not in self._catalog:
             return version
-        versions = [m.version for m in self._catalog.get(model_id).versions]
+        return self.route_of(self._catalog.get(model_id)).version
+
+    def route_of(self, entry: CatalogEntry, version: str | None = None) -> Manifest:
+        """The manifest a request for ``entry`` gets: the version it named
+        (``ModelNotFound`` if not served), else the model's route. It asks the catalog
+        nothing more: the request path looks the model up once and passes the entry.
+        An unversioned route is remembered (stickiness): call it once per request."""
+        if version is not None:
+            return entry.version(version)
+        model_id = entry.model_id
+        versions = [m.version for m in entry.versions]
         now = self._clock()
         last = self._routed.get(model_id)
         sticky = last[0] if last is not None and now - last[1] < \
@@ -231,7 +226,7 @@ class ControlPlane:
         chosen = route(model_id, versions, self.state.version(model_id),
                        self.holdings_of(model_id), sticky)
         self._routed[model_id] = (chosen, now)
-        return chosen
+        return entry.version(chosen)
 
     def warm_on(self, model_id: str, version: str) -> list[str]:
         return sorted(h.worker_id for h in self.holdings_of(model_id)

@@ -3,6 +3,8 @@
 Per-model questions (``warm_on``, ``held_anywhere``) are answered from indexes kept as
 events arrive (model -> workers holding it; model -> workers pulling or loading it), so
 a request costs O(workers holding that model), never a walk of every worker's lists.
+The indexes and whether a worker is live are the gateway's one ``WorkerRegistry``,
+which the control plane's index of what workers announce shares.
 """
 
 from __future__ import annotations
@@ -17,32 +19,38 @@ DEMAND_WINDOW_S = 60.0  # a model announced this recently is in demand somewhere
 
 
 class FleetView:
-    def __init__(self, stale_after_s: float, clock: Callable[[], float] = time.time) -> None:
-        self._stale_after_s = stale_after_s
-        self._clock = clock
-        self._workers: dict[str, tuple[float, dict[str, Any]]] = {}
+    """Workers' states, over the gateway's ``WorkerRegistry`` (its own one, made from
+    ``stale_after_s`` and ``clock``, when none is given)."""
+
+    def __init__(self, stale_after_s: float = 10.0, clock: Callable[[], float] = time.time,
+                 registry: WorkerRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else \
+            WorkerRegistry(stale_after_s, clock)
+        self._clock = self.registry.clock
+        self._states: dict[str, dict[str, Any]] = {}
         self._demand: dict[str, float] = {}  # model id -> last announcement (any gateway)
-        self._warm = _ModelIndex()  # model -> workers holding it (device or host tier)
-        self._pulled = _ModelIndex()  # model -> workers subscribed to its queue or loading it
+        self._warm = self.registry.index()  # model -> workers holding it (device or host)
+        self._pulled = self.registry.index()  # model -> workers pulling its queue or loading it
         self.load_rates = LoadRateRing()
+        self.registry.on_forget(self._forget)
 
     def observe(self, event: dict[str, Any]) -> None:
         kind = event.get("kind")
         worker_id = str(event.get("worker_id", ""))
         if kind == "worker_state" and worker_id:
-            self._workers[worker_id] = (self._clock(), event)
+            self.registry.heard(worker_id)
+            self._states[worker_id] = event
             self._warm.put(worker_id, _held(event))
             self._pulled.put(worker_id, _pulled(event))
             self.load_rates.observe(worker_id, event, self._clock())
         elif kind == "worker_gone":
-            self._forget(worker_id)
+            self.registry.forget(worker_id)
         elif kind == "demand" and isinstance(event.get("model_id"), str):
             self._demand[event["model_id"]] = self._clock()
 
     def _forget(self, worker_id: str) -> None:
-        self._workers.pop(worker_id, None)
-        self._warm.put(worker_id, frozenset())
-        self._pulled.put(worker_id, frozenset())
+        """The registry forgot ``worker_id`` (gone, or silent): its state goes too."""
+        self._states.pop(worker_id, None)
         self.load_rates.forget(worker_id)
 
     def sample_load_rates(self) -> None:
@@ -60,16 +68,13 @@ class FleetView:
 
     def workers(self) -> list[dict[str, Any]]:
         """Live workers' latest states; workers silent for too long age out."""
-        now = self._clock()
-        for worker_id, (seen, _) in list(self._workers.items()):
-            if now - seen > self._stale_after_s:
-                self._forget(worker_id)
-        return [dict(state, last_seen_s_ago=round(now - seen, 3))
-                for seen, state in self._workers.values()]
+        self.registry.prune()
+        return [dict(state, last_seen_s_ago=round(self.registry.seen_s_ago(worker_id), 3))
+                for worker_id, state in self._states.items()]
 
     def warm_on(self, model_id: str) -> list[str]:
         """Ids of live workers holding ``model_id`` (device or host tier), sorted."""
-        return sorted(w for w in self._warm.workers(model_id) if self._live(w))
+        return self._warm.live(model_id)
 
     def served(self, worker_id: str, model_id: str) -> None:
         """``worker_id`` just answered a request of ``model_id`` from the cold lane: it
@@ -79,22 +84,15 @@ class FleetView:
     def held_anywhere(self, model_id: str) -> bool:
         """Does a live worker hold ``model_id``, pull its queue or load it? (False: its
         next request is cold everywhere, and goes to the cold lane.)"""
-        return any(self._live(w) for w in self._warm.workers(model_id)) or \
-            any(self._live(w) for w in self._pulled.workers(model_id))
+        return self._warm.any_live(model_id) or self._pulled.any_live(model_id)
 
     def single_worker(self) -> bool:
         """Is exactly one worker live (the fleet of `serve`, or of a one-worker deployment)?"""
-        now = self._clock()
-        return sum(1 for seen, _ in self._workers.values()
-                   if now - seen <= self._stale_after_s) == 1
+        return sum(1 for worker_id in self._states if self.registry.live(worker_id)) == 1
 
     def pulled_anywhere(self, model_id: str) -> bool:
         """Does a live worker pull ``model_id``'s queue or load it now?"""
-        return any(self._live(w) for w in self._pulled.workers(model_id))
-
-    def _live(self, worker_id: str) -> bool:
-        seen = self._workers.get(worker_id, (-float("inf"), None))[0]
-        return self._clock() - seen <= self._stale_after_s
+        return self._pulled.any_live(model_id)
 
     def warm_models(self) -> dict[str, list[str]]:
         """model id -> ids of live workers holding it (device or host tier); the whole
@@ -120,11 +118,62 @@ def _pulled(event: dict[str, Any]) -> frozenset[str]:
     return frozenset(m for m in names if isinstance(m, str))
 
 
-class _ModelIndex:
-    """model id -> the workers whose latest state names it, kept in step with each
-    worker's announcement in O(models that changed on that worker)."""
+class WorkerRegistry:
+    """The gateway's one registry of workers: when each was last heard, one staleness
+    rule for all that asks (a worker is live while heard within ``stale_after_s``, by
+    any event of its own: its state or its control announcement), and the model ->
+    workers indexes kept from what they announce (``index``).
 
-    def __init__(self) -> None:
+    ``FleetView`` (workers' states: what they hold, pull and load) and ``ControlPlane``
+    (their control announcements: versions resident, failed, pinned) share one. A
+    worker that goes (``worker_gone``) or falls silent leaves every index, and each
+    ``on_forget`` callback drops what its owner kept of it."""
+
+    def __init__(self, stale_after_s: float, clock: Callable[[], float] = time.time) -> None:
+        self.stale_after_s = stale_after_s
+        self.clock = clock
+        self._seen: dict[str, float] = {}
+        self._indexes: list[ModelIndex] = []
+        self._forgetters: list[Callable[[str], None]] = []
+
+    def index(self) -> ModelIndex:
+        """A new model -> workers index whose workers leave it when they are forgotten."""
+        index = ModelIndex(self)
+        self._indexes.append(index)
+        return index
+
+    def on_forget(self, callback: Callable[[str], None]) -> None:
+        self._forgetters.append(callback)
+
+    def heard(self, worker_id: str) -> None:
+        self._seen[worker_id] = self.clock()
+
+    def seen_s_ago(self, worker_id: str) -> float:
+        return self.clock() - self._seen.get(worker_id, -float("inf"))
+
+    def live(self, worker_id: str) -> bool:
+        return self.seen_s_ago(worker_id) <= self.stale_after_s
+
+    def forget(self, worker_id: str) -> None:
+        self._seen.pop(worker_id, None)
+        for index in self._indexes:
+            index.put(worker_id, frozenset())
+        for forget in self._forgetters:
+            forget(worker_id)
+
+    def prune(self) -> None:
+        """Forget every worker silent for longer than ``stale_after_s``."""
+        horizon = self.clock() - self.stale_after_s
+        for worker_id in [w for w, seen in self._seen.items() if seen < horizon]:
+            self.forget(worker_id)
+
+
+class ModelIndex:
+    """model id -> the workers whose latest announcement names it, kept in step with
+    each worker's announcement in O(models that changed on that worker)."""
+
+    def __init__(self, registry: WorkerRegistry) -> None:
+        self._registry = registry
         self._by_worker: dict[str, frozenset[str]] = {}
         self._by_model: dict[str, set[str]] = {}
 
@@ -149,8 +198,12 @@ class _ModelIndex:
         self._by_worker[worker_id] = self._by_worker.get(worker_id, frozenset()) | {model_id}
         self._by_model.setdefault(model_id, set()).add(worker_id)
 
-    def workers(self, model_id: str) -> set[str]:
-        return self._by_model.get(model_id, set())
+    def live(self, model_id: str) -> list[str]:
+        """The live workers naming ``model_id``, sorted: O(those workers)."""
+        return sorted(w for w in self._by_model.get(model_id, ()) if self._registry.live(w))
+
+    def any_live(self, model_id: str) -> bool:
+        return any(self._registry.live(w) for w in self._by_model.get(model_id, ()))
 
     def all(self) -> dict[str, list[str]]:
         return {model_id: sorted(holders) for model_id, holders in self._by_model.items()}

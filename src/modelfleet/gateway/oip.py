@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -45,18 +46,19 @@ from modelfleet import __version__
 from modelfleet.errors import ModelfleetError, RequestRejected
 from modelfleet.gateway.body import disconnect_waiter, read_body
 from modelfleet.gateway.encoding import inflate
-from modelfleet.gateway.exchange import Routed, answer_headers, exchange
+from modelfleet.gateway.exchange import Ticket, answer_headers, exchange
 from modelfleet.gateway.http import v2_error
 from modelfleet.gateway.inflight import RequestGuard
 from modelfleet.gateway.observe import RequestObserver
-from modelfleet.gateway.service import Answer, GatewayService
+from modelfleet.gateway.resolve import Outcome, Resolved, timeout_header
+from modelfleet.gateway.service import GatewayService
 from modelfleet.gateway.statistics import empty_stats, model_stats
 from modelfleet.oip import HEADER_LENGTH_PARAM, OIP_CONTENT_TYPE
 from modelfleet.oip.codec import InferenceRequest, parse_header_length, parse_request
 from modelfleet.oip.model_config import batched, model_config
 from modelfleet.oip.signature import TensorSpec, check_request
-from modelfleet.oip.transport import header_length_of
 from modelfleet.repository.manifest import Manifest
+from modelfleet.tenancy.usage import UsageMeter
 
 log = logging.getLogger("modelfleet.gateway")
 
@@ -81,16 +83,16 @@ def model_metadata(manifest: Manifest, versions: list[str]) -> dict[str, Any]:
             "outputs": tensor_metadata(manifest.outputs)}
 
 
-def deadline_request(parsed: InferenceRequest, header: str | None) -> str | None:
-    """The caller's timeout in seconds (a decimal string), from the ``timeout`` request
-    parameter (microseconds) or else the X-Request-Timeout header."""
+def deadline_request(parsed: InferenceRequest, header: float | None) -> float | None:
+    """The caller's timeout in seconds: the ``timeout`` request parameter (microseconds),
+    else the X-Request-Timeout header's (``header``, already in seconds)."""
     timeout_us = parsed.parameters.get("timeout")
     if timeout_us is None:
         return header
     if isinstance(timeout_us, bool) or not isinstance(timeout_us, int) or timeout_us <= 0:
         raise RequestRejected(f"the 'timeout' parameter is a positive whole number of "
                               f"microseconds, got {timeout_us!r}")
-    return f"{timeout_us / 1e6:.6f}"
+    return timeout_us / 1e6
 
 
 def unready_reasons(service: GatewayService, readiness: list[ReadinessCheck]) -> list[str]:
@@ -108,7 +110,7 @@ def unready_reasons(service: GatewayService, readiness: list[ReadinessCheck]) ->
 def model_unready_reasons(service: GatewayService, readiness: list[ReadinessCheck],
                           model: str, version: str | None) -> list[str]:
     """Why ``model`` cannot take v2 requests now; ``ModelNotFound`` for no such model."""
-    manifest = service.catalog.get(model).version(service.control.route(model, version))
+    manifest = service.control.route_of(service.catalog.get(model), version)
     reasons = unready_reasons(service, readiness)
     if not service.control.available(model):
         reasons.append(f"model '{model}' was unloaded by an operator")
@@ -117,39 +119,45 @@ def model_unready_reasons(service: GatewayService, readiness: list[ReadinessChec
     return reasons
 
 
-def v2_manifest(service: GatewayService, model: str, version: str | None,
-                routed: Routed) -> Manifest:
-    """The manifest of the version this request will get (a rollout may move the route),
-    refused unless it declares tensors."""
-    manifest = service.catalog.get(model).version(service.control.route(model, version))
-    routed.version = manifest.version
+def resolve_v2(service: GatewayService, model: str, version: str | None,
+               ticket: Ticket) -> Resolved:
+    """The request resolved once (``ticket.resolved``; the deadline the model's until
+    the body's ``timeout`` parameter or the caller's header says otherwise), refused
+    unless its version declares tensors."""
+    resolved = ticket.resolved = service.resolve(model, version, None, ticket.caller)
+    manifest = resolved.manifest
     if not manifest.has_signature:
         raise RequestRejected(
             f"model '{model}' declares no tensor signature ([[inputs]] and "
             f"[[outputs]] in its model.toml), so /v2 cannot decode tensors for "
             f"it: call POST /v1/models/{model}/infer")
-    return manifest
+    return resolved
 
 
-async def infer_v2(service: GatewayService, manifest: Manifest, version: str | None,
-                   body: bytes, header_length: int | None, timeout_header: str | None,
-                   routed: Routed, disconnected: Callable[[], Awaitable[None]] | None
-                   ) -> Answer:
-    """A v2 request body checked against the model's signature, then through the fleet
-    (HTTP and gRPC alike)."""
+async def infer_v2(service: GatewayService, ticket: Ticket, body: bytes,
+                   header_length: int | None, timeout_s: Callable[[], float | None],
+                   disconnected: Callable[[], Awaitable[None]] | None) -> Outcome:
+    """A resolved v2 request's body checked against the model's signature, then through
+    the fleet (HTTP and gRPC alike). ``timeout_s``: the caller's timeout outside the body
+    (the X-Request-Timeout header, a gRPC deadline), read only when the body has none."""
+    resolved = ticket.resolved
+    assert resolved is not None, "resolve_v2 first"
+    manifest = resolved.manifest
     parsed = parse_request(body, header_length)
     check_request(parsed, manifest.inputs, manifest.outputs, manifest.name)
     first = parsed.inputs[0].shape
-    routed.batch_size = first[0] if first and batched(manifest) else 1
-    deadline_ms = service.deadline_ms(manifest.timeout_s,
-                                      deadline_request(parsed, timeout_header))
+    asked = deadline_request(parsed, None)
+    resolved = ticket.resolved = replace(
+        service.with_timeout(resolved, timeout_s() if asked is None else asked),
+        batch_size=first[0] if first and batched(manifest) else 1)
     params = {} if header_length is None else {HEADER_LENGTH_PARAM: str(header_length)}
-    return await service.infer(manifest.name, version, body, OIP_CONTENT_TYPE, deadline_ms,
-                               params, disconnected=disconnected)
+    return await service.infer(resolved, body, OIP_CONTENT_TYPE, params,
+                               disconnected=disconnected)
 
 
 def oip_router(service: GatewayService, readiness: list[ReadinessCheck],
-               liveness: list[Callable[[], bool]], observer: RequestObserver) -> APIRouter:
+               liveness: list[Callable[[], bool]], observer: RequestObserver,
+               meter: UsageMeter | None = None) -> APIRouter:
     router = APIRouter(tags=["Open Inference Protocol v2"])
     limit = service.settings.gateway.max_body_bytes
     body_timeout_s = service.settings.gateway.body_read_timeout_s
@@ -177,7 +185,7 @@ def oip_router(service: GatewayService, readiness: list[ReadinessCheck],
     def metadata(model: str, version: str | None) -> JSONResponse:
         try:
             entry = service.catalog.get(model)
-            manifest = entry.version(service.control.route(model, version))
+            manifest = service.control.route_of(entry, version)
         except ModelfleetError as exc:
             return v2_error(exc)
         versions = [m.version for m in entry.versions] if version is None else [version]
@@ -209,7 +217,7 @@ def oip_router(service: GatewayService, readiness: list[ReadinessCheck],
     def config(model: str, version: str | None) -> JSONResponse:
         try:
             entry = service.catalog.get(model)
-            manifest = entry.version(service.control.route(model, version))
+            manifest = service.control.route_of(entry, version)
         except ModelfleetError as exc:
             return v2_error(exc)
         return JSONResponse(model_config(manifest, entry.policy))
@@ -257,26 +265,28 @@ def oip_router(service: GatewayService, readiness: list[ReadinessCheck],
         return await _infer(model, version, request)
 
     async def _infer(model: str, version: str | None, request: Request) -> Response:
-        async def run(guard: RequestGuard, routed: Routed) -> Answer:
+        async def run(guard: RequestGuard, ticket: Ticket) -> Outcome:
             header_length = parse_header_length(request.headers.get(HEADER_LENGTH))
-            manifest = v2_manifest(service, model, version, routed)
+            resolve_v2(service, model, version, ticket)
             with guard.reading(body_timeout_s):
                 body = await read_body(request, limit)
+            ticket.bytes_in = len(body)
             body = inflate(body, request.headers.get("content-encoding", ""), limit)
-            return await infer_v2(service, manifest, version, body, header_length,
-                                  request.headers.get("x-request-timeout"), routed,
-                                  disconnect_waiter(request))
+            return await infer_v2(
+                service, ticket, body, header_length,
+                lambda: timeout_header(request.headers.get("x-request-timeout")),
+                disconnect_waiter(request))
 
-        def respond(answer: Answer) -> Response:
-            headers = answer_headers(answer)
-            binary_header = header_length_of(answer.content_type)
-            if binary_header is None:
-                return Response(answer.body, media_type="application/json", headers=headers)
-            headers[HEADER_LENGTH] = str(binary_header)
-            return Response(answer.body, media_type="application/octet-stream",
+        def respond(outcome: Outcome) -> Response:
+            headers = answer_headers(outcome)
+            if outcome.header_length is None:
+                return Response(outcome.body, media_type="application/json", headers=headers)
+            headers[HEADER_LENGTH] = str(outcome.header_length)
+            return Response(outcome.body, media_type="application/octet-stream",
                             headers=headers)
 
         return await exchange(service, observer, model, version, "v2 request", run, respond,
-                              v2_error, lambda message: v2_error(ModelfleetError(message)))
+                              v2_error, lambda message: v2_error(ModelfleetError(message)),
+                              meter)
 
     return router

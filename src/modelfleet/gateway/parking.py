@@ -9,16 +9,9 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from contextvars import ContextVar
 
 from modelfleet import metrics
 from modelfleet.messages import Reply
-
-# The id of the request the current task parked last, and the reply it got (set when it
-# is unparked): the HTTP handler that awaited the service reads them for its metrics and
-# log line, also when the request failed (a failure reply still carries phase timings).
-PARKED_REQUEST_ID: ContextVar[str] = ContextVar("parked_request_id", default="")
-PARKED_REPLY: ContextVar[Reply | None] = ContextVar("parked_reply", default=None)
 
 
 class ParkedRequests:
@@ -37,7 +30,6 @@ class ParkedRequests:
         self._waiting[request_id] = future
         self._model_of[request_id] = model_id
         self._parked_at[request_id] = self._clock()
-        PARKED_REQUEST_ID.set(request_id)
         self._by_model[model_id] = self._by_model.get(model_id, 0) + 1
         metrics.PARKED.set(len(self._waiting))
         return future
@@ -46,8 +38,6 @@ class ParkedRequests:
         future = self._waiting.pop(request_id, None)
         if future is None:
             return
-        if future.done() and not future.cancelled():
-            PARKED_REPLY.set(future.result())
         model_id = self._model_of.pop(request_id)
         self._parked_at.pop(request_id, None)
         left = self._by_model[model_id] - 1

@@ -1,9 +1,12 @@
 """The gateway's broker side: publish a task, park the request, match the reply.
 
-``GatewayService`` never addresses a worker. It stamps a request id and a
-deadline, keeps large payloads in its ``PayloadStore``, publishes a small Task to the
+``GatewayService`` never addresses a worker. It resolves a request once
+(``resolve``: the model looked up once, its route computed once, the caller's tenant,
+a request id and the deadline, in one ``Resolved`` value), and ``infer`` runs that plan:
+it keeps large payloads in its ``PayloadStore``, publishes a small Task to the
 model's queue (or, for a model no worker holds or pulls, to the cold lane that every
-worker takes from), and waits for the Reply that names the request on its own inbox.
+worker takes from), waits for the Reply that names the request on its own inbox and
+returns it as an ``Outcome`` (gateway/resolve.py).
 It also announces demand per model on the event channel (that is how workers
 discover live queues) and keeps a ``FleetView`` from workers' state events.
 """
@@ -14,11 +17,10 @@ import asyncio
 import contextlib
 import json
 import logging
-import re
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import replace
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -34,30 +36,22 @@ from modelfleet.errors import (
     NoCapacity,
     RequestRejected,
     UnsupportedContentType,
-    error_from_code,
 )
 from modelfleet.gateway.control_plane import ControlPlane
-from modelfleet.gateway.fleet import FleetView
+from modelfleet.gateway.fleet import FleetView, WorkerRegistry
 from modelfleet.gateway.inflight import RequestsInFlight
 from modelfleet.gateway.parking import ParkedRequests
 from modelfleet.gateway.payloads import PayloadStore
+from modelfleet.gateway.resolve import Outcome, Resolved
 from modelfleet.gateway.statistics import PUBLISH_INTERVAL_S, InferenceStatistics
 from modelfleet.messages import PayloadRef, Reply, Task, now_ms
 from modelfleet.repository import Catalog
 from modelfleet.repository.manifest import Manifest
 from modelfleet.scheduling.demand import DemandPriority
 from modelfleet.settings import Settings
-from modelfleet.tenancy.access import caller_priority, task_tenant
+from modelfleet.tenancy.access import Principal
 
 log = logging.getLogger("modelfleet.gateway")
-_DECIMAL = re.compile(r"[0-9]+(?:\.[0-9]*)?|\.[0-9]+")
-
-
-@dataclass(frozen=True)
-class Answer:
-    body: bytes
-    content_type: str
-    reply: Reply
 
 
 def url_payload(body: bytes, content_type: str) -> str | None:
@@ -122,9 +116,12 @@ class GatewayService:
         self.parked = ParkedRequests()
         self._announcer = uuid.uuid4().hex[:16]  # names this gateway in its announcements
         self.payloads = PayloadStore(settings.gateway.payload_store_bytes, settings.secret)
-        self.fleet = FleetView(settings.gateway.worker_stale_after_s)
+        # The one registry of workers (one staleness rule: gateway.worker_stale_after_s)
+        # under both the fleet's states and the control plane's announcements.
+        workers = WorkerRegistry(settings.gateway.worker_stale_after_s)
+        self.fleet = FleetView(registry=workers)
         # unloads, pins, the route; the orders kept in ``orders`` (the deployment's db)
-        self.control = ControlPlane(settings, broker, catalog, orders=orders)
+        self.control = ControlPlane(settings, broker, catalog, orders=orders, registry=workers)
         self.requests = RequestsInFlight()
         self._cancels: set[asyncio.Task[None]] = set()
         self._inbox: Inbox | None = None
@@ -163,26 +160,43 @@ class GatewayService:
     def live(self) -> bool:
         return all(not loop.done() for loop in self._loops)
 
-    def deadline_ms(self, model_timeout_s: float | None, requested: str | None) -> int:
-        """Now plus the caller's timeout, else the model's, else the default; capped."""
+    def resolve(self, model_id: str, version: str | None, timeout_s: float | None,
+                caller: Principal | None) -> Resolved:
+        """The request's plan, resolved once: the model looked up once, its route
+        computed once, the caller's tenant and plan taken (``caller``: the auth layer's
+        principal, None with auth off: the model owner's), the deadline fixed (the
+        caller's timeout in seconds, else the model's, else the default; capped).
+        ``ModelNotFound`` for no such model or version, ``ModelUnavailable`` while an
+        operator has it unloaded."""
+        manifest = self.control.route_of(self.catalog.get(model_id), version)
+        self.control.check(model_id)  # refused while an operator has it unloaded
+        tenant, plan = (manifest.tenant, manifest.plan) if caller is None else \
+            (caller.tenant.name, caller.plan.name)
+        return Resolved(uuid.uuid4().hex, model_id, version, manifest, tenant, plan,
+                        0 if caller is None else caller.plan.priority,
+                        self._deadline_ms(manifest.timeout_s, timeout_s))
+
+    def with_timeout(self, resolved: Resolved, timeout_s: float | None) -> Resolved:
+        """``resolved`` with the deadline of the caller's timeout, where the request's
+        body gave one (a v2 ``timeout`` parameter)."""
+        if timeout_s is None:
+            return resolved
+        return replace(resolved, deadline_ms=self._deadline_ms(resolved.manifest.timeout_s,
+                                                               timeout_s))
+
+    def _deadline_ms(self, model_timeout_s: float | None, asked_s: float | None) -> int:
         gw = self.settings.gateway
-        timeout_s = min(model_timeout_s or gw.default_timeout_s, gw.max_timeout_s)
-        if requested is not None:
-            # Plain decimals only: float() also takes "1_0", "1e3", "inf", "+5", " 5 ".
-            asked = float(requested) if _DECIMAL.fullmatch(requested) else 0.0
-            if not asked > 0:
-                raise RequestRejected(
-                    "X-Request-Timeout must be a positive decimal number of seconds "
-                    f"(like 2.5), got {requested!r}")
-            timeout_s = min(asked, gw.max_timeout_s)
+        timeout_s = min(asked_s or model_timeout_s or gw.default_timeout_s, gw.max_timeout_s)
         return now_ms() + int(timeout_s * 1000)
 
-    async def infer(self, model_id: str, version: str | None, body: bytes, content_type: str,
-                    deadline_ms: int, params: dict[str, str],
-                    disconnected: Callable[[], Awaitable[None]] | None = None) -> Answer:
-        """Run one request through the fleet; raises a ModelfleetError for every failure."""
-        self.control.check(model_id)  # refused while an operator has it unloaded
-        manifest = self.catalog.get(model_id).version(self.control.route(model_id, version))
+    async def infer(self, resolved: Resolved, body: bytes, content_type: str,
+                    params: dict[str, str],
+                    disconnected: Callable[[], Awaitable[None]] | None = None) -> Outcome:
+        """Run one resolved request through the fleet: the worker's reply, answer or
+        failure, as an ``Outcome``; raises a ModelfleetError for a failure decided here
+        (no capacity, a content type the model refuses, the deadline, a hang-up)."""
+        model_id, manifest, deadline_ms = resolved.model_id, resolved.manifest, \
+            resolved.deadline_ms
         if manifest.device == "cuda" and not self.fleet.has_gpu_worker():
             # Queued, it would wait for its deadline: CPU workers never pull it.
             raise NoCapacity(f"model '{model_id}' needs a CUDA device (device = \"cuda\") "
@@ -195,7 +209,7 @@ class GatewayService:
                 f"'{content_type or '(none)'}'")
         if len(self.parked) >= self.settings.gateway.max_parked_requests:
             raise NoCapacity(f"{len(self.parked)} requests are already waiting on this gateway")
-        request_id = uuid.uuid4().hex
+        request_id = resolved.request_id
         if url is not None:
             payload = PayloadRef("url", url=url)
         elif len(body) <= self.settings.gateway.inline_threshold_bytes:
@@ -206,9 +220,8 @@ class GatewayService:
                                  + self.payloads.url_path(request_id, deadline_ms))
         assert self._inbox is not None, "start() the gateway service first"
         task = Task(request_id, model_id, manifest.version, deadline_ms, self._inbox.address,
-                    payload, content_type, now_ms(), *task_tenant(manifest.tenant, manifest.plan),
-                    params)
-        priority = caller_priority()
+                    payload, content_type, now_ms(), resolved.tenant, resolved.plan, params)
+        priority = resolved.priority
         lane = self._lane(model_id, manifest, priority)
         waiting = self.parked.park(request_id, model_id)
         if lane is not None:
@@ -240,9 +253,7 @@ class GatewayService:
             # That worker holds the model now: its next requests go to the model's queue,
             # for the fleet's scoring, without waiting for its next state to say so.
             self.fleet.served(reply.worker_id, model_id)
-        if reply.status != "ok":
-            raise error_from_code(reply.error_code, reply.error_message)
-        return Answer(reply.body, reply.content_type, reply)
+        return Outcome(resolved, reply)
 
     def _lane(self, model_id: str, manifest: Manifest, priority: int) -> str | None:
         """The cold lane of the caller's plan priority, or None for the model's own queue.

@@ -54,10 +54,14 @@ class Request:
 
 @dataclass(frozen=True)
 class Output:
-    """Return this from ``postprocess`` to answer with raw bytes instead of JSON."""
+    """Return this from ``postprocess`` to answer with raw bytes instead of JSON.
+
+    ``header_length``: a v2 answer with binary outputs, the length of its JSON header
+    (the v2 codec sets it; the reply carries it to the gateway as a field of its own)."""
 
     body: bytes
     content_type: str = "application/octet-stream"
+    header_length: int | None = None
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,6 @@ from modelfleet.model.api import Context, Model, Request
 from modelfleet.model.importer import import_handler
 from modelfleet.model.pipeline import Batcher, handle_request
 from modelfleet.oip import HEADER_LENGTH_PARAM, OIP_CONTENT_TYPE
-from modelfleet.oip.transport import header_length_of
 from modelfleet.repository.manifest import Manifest, load_manifest
 
 
@@ -91,5 +90,5 @@ class LocalModel:
                                              binary_outputs=binary)
         params = {} if header_length is None else {HEADER_LENGTH_PARAM: str(header_length)}
         answer = asyncio.run(self.ainfer_many([(body, OIP_CONTENT_TYPE)], params))[0]
-        _, arrays = decode_response(answer.body, header_length_of(answer.content_type))
+        _, arrays = decode_response(answer.body, answer.header_length)
         return arrays

@@ -33,7 +33,6 @@ from modelfleet.oip.codec import (
 )
 from modelfleet.oip.signature import check_request, shape_fits
 from modelfleet.oip.tensor import as_output_array
-from modelfleet.oip.transport import response_content_type
 from modelfleet.repository.manifest import Manifest
 
 # Request parameters the protocol itself acts on; the handler gets the others.
@@ -113,7 +112,9 @@ class TensorCall:
                                         self.request.output_is_binary(name)))
         body, header_length = encode_response(self.manifest.name, self.manifest.version,
                                               outputs, self.request.id)
-        return Output(body, response_content_type(header_length))
+        if header_length is None:
+            return Output(body, "application/json")
+        return Output(body, "application/octet-stream", header_length)
 
     def _classification(self, name: str) -> int | None:
         for wanted in self.request.outputs or ():

@@ -197,8 +197,10 @@ class RuntimeService:
                                        f"({remaining_s:.2f}s left when it started)") from exc
             timings.update(phases)
             data, out_type = encode_result(result)
+            # A v2 binary answer's JSON header length: a field of the reply of its own.
+            header_length = result.header_length if isinstance(result, Output) else None
             reply = Reply(task.request_id, "ok", data, out_type, timings_ms=timings,
-                          worker_id=worker_id, cold=cold)
+                          worker_id=worker_id, cold=cold, header_length=header_length)
         except ModelfleetError as exc:
             reply = Reply.failure(task.request_id, exc, worker_id, timings)
         except asyncio.CancelledError:

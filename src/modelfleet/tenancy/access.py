@@ -60,18 +60,7 @@ class Principal:
 
 
 # Who sent the request being handled (set by the gateway's auth layer around the route):
-# the task it makes carries the caller's tenant and plan, so that a dead letter names the
-# tenant whose request it was. None with auth off.
+# the handler reads it once into the request's plan (gateway/resolve.py), whose task
+# carries the caller's tenant and plan, so that a dead letter names the tenant whose
+# request it was. None with auth off.
 CALLER: ContextVar[Principal | None] = ContextVar("modelfleet_caller", default=None)
-
-
-def task_tenant(owner: str, owner_plan: str) -> tuple[str, str]:
-    """(tenant, plan) a task carries: the caller's when known, else the model owner's."""
-    caller = CALLER.get()
-    return (owner, owner_plan) if caller is None else (caller.tenant.name, caller.plan.name)
-
-
-def caller_priority() -> int:
-    """The plan priority of the caller being handled (0 with auth off)."""
-    caller = CALLER.get()
-    return 0 if caller is None else caller.plan.priority

@@ -326,7 +326,12 @@ class TaskRunner:
         target = runtime.runtime
         if target is None or not runtime.ready:
             raise RuntimeCrashed(f"runtime {runtime.name} is not ready")
-        manifest = self._catalog.get(task.model_id).manifest
+        entry = self._catalog.get(task.model_id)
+        # The task's own version's accepts (a rollout may have added a newer one); one
+        # this worker's catalog does not know yet: the newest's, and the runtime's load
+        # of that version answers for it.
+        manifest = next((m for m in entry.versions if m.version == task.version),
+                        entry.manifest)
         remaining_s = max(0.0, (task.deadline_ms - now_ms()) / 1000)
         override = self._catalog.override(task.model_id)
         call = InferCall(delivery.body, task.delivery_count, tuple(manifest.accepts),

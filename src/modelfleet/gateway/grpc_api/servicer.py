@@ -37,7 +37,7 @@ from modelfleet import __version__, metrics
 from modelfleet.errors import ModelfleetError, ModelNotFound
 from modelfleet.gateway.auth import TenantGate
 from modelfleet.gateway.control import run_load
-from modelfleet.gateway.exchange import Routed, record_exchange
+from modelfleet.gateway.exchange import Ticket, record_exchange
 from modelfleet.gateway.grpc_api import inference_pb2 as pb
 from modelfleet.gateway.grpc_api.tensors import parameter_value, request_body, response_message
 from modelfleet.gateway.http import load_failed, v2_message, v2_status
@@ -47,14 +47,12 @@ from modelfleet.gateway.oip import (
     infer_v2,
     model_metadata,
     model_unready_reasons,
+    resolve_v2,
     unready_reasons,
-    v2_manifest,
 )
-from modelfleet.gateway.parking import PARKED_REPLY, PARKED_REQUEST_ID
 from modelfleet.gateway.service import GatewayService
 from modelfleet.gateway.statistics import empty_stats, model_stats
 from modelfleet.oip.model_config import model_config
-from modelfleet.oip.transport import header_length_of
 from modelfleet.publishing.publisher import Publisher
 from modelfleet.tenancy import Forbidden
 from modelfleet.tenancy.access import CALLER, Principal
@@ -144,7 +142,7 @@ class InferenceServicer:
         await self._model(context, request.name)
         version = request.version or None
         entry = self._service.catalog.get(request.name)
-        manifest = entry.version(self._service.control.route(request.name, version))
+        manifest = self._service.control.route_of(entry, version)
         versions = [m.version for m in entry.versions] if version is None else [version]
         response = pb.ModelMetadataResponse()
         json_format.ParseDict(model_metadata(manifest, versions), response)
@@ -164,8 +162,7 @@ class InferenceServicer:
                            ) -> pb.ModelConfigResponse:
         await self._model(context, request.name)
         entry = self._service.catalog.get(request.name)
-        manifest = entry.version(self._service.control.route(request.name,
-                                                             request.version or None))
+        manifest = self._service.control.route_of(entry, request.version or None)
         config = pb.ModelConfig()
         json_format.ParseDict(model_config(manifest, entry.policy), config,
                               ignore_unknown_fields=True)
@@ -249,34 +246,39 @@ class InferenceServicer:
         service, model = self._service, request.model_name
         version = request.model_version or None
         started = time.perf_counter()
-        status, outcome, routed = 500, "internal_error", Routed(version or "")
-        PARKED_REQUEST_ID.set("")
-        PARKED_REPLY.set(None)
-        reply = None
+        status, code = 500, "internal_error"
+        ticket = Ticket(None)
         try:
-            principal = await self._model(context, model)
+            principal = ticket.caller = await self._model(context, model)
             async with self._admitted(principal, model) as seen:
                 async with service.requests.track():
-                    manifest = v2_manifest(service, model, version, routed)
+                    resolve_v2(service, model, version, ticket)  # resolved once
                     body, header_length = request_body(request)
                     seen.bytes_in = len(body)
-                    left = context.time_remaining()
-                    answer = await infer_v2(
-                        service, manifest, version, body, header_length,
-                        None if left is None else f"{max(left, 0.001):.6f}", routed,
+                    left = context.time_remaining()  # the call's own deadline, if any
+                    outcome = await infer_v2(
+                        service, ticket, body, header_length,
+                        lambda: None if left is None else max(left, 0.001),
                         _hang_up(context))
-                reply = answer.reply
-                status, outcome = 200, "ok"
-                seen.status, seen.timings_ms = 200, dict(reply.timings_ms)
-                seen.bytes_out = len(answer.body)
-                return response_message(answer.body, header_length_of(answer.content_type))
+                ticket.reply = outcome.reply
+                failure = outcome.error
+                if failure is not None:
+                    raise failure
+                status, code = 200, "ok"
+                seen.status, seen.timings_ms = 200, dict(outcome.timings_ms)
+                seen.bytes_out = len(outcome.body)
+                return response_message(outcome.body, outcome.header_length)
         except ModelfleetError as exc:
-            status, outcome = v2_status(exc), exc.code
-            reply = PARKED_REPLY.get()
+            status, code = v2_status(exc), exc.code
             raise
         finally:
-            record_exchange(service, self._observer, model, routed.version, status, outcome,
-                            reply, started, routed.batch_size)
+            resolved = ticket.resolved
+            known = resolved is not None or model in service.catalog
+            record_exchange(service, self._observer, model if known else "(unknown)",
+                            resolved.version if resolved is not None else version or "",
+                            status, code, ticket.reply, started,
+                            resolved.batch_size if resolved is not None else 1,
+                            resolved.request_id if resolved is not None else "")
 
     @contextlib.asynccontextmanager
     async def _admitted(self, principal: Principal | None, model: str) -> Any:
