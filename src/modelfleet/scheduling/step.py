@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from modelfleet.scheduling.scoring import choose_queues, is_starving, loader_room
+from modelfleet.scheduling.scoring import QueueScorer, choose_queues, is_starving, loader_room
 from modelfleet.scheduling.settings import ScoringSettings
 from modelfleet.scheduling.views import Decision, QueueView, WorkerView
 
@@ -94,3 +94,45 @@ def work_waiting(snapshot: Snapshot, settings: ScoringSettings, held_too: bool =
         if queue.consumers < settings.fanout_cap(queue.fanout_max_workers, queue.plan):
             return True
     return False
+
+
+def decision_holds(snapshot: Snapshot, settings: ScoringSettings) -> bool:
+    """Does :func:`decide` give this snapshot's decision at every later instant too?
+
+    True when ``decide`` on the same snapshot at any later ``now`` of the same noise
+    window (``noise_hold_s``), while the worker's recent cold subscriptions all still
+    count (``cold_budget``), takes and drops the same queues with the same windows:
+    what a caller that re-scores an unchanged snapshot may reuse. Only ``now`` moves
+    then, and within a noise window it moves one term of a score, stickiness, which
+    only decays. Conservative: False as soon as a decaying stickiness could move a
+    comparison ``choose_queues`` makes, that is when a queue that is not starved (a
+    starved queue's score has no stickiness) has stickiness left now and is either not
+    warm here (its score meets the bars, and stickiness keeps an idle held queue) or
+    warm but not by a margin (warmth less the noise amplitude below a bar), or when
+    the snapshot is larger than ``max_subscriptions`` (the cap compares scores).
+    The scores the decision reports for debugging do move; the decision does not.
+    """
+    if len(snapshot.queues) > settings.max_subscriptions:
+        return False
+    worker = snapshot.worker
+    served = worker.last_served
+    if not served or settings.stickiness_weight == 0:
+        return True
+    now = snapshot.now
+    window = settings.stickiness_window_s
+    bar = max(settings.subscribe_threshold, settings.drop_threshold)
+    amplitude = settings.noise_amplitude
+    scorer: QueueScorer | None = None
+    for queue in snapshot.queues:
+        at = served.get(queue.model_id)
+        if at is None or now - at >= window:
+            continue  # no stickiness now, nor later: it only decays
+        if queue.backlog > 0 and queue.consumers == 0:
+            continue  # starved: scored without stickiness
+        if scorer is None:
+            scorer = QueueScorer(worker, settings, now, 0)
+        heat = scorer.warmth(queue)
+        if heat > 0 and heat - amplitude >= bar:
+            continue  # warm by more than any bar: no score of it can cross one
+        return False
+    return True

@@ -62,6 +62,7 @@ from modelfleet.scheduling import (
     actions_for,
     candidates,
     decide,
+    decision_holds,
     snapshot_of,
 )
 from modelfleet.scheduling import work_waiting as scheduling_work_waiting
@@ -440,8 +441,9 @@ class PullAffinity:
         key = self._observed_key(coord, counted)
         if key == coord.last_key and coord.last_result is not None:
             # Nothing this worker observes changed since its last decision (within one
-            # noise window): decide again would give the same answer, but for the few
-            # milliseconds of stickiness decay between the two. Its CPU is still spent.
+            # noise window, its recent cold subscriptions the same) but the instant, and
+            # that decision holds at every later instant (scheduling.decision_holds):
+            # decide again would give the same answer. Its CPU is still spent.
             snapshot, decision, waiting, untaken, steps_for = coord.last_result
         else:
             observation = self._observation_of(coord, counted)
@@ -451,7 +453,7 @@ class PullAffinity:
             untaken = waiting if sim.config.wake_on_held_backlog else \
                 scheduling_work_waiting(snapshot, self.settings, False)
             steps_for = actions_for(decision, snapshot, self.settings)
-            coord.last_key = key
+            coord.last_key = key if decision_holds(snapshot, self.settings) else None
             coord.last_result = (snapshot, decision, waiting, untaken, steps_for)
             coord.worker.scores = dict(decision.scores)
         self._meter(coord)
