@@ -8,7 +8,7 @@ and calls the same function, so what it predicts is what the worker decides.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from modelfleet.scheduling.scoring import QueueScorer, choose_queues, is_starving, loader_room
 from modelfleet.scheduling.settings import ScoringSettings
@@ -34,17 +34,23 @@ def decide(snapshot: Snapshot, settings: ScoringSettings, rng_seed: int) -> Deci
     held = decision.apply(snapshot.worker.subscriptions)
     queues = {q.model_id: q for q in snapshot.queues}
     windows: dict[str, int] = {}
+    worker = snapshot.worker
+    running = worker.running
+    prefetch = worker.prefetch
+    share = _share(worker, len(held))
+    free = worker.free_permits
     for model_id in sorted(held):
         queue = queues.get(model_id)
         if queue is None:
             continue
-        wanted = prefetch_window(queue, snapshot.worker, len(held))
-        current = snapshot.worker.prefetch.get(model_id)
+        wanted = _window(running.get(model_id, 0), queue, share, free)
+        current = prefetch.get(model_id)
         # Grow at once (a window smaller than what waits idles free permits); shrink only
         # once it halves, so that the window does not follow every task's start and end.
         if current is None or wanted > current or wanted * 2 <= current:
             windows[model_id] = wanted
-    return replace(decision, prefetch=windows)
+    return Decision(decision.subscribe, decision.unsubscribe, decision.scores, decision.reasons,
+                    decision.cold, windows)
 
 
 def prefetch_window(queue: QueueView, worker: WorkerView, held: int) -> int:
@@ -60,10 +66,19 @@ def prefetch_window(queue: QueueView, worker: WorkerView, held: int) -> int:
     A window grows as soon as more waits, and shrinks only when it halves (see
     :func:`decide`): on RabbitMQ a change costs a new consumer.
     """
-    running = worker.running.get(queue.model_id, 0)
-    share = -(-worker.permits_cap // max(1, held))
+    return _window(worker.running.get(queue.model_id, 0), queue, _share(worker, held),
+                   worker.free_permits)
+
+
+def _share(worker: WorkerView, held: int) -> int:
+    """A fair share of the permits among ``held`` queues (rounded up)."""
+    return -(-worker.permits_cap // max(1, held))
+
+
+def _window(running: int, queue: QueueView, share: int, free: int) -> int:
+    """:func:`prefetch_window` from its parts (``decide`` computes the share once)."""
     wanted = max(share, running + queue.backlog)
-    return max(1, queue.batch_size, min(wanted, running + worker.free_permits))
+    return max(1, queue.batch_size, min(wanted, running + free))
 
 
 def work_waiting(snapshot: Snapshot, settings: ScoringSettings, held_too: bool = True) -> bool:
