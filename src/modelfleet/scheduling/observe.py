@@ -97,7 +97,7 @@ def worker_view(obs: Observation) -> WorkerView:
         running=obs.running, prefetch=obs.prefetch)
 
 
-_VIEWS_MAX = 1 << 16
+_VIEWS_MAX = 1 << 15
 # Views already built, by (model id, backlog, consumers), each with the facts it was built
 # from: a worker re-scoring many times a second sees mostly the same counts again. A view
 # is a pure function of those and its facts, so a hit is the view that would be built.

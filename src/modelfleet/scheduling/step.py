@@ -8,6 +8,7 @@ and calls the same function, so what it predicts is what the worker decides.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from modelfleet.scheduling.scoring import QueueScorer, choose_queues, is_starving, loader_room
@@ -111,21 +112,27 @@ def work_waiting(snapshot: Snapshot, settings: ScoringSettings, held_too: bool =
     return False
 
 
-def decision_holds(snapshot: Snapshot, settings: ScoringSettings) -> bool:
-    """Does :func:`decide` give this snapshot's decision at every later instant too?
+def decision_holds(snapshot: Snapshot, decision: Decision, settings: ScoringSettings,
+                   rng_seed: int) -> bool:
+    """Does ``decide(snapshot, settings, rng_seed)``, which gave ``decision``, give it at
+    every later instant of the same noise window too?
 
     True when ``decide`` on the same snapshot at any later ``now`` of the same noise
     window (``noise_hold_s``), while the worker's recent cold subscriptions all still
     count (``cold_budget``), takes and drops the same queues with the same windows:
     what a caller that re-scores an unchanged snapshot may reuse. Only ``now`` moves
     then, and within a noise window it moves one term of a score, stickiness, which
-    only decays. Conservative: False as soon as a decaying stickiness could move a
-    comparison ``choose_queues`` makes, that is when a queue that is not starved (a
-    starved queue's score has no stickiness) has stickiness left now and is either not
-    warm here (its score meets the bars, and stickiness keeps an idle held queue) or
-    warm but not by a margin (warmth less the noise amplitude below a bar), or when
-    the snapshot is larger than ``max_subscriptions`` (the cap compares scores).
-    The scores the decision reports for debugging do move; the decision does not.
+    only decays: a score can only fall, and no lower than it is at the window's end.
+    So, by the rule ``choose_queues`` applied to each queue (``decision.reasons``):
+    a queue that is starved (scored without stickiness), has no stickiness left, or
+    whose rule does not read its score (fan-out cap, over the cap, idle-cold, below
+    the bar, dropped: a falling score stays there) holds; one taken or kept holds if
+    its score at the window's end still meets the bar (and a held idle queue kept by
+    its stickiness still has some), unless it is a cold take ranked by score against
+    others while some were refused for capacity or the minute's budget.
+    Conservative: anything else, or a snapshot larger than ``max_subscriptions``
+    (the cap compares scores), says False. The scores the decision reports for
+    debugging do move; the decision does not.
     """
     if len(snapshot.queues) > settings.max_subscriptions:
         return False
@@ -135,19 +142,54 @@ def decision_holds(snapshot: Snapshot, settings: ScoringSettings) -> bool:
         return True
     now = snapshot.now
     window = settings.stickiness_window_s
-    bar = max(settings.subscribe_threshold, settings.drop_threshold)
-    amplitude = settings.noise_amplitude
-    scorer: QueueScorer | None = None
+    reasons = decision.reasons
+    refused: bool | None = None  # were cold takes refused for capacity? (asked lazily)
+    late: QueueScorer | None = None  # scores as at the noise window's end (or lower)
     for queue in snapshot.queues:
         at = served.get(queue.model_id)
         if at is None or now - at >= window:
             continue  # no stickiness now, nor later: it only decays
         if queue.backlog > 0 and queue.consumers == 0:
             continue  # starved: scored without stickiness
-        if scorer is None:
-            scorer = QueueScorer(worker, settings, now, 0)
-        heat = scorer.warmth(queue)
-        if heat > 0 and heat - amplitude >= bar:
-            continue  # warm by more than any bar: no score of it can cross one
-        return False
+        reason = reasons.get(queue.model_id)
+        if reason in ("fanout-cap", "over-cap", "idle-cold", "below-threshold", "dropped"):
+            # No score read, or one that can only fall further below its bar. (A held
+            # idle-cold queue with stickiness left was not worth keeping for reasons
+            # that do not move: other consumers, or no free permit.)
+            continue
+        if reason not in ("warm", "pressure", "idle-join"):
+            return False  # refused for capacity or budget: its rank may move
+        if late is None:
+            late = _late_scorer(snapshot, settings, rng_seed)
+        heat = late.warmth(queue)
+        if queue.model_id in worker.subscriptions:
+            if queue.backlog == 0 and heat <= 0 and late.stickiness(queue) <= 0:
+                return False  # kept idle by its stickiness, which lapses
+            if late.score(queue, heat) < settings.drop_threshold:
+                return False
+            continue
+        if reason != "idle-join" and late.score(queue, heat) < settings.subscribe_threshold:
+            return False
+        if heat <= 0:
+            if refused is None:
+                refused = any(r in ("no-capacity", "rate-limited") and not (
+                    q.backlog > 0 and q.consumers == 0)
+                    for q in snapshot.queues for r in (reasons.get(q.model_id),))
+            if refused:
+                return False  # ranked by score against cold takes that were refused
     return True
+
+
+def _late_scorer(snapshot: Snapshot, settings: ScoringSettings, rng_seed: int) -> QueueScorer:
+    """A scorer of this noise window whose stickiness is what it will be at the window's
+    end, a microsecond to spare (rounding): no lower score is reached within the window."""
+    worker = snapshot.worker
+    now = snapshot.now
+    hold = settings.noise_hold_s
+    shift = (math.floor(now / hold) + 1) * hold - now + 1e-6
+    served = worker.last_served
+    aged = {q.model_id: served[q.model_id] - shift for q in snapshot.queues
+            if q.model_id in served}
+    view = WorkerView(worker.worker_id, worker.subscriptions, worker.resident_device,
+                      worker.resident_host, aged, loading=worker.loading)
+    return QueueScorer(view, settings, now, rng_seed)

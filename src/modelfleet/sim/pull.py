@@ -479,7 +479,9 @@ class PullAffinity:
             untaken = waiting if sim.config.wake_on_held_backlog else \
                 scheduling_work_waiting(snapshot, self.settings, False)
             steps_for = actions_for(decision, snapshot, self.settings)
-            coord.last_key = key if decision_holds(snapshot, self.settings) else None
+            coord.last_key = key if decision_holds(snapshot, decision, self.settings,
+                                                              self.rng_seed) \
+                else None
             coord.last_result = (snapshot, decision, waiting, untaken, steps_for)
             coord.worker.scores = dict(decision.scores)
         self._meter(coord)
