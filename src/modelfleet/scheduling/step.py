@@ -145,6 +145,8 @@ def decision_holds(snapshot: Snapshot, decision: Decision, settings: ScoringSett
     reasons = decision.reasons
     refused: bool | None = None  # were cold takes refused for capacity? (asked lazily)
     late: QueueScorer | None = None  # scores as at the noise window's end (or lower)
+    scorer: QueueScorer | None = None  # warmth
+    amplitude = settings.noise_amplitude
     for queue in snapshot.queues:
         at = served.get(queue.model_id)
         if at is None or now - at >= window:
@@ -159,10 +161,16 @@ def decision_holds(snapshot: Snapshot, decision: Decision, settings: ScoringSett
             continue
         if reason not in ("warm", "pressure", "idle-join"):
             return False  # refused for capacity or budget: its rank may move
+        if scorer is None:
+            scorer = QueueScorer(worker, settings, now, rng_seed)
+        heat = scorer.warmth(queue)
+        held = queue.model_id in worker.subscriptions
+        if heat > 0 and heat - amplitude >= (settings.drop_threshold if held
+                                             else settings.subscribe_threshold):
+            continue  # warm by more than the noise: no score of it can fall under its bar
         if late is None:
             late = _late_scorer(snapshot, settings, rng_seed)
-        heat = late.warmth(queue)
-        if queue.model_id in worker.subscriptions:
+        if held:
             if queue.backlog == 0 and heat <= 0 and late.stickiness(queue) <= 0:
                 return False  # kept idle by its stickiness, which lapses
             if late.score(queue, heat) < settings.drop_threshold:
