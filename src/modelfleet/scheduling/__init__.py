@@ -25,7 +25,13 @@ from modelfleet.scheduling.scoring import (
     score_queue,
 )
 from modelfleet.scheduling.settings import ScoringSettings
-from modelfleet.scheduling.step import Snapshot, decide, prefetch_window, work_waiting
+from modelfleet.scheduling.step import (
+    Snapshot,
+    decide,
+    decision_holds,
+    prefetch_window,
+    work_waiting,
+)
 from modelfleet.scheduling.views import Decision, QueueView, Reason, WorkerView
 
 __all__ = [
@@ -45,6 +51,7 @@ __all__ = [
     "choose_queues",
     "cold_budget",
     "decide",
+    "decision_holds",
     "is_starving",
     "loader_room",
     "noise",

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import TypeVar
 
 from modelfleet.scheduling.scoring import QueueScorer
@@ -96,6 +97,27 @@ def worker_view(obs: Observation) -> WorkerView:
         running=obs.running, prefetch=obs.prefetch)
 
 
+_VIEWS_MAX = 1 << 15
+# Views already built, by (model id, backlog, consumers), each with the facts it was built
+# from: a worker re-scoring many times a second sees mostly the same counts again. A view
+# is a pure function of those and its facts, so a hit is the view that would be built.
+_views: dict[tuple[str, int, int], tuple[QueueFacts, QueueView]] = {}
+_by_model_id = attrgetter("model_id")
+
+
+def _view(model_id: str, backlog: int, consumers: int, facts: QueueFacts) -> QueueView:
+    key = (model_id, backlog, consumers)
+    known = _views.get(key)
+    if known is not None and (known[0] is facts or known[0] == facts):
+        return known[1]
+    view = QueueView(model_id, backlog, consumers, facts.fanout_max_workers, facts.plan,
+                     facts.pinned, facts.batch_size, facts.runtime, facts.priority)
+    if len(_views) >= _VIEWS_MAX:
+        _views.clear()
+    _views[key] = (facts, view)
+    return view
+
+
 def snapshot_of(obs: Observation, settings: ScoringSettings, rng_seed: int) -> Snapshot:
     """The snapshot of ``obs``, sorted by model id, without the queues that cannot change
     the decision nor :func:`~modelfleet.scheduling.work_waiting`'s answer:
@@ -123,8 +145,7 @@ def snapshot_of(obs: Observation, settings: ScoringSettings, rng_seed: int) -> S
         # cannot_matter(backlog, held, not cold), inlined: this loop is the hot path.
         if (cold and backlog <= 0) or (cold and room.get(facts.runtime, 0) <= 0):
             continue
-        view = QueueView(model_id, backlog, consumers, facts.fanout_max_workers, facts.plan,
-                         facts.pinned, facts.batch_size, facts.runtime, facts.priority)
+        view = _view(model_id, backlog, consumers, facts)
         if cold and consumers == 0:
             starving.setdefault(facts.runtime, []).append(view)
         else:
@@ -142,5 +163,5 @@ def snapshot_of(obs: Observation, settings: ScoringSettings, rng_seed: int) -> S
                 waiting.sort(key=rank)
                 del waiting[slots:]
             queues.extend(waiting)
-    queues.sort(key=lambda q: q.model_id)
+    queues.sort(key=_by_model_id)
     return Snapshot(obs.now, tuple(queues), worker)

@@ -248,11 +248,22 @@ def choose_queues(queues: Sequence[QueueView], worker: WorkerView, settings: Sco
     caps: dict[tuple[int, str], int] = {}  # settings.fanout_cap, per (fan-out, plan)
     cold_views: dict[str, QueueView] = {}  # what _admit_cold ranks: starved or cold takes
     subscriptions = worker.subscriptions
+    # QueueScorer.warmth, inlined (this loop runs per queue per decision).
+    device, loading, host = worker.resident_device, worker.loading, worker.resident_host
+    device_w, host_w = settings.device_warmth_weight, settings.host_warmth_weight
+    pinned_w = settings.pinned_warmth_weight
 
     for queue in queues:
         model_id = queue.model_id
         held = model_id in subscriptions
-        heat = scorer.warmth(queue)
+        if model_id in device or model_id in loading:
+            heat = device_w
+        elif model_id in host:
+            heat = host_w
+        else:
+            heat = 0.0
+        if queue.pinned:
+            heat = max(heat, pinned_w)
         score = scorer.score(queue, heat)
         scores[model_id] = score
         warm = heat > 0

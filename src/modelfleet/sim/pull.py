@@ -62,6 +62,7 @@ from modelfleet.scheduling import (
     actions_for,
     candidates,
     decide,
+    decision_holds,
     snapshot_of,
 )
 from modelfleet.scheduling import work_waiting as scheduling_work_waiting
@@ -119,6 +120,11 @@ class Coordinator:
     rank_scorer: QueueScorer | None = None
     rank_memo: dict[tuple[int, int], tuple[int, float, str, int]] = field(default_factory=dict)
     own: set[int] = field(default_factory=set)  # its own candidates, as last gathered
+    # Bumped by every change of what _gather and _observed_key read of this worker (its
+    # counts, tasks, consumers and windows, residency, cold subscriptions): with the
+    # noise window and the demand's models the same, the last gathering still stands.
+    version: int = 0
+    gathered: tuple[int, int, int] | None = None  # (version, demand version, window)
 
 
 class PullAffinity:
@@ -146,6 +152,7 @@ class PullAffinity:
         self._announced: dict[int, float] = {}  # model -> last announcement (gateway)
         self._demand: dict[int, float] = {}  # model -> last announcement heard (workers)
         self._demand_log: deque[tuple[float, int]] = deque()
+        self._demand_version = 0  # bumped when a model enters or leaves _demand
         self._heard_log: list[int] = []  # every announcement heard, in order
         self._names: tuple[str, ...] = ()
         self._facts: list[QueueFacts] = []  # per model: what its queue view carries
@@ -236,6 +243,8 @@ class PullAffinity:
         pull is counted afresh at its next re-score (folded into ``dirty`` from the log
         when that starts), and wakes it if a permit is free."""
         now = self.sim.now
+        if model not in self._demand:
+            self._demand_version += 1
         self._demand[model] = now
         self._demand_log.append((now, model))
         self._heard_log.append(model)
@@ -300,6 +309,7 @@ class PullAffinity:
 
     def _start(self, coord: Coordinator, task: Task) -> None:
         self._meter(coord)
+        coord.version += 1
         self.sim.start(coord.worker, task)
         coord.meter_free = coord.worker.free_permits
         self._note_free(coord)
@@ -314,6 +324,7 @@ class PullAffinity:
 
     def on_settled(self, worker: SimWorker, task: Task) -> None:
         coord = self._coords[worker.index]
+        coord.version += 1  # its tasks (and what it served) changed
         self._note_free(coord)
         self._meter(coord)
         coord.meter_free = worker.free_permits
@@ -410,6 +421,8 @@ class PullAffinity:
         loading = [set(runtime.loading) for runtime in runtimes]
         if loading == old_loading:
             loading = old_loading
+        if device is not old_device or host is not old_host or loading is not old_loading:
+            coord.version += 1
         coord.residency = (device, host, loading)
         coord.residency_names = (device_names, host_names)
         coord.refreshed_at = self.sim.now
@@ -431,18 +444,33 @@ class PullAffinity:
             seen, model = log.popleft()
             if self._demand.get(model) == seen:
                 del self._demand[model]
+                self._demand_version += 1
 
     def _observed(self, coord: Coordinator, full: bool) -> None:
         sim = self.sim
         self._expire_demand()
         self._count(coord, full)
-        counted = self._gather(coord)
-        key = self._observed_key(coord, counted)
-        if key == coord.last_key and coord.last_result is not None:
+        now = sim.now
+        window = math.floor(now / self.settings.noise_hold_s)
+        recent = coord.worker.recent_cold
+        last = coord.last_result
+        # Nothing _gather reads changed since a decision that holds: the gathering, its
+        # key and so the decision would be the same (no need to gather to know it).
+        reuse = (coord.last_key is not None and last is not None
+                 and coord.gathered == (coord.version, self._demand_version, window)
+                 and not (recent and now - recent[0] >= COLD_WINDOW_S))
+        if not reuse:
+            counted = self._gather(coord)
+            key = self._observed_key(coord, counted)
+            coord.gathered = (coord.version, self._demand_version, window)
             # Nothing this worker observes changed since its last decision (within one
-            # noise window): decide again would give the same answer, but for the few
-            # milliseconds of stickiness decay between the two. Its CPU is still spent.
-            snapshot, decision, waiting, untaken, steps_for = coord.last_result
+            # noise window, its recent cold subscriptions the same) but the instant, and
+            # that decision holds at every later instant (scheduling.decision_holds):
+            # decide again would give the same answer. Its CPU is still spent.
+            reuse = key == coord.last_key and last is not None
+        if reuse:
+            assert last is not None
+            snapshot, decision, waiting, untaken, steps_for = last
         else:
             observation = self._observation_of(coord, counted)
             snapshot = snapshot_of(observation, self.settings, self.rng_seed)
@@ -451,7 +479,9 @@ class PullAffinity:
             untaken = waiting if sim.config.wake_on_held_backlog else \
                 scheduling_work_waiting(snapshot, self.settings, False)
             steps_for = actions_for(decision, snapshot, self.settings)
-            coord.last_key = key
+            coord.last_key = key if decision_holds(snapshot, decision, self.settings,
+                                                              self.rng_seed) \
+                else None
             coord.last_result = (snapshot, decision, waiting, untaken, steps_for)
             coord.worker.scores = dict(decision.scores)
         self._meter(coord)
@@ -497,7 +527,10 @@ class PullAffinity:
 
     def _set_count(self, coord: Coordinator, model: int) -> tuple[int, int]:
         """Count ``model``'s queue now (the broker's answer) and keep it as last counted."""
-        count = coord.counts[model] = (len(self._queues[model]), len(self._consumers[model]))
+        count = (len(self._queues[model]), len(self._consumers[model]))
+        if coord.counts.get(model) != count:
+            coord.version += 1
+        coord.counts[model] = count
         if count[0] > 0:
             coord.backlogged.add(model)
             if count[1] == 0:
@@ -518,6 +551,8 @@ class PullAffinity:
         device, host, _ = coord.residency
         demand = self._demand
         if full:
+            old = coord.counts
+            version = coord.version
             coord.counts = {}
             coord.backlogged = set()
             coord.starved = set()
@@ -526,13 +561,19 @@ class PullAffinity:
             for model in self._nonempty:
                 if model in demand and model not in coord.counts:
                     self._set_count(coord, model)
+            # backlogged and starved follow from the counts: equal counts, nothing changed.
+            coord.version = version if coord.counts == old else version + 1
             coord.dirty.clear()
             return
         self._fold_heard(coord)  # what was heard while the stats were asked, too
         # What _set_count does, over a set at once: this runs per worker per announcement.
         counted = coord.dirty & demand.keys()
         counted.update(coord.held_backlog & coord.consumers.keys())  # held, last with backlog
-        coord.counts.update(zip(counted, map(self._qstate.__getitem__, counted), strict=True))
+        models = list(counted)
+        fresh = list(map(self._qstate.__getitem__, models))
+        if fresh != list(map(coord.counts.get, models)):
+            coord.version += 1
+        coord.counts.update(zip(models, fresh, strict=True))
         waiting = counted & self._nonempty  # _nonempty: the queues not empty
         coord.backlogged -= counted
         coord.backlogged |= waiting
@@ -602,6 +643,7 @@ class PullAffinity:
         now = self.sim.now
         while worker.recent_cold and now - worker.recent_cold[0] >= COLD_WINDOW_S:
             worker.recent_cold.popleft()
+            coord.version += 1
         return counted
 
     def _observation_of(self, coord: Coordinator, counted: dict[int, tuple[int, int]]
@@ -679,6 +721,7 @@ class PullAffinity:
                 consumer = coord.consumers.get(model)
                 if consumer is not None and consumer.window != action.window:
                     consumer.window = action.window
+                    coord.version += 1
                     self._dispatch(model)
             elif action.cold:
                 # A fresh count first: another worker may have taken it since the snapshot.
@@ -695,6 +738,7 @@ class PullAffinity:
         sim = self.sim
         if action.still_open(len(self._consumers[model])):
             coord.worker.recent_cold.append(sim.now)
+            coord.version += 1
             sim.after(sim.config.broker_costs.subscribe_s,
                       lambda: self._subscribed(coord, model, action.window, steps))
         else:
@@ -703,6 +747,7 @@ class PullAffinity:
     def _subscribed(self, coord: Coordinator, model: int, window: int,
                     steps: deque[Action]) -> None:
         if model not in coord.consumers:
+            coord.version += 1
             consumer = Consumer(model, max(1, window), coord.worker.index)
             coord.consumers[model] = consumer
             coord.worker.subscriptions = coord.worker.subscriptions | {self._names[model]}
@@ -714,6 +759,7 @@ class PullAffinity:
         consumer = coord.consumers.pop(model, None)
         if consumer is None:
             return
+        coord.version += 1
         coord.worker.subscriptions = coord.worker.subscriptions - {self._names[model]}
         consumer.cancelled = True
         self._consumers[model].remove(consumer)
