@@ -195,9 +195,15 @@ class WorkerSettings(_Section):
     # its crash takes no healthy model down. It is stopped after this long unused, and a
     # model that crashed a runtime alone is sent there for this long after its crash.
     quarantine_idle_s: float = Field(default=60, gt=0)
+    # Start the quarantine runtime with the worker and keep it (a bare interpreter, ~50 MB
+    # RSS), rather than at the first suspect and stopping it after quarantine_idle_s.
+    quarantine_standing: bool = True
     # A task that crashed the quarantine runtime (where it ran alone) this many times is
     # dead-lettered as deterministic (at most broker.delivery_limit + 1 crashes).
     quarantine_crash_limit: int = Field(default=1, ge=1)
+    # The quarantine runtime's CPU priority below the shared ones' (os.nice, 0: the same):
+    # its pills' restarts yield the cores to the healthy models' reloads.
+    quarantine_nice: int = Field(default=10, ge=0, le=19)
     isolated_idle_stop_s: float = Field(default=600, gt=0)  # an unused own runtime is stopped
     # One device budget for all shared runtimes, split among them by what each holds
     # (worker/pool.py). 0: runtime.device_budget_bytes x shared_runtimes, as before.

@@ -44,6 +44,10 @@ class InProcessRuntime:
     def closed(self) -> bool:
         return self._closed is not None
 
+    def crash_record(self) -> frozenset[str] | None:
+        """None: an in-process runtime keeps no flight record (it does not crash alone)."""
+        return None
+
     async def infer(self, call: InferCall, timeout_s: float | None = None) -> EncodedReply:
         return await self._call(self._service.infer(
             call.task, call.delivery_count, call.accepts, call.worker_id, call.queue_wait_ms,

@@ -107,6 +107,7 @@ class Coordinator:
         self._cap = settings.worker.permits
         self._permits = asyncio.Semaphore(self._cap)
         self._in_flight: set[asyncio.Task[None]] = set()
+        self._suspects: set[asyncio.Task[None]] = set()  # on their way to quarantine: no permit
         self._consumers: dict[str, _Consumer] = {}
         self._cold_lanes: dict[int, _Consumer] = {}  # plan priority -> consumer on its lane
         self._cold_in_flight = 0  # tasks from the cold lanes running here
@@ -178,9 +179,10 @@ class Coordinator:
         await asyncio.gather(self._leave_cold_lanes(),
                              *(self._unsubscribe(m) for m in list(self._consumers)))
         # 3. Drain: in-flight tasks finish and reply, or are handed back after the timeout.
-        if self._in_flight:
-            await asyncio.wait(self._in_flight, timeout=self._settings.worker.drain_timeout_s)
-        leftover = list(self._in_flight)
+        running = self._in_flight | self._suspects
+        if running:
+            await asyncio.wait(running, timeout=self._settings.worker.drain_timeout_s)
+        leftover = [t for t in running if not t.done()]
         for task in leftover:
             task.cancel()
         await asyncio.gather(*leftover, return_exceptions=True)
@@ -650,6 +652,11 @@ class Coordinator:
         if self._catalog.get(model_id).manifest.isolated and model_id not in self._demand \
                 and model_id not in self._consumers:
             return False
+        if self._supervisor.quarantines(model_id, suspect=False):
+            # Its tasks run on the quarantine runtime a while (it crashed one): pulled
+            # while that one takes work, whatever the state of the shared runtime it
+            # crashed (its pills still queued go to quarantine, not to the restart).
+            return self._supervisor.quarantine_accepting()
         return self._supervisor.runtime_for(model_id).accepting
 
     async def _subscribe(self, model_id: str, prefetch: int) -> None:
@@ -674,6 +681,9 @@ class Coordinator:
         async for delivery in subscription:
             if cold and await self._passed_on(delivery):
                 continue
+            if self._supervisor.quarantines(delivery.task.model_id, delivery.task.suspect):
+                self._run_suspect(delivery)
+                continue
             try:
                 await self._permits.acquire()
             except asyncio.CancelledError:
@@ -691,6 +701,21 @@ class Coordinator:
             self._idle.observe(free_permits=self._cap - len(self._in_flight))
             task.add_done_callback(self._finished)
 
+    def _run_suspect(self, delivery: Delivery) -> None:
+        """Suspect work runs on the quarantine runtime one task at a time (the suspect
+        gate), bounded by its deadline and by the prefetch windows: it waits its turn
+        there without a permit, which the shared runtimes' models need meanwhile (three
+        pills and their model's innocents otherwise hold the permits while each pill's
+        crash restarts the quarantine runtime)."""
+        task = asyncio.create_task(self._tasks.run(delivery))
+        self._suspects.add(task)
+        task.add_done_callback(self._suspect_finished)
+
+    def _suspect_finished(self, task: asyncio.Task[None]) -> None:
+        self._suspects.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("task runner failed", exc_info=task.exception())
+
     def _cold_finished(self, _: asyncio.Task[None]) -> None:
         self._cold_in_flight -= 1
 
@@ -707,7 +732,8 @@ class Coordinator:
             log.error("task runner failed", exc_info=task.exception())
 
     async def _stop_pulling(self, runtime: SupervisedRuntime) -> None:
-        affected = [m for m in self._consumers if self._supervisor.runtime_for(m) is runtime]
+        affected = [m for m in self._consumers if self._supervisor.runtime_for(m) is runtime
+                    and not self._supervisor.quarantines(m, suspect=False)]
         for model_id in affected:
             await self._unsubscribe(model_id)
         if affected:

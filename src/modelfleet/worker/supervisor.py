@@ -61,7 +61,14 @@ from modelfleet.errors import (
     ModelNotFound,
     RuntimeCrashed,
 )
-from modelfleet.ipc.protocol import PRELOAD_ENV, SETTINGS_ENV, Launcher, Runtime, Started
+from modelfleet.ipc.protocol import (
+    NICE_ENV,
+    PRELOAD_ENV,
+    SETTINGS_ENV,
+    Launcher,
+    Runtime,
+    Started,
+)
 from modelfleet.repository import Catalog, ModelStore
 from modelfleet.settings import BrokerSettings, Settings
 from modelfleet.worker.devices import runtime_device_env
@@ -84,6 +91,9 @@ from modelfleet.worker.spread import RuntimeView, Spread
 log = logging.getLogger("modelfleet.worker")
 State = Literal["starting", "ready", "down", "failed", "stopped"]
 RETRY_FAILED_BUILD_S = 30.0
+# A shared runtime's spare starts once the runtime has been up this long with no load in
+# flight (see SupervisedRuntime._keep_standby).
+STANDBY_DELAY_S = 2.0
 QUARANTINE = "quarantine"
 
 
@@ -140,8 +150,9 @@ class SupervisedRuntime:
                  on_change: Callable[[], None],
                  isolation: Callable[[], Isolation] | None = None,
                  device_budget_bytes: int | None = None, eager_standby: bool = False,
-                 device_env: dict[str, str] | None = None) -> None:
+                 device_env: dict[str, str] | None = None, nice: int = 0) -> None:
         self.name = name
+        self._nice = nice  # lowers its CPU priority (the quarantine runtime's)
         # A spare from the first start, not only after a crash (the quarantine runtime:
         # crashes are what it is for).
         self._eager_standby = eager_standby
@@ -152,6 +163,7 @@ class SupervisedRuntime:
         # A started spare runtime, kept for a while after a crash (see _adopt_standby).
         self._standby: asyncio.Task[Started] | None = None
         self._last_crash = 0.0
+        self._ready_at = 0.0  # loop time: when it last became ready
         self._frameworks: list[str] = []  # what its models imported (a standby preloads it)
         self._isolation = isolation
         self._on_change = on_change
@@ -236,7 +248,9 @@ class SupervisedRuntime:
                 if not self._adopt_standby():
                     await self._spawn()
                 self._set("ready")
-                self._keep_standby()
+                self._ready_at = asyncio.get_running_loop().time()
+                if self._eager_standby:
+                    self._keep_standby()
                 self._started.set()
                 backoff.reset()
                 reason = await self._watch_until_down()
@@ -310,8 +324,22 @@ class SupervisedRuntime:
         self._started_runtime, self._limit = started, None
         return True
 
+    def keep_spare(self) -> None:
+        """Keep a started spare from now on (the quarantine runtime, once used)."""
+        if not self._eager_standby:
+            self._eager_standby = True
+            if self.ready:
+                self._keep_standby()
+
     def _keep_standby(self) -> None:
-        """After a crash, (re)start the spare of a shared runtime, once the runtime is up."""
+        """After a crash, (re)start the spare of a shared runtime, once the runtime is up.
+
+        A shared runtime's spare waits until the runtime has been up for
+        ``STANDBY_DELAY_S`` with no load in flight (``_watch_until_down``): an interpreter
+        importing every framework its models use takes a core for seconds, and right
+        after a crash the cores are needed for the reloads the other models are waiting
+        on (measured on two cores: iris reloaded in 6.4 s beside a starting spare and
+        the quarantine runtime's start)."""
         if self._isolation is None and (self.restarts or self._eager_standby) \
                 and self._standby is None \
                 and self._settings.worker.standby_keep_s:
@@ -365,6 +393,8 @@ class SupervisedRuntime:
                     **runtime_env(limit)})
         env.update(compute_thread_env(env, self._settings))
         env.update(self._device_env)
+        if self._nice:
+            env[NICE_ENV] = str(self._nice)
         env.update(extra_env or {})
         started = await self._launcher.launch(self.name, python, env, standby)
         handle = None
@@ -391,6 +421,9 @@ class SupervisedRuntime:
                     health = await started.runtime.health(
                         timeout_s=self._settings.runtime.ping_timeout_s)
                     self.loading = list(health.loading)
+                    if not self.loading and asyncio.get_running_loop().time() \
+                            - self._ready_at >= STANDBY_DELAY_S:
+                        self._keep_standby()  # a spare, once the reloads are done
                     # Kept across restarts: a runtime just restarted has imported little.
                     self._frameworks = sorted(set(self._frameworks).union(health.frameworks))
                     stuck = [m for m, age in health.load_ages_s.items()
@@ -489,6 +522,8 @@ class RuntimeSupervisor:
     async def start(self) -> None:
         for runtime in self.shared:
             runtime.start()
+        if self._settings.worker.quarantine_standing:
+            self._quarantine_runtime()  # ready before the first crash (see _quarantined)
         await asyncio.gather(*(r.wait_started() for r in self.shared))
         self._placing = asyncio.create_task(self._keep_placement(), name="placement")
 
@@ -526,7 +561,7 @@ class RuntimeSupervisor:
         there costs nobody else anything already)."""
         if self._isolated(model_id):
             return self._own(model_id)
-        if suspect or self.crashing(model_id):
+        if self.quarantines(model_id, suspect):
             return self._quarantined()
         views = self._views()
         chosen = self._shared_named(self.spread.route(model_id, views, self.pool.pool_bytes))
@@ -536,6 +571,15 @@ class RuntimeSupervisor:
             log.info("model %s is hot (%d tasks in flight): also on %s", model_id,
                      self.spread.running(model_id), change.runtime)
         return chosen
+
+    def quarantines(self, model_id: str, suspect: bool) -> bool:
+        """Does a task for the model (``suspect`` or not) go to the quarantine runtime?"""
+        return not self._isolated(model_id) and (suspect or self.crashing(model_id))
+
+    def quarantine_accepting(self) -> bool:
+        """Would the quarantine runtime take a task now (it is started on demand)?"""
+        runtime = self._quarantine
+        return runtime is None or runtime.stopped or runtime.accepting
 
     def done(self, model_id: str, runtime: SupervisedRuntime) -> None:
         if runtime is self._quarantine:
@@ -596,12 +640,13 @@ class RuntimeSupervisor:
         the quarantine)."""
         return any(runtime is shared for shared in self.shared)
 
-    def crashed_alone(self, model_id: str) -> None:
-        """A task of the model crashed a runtime alone: its tasks go to quarantine a while."""
+    def mark_crashing(self, model_id: str) -> None:
+        """A task of the model crashed a runtime alone, or the model's code was running
+        when a runtime died (its flight record): its tasks go to quarantine a while."""
         self._crashing[model_id] = time.monotonic()
 
     def crashing(self, model_id: str) -> bool:
-        """Did a task of the model crash a runtime alone in the last quarantine_idle_s?"""
+        """Was the model marked crashing (``mark_crashing``) in the last quarantine_idle_s?"""
         at = self._crashing.get(model_id)
         if at is None:
             return False
@@ -611,21 +656,37 @@ class RuntimeSupervisor:
         return False
 
     def _quarantined(self) -> SupervisedRuntime:
-        """The quarantine runtime, started on first use; the task is counted there."""
+        """The quarantine runtime, started on first use unless it stands already; the task
+        is counted there. From its first task on it keeps a started spare (a pill's crash
+        there is a swap, and the next suspect's wait a fraction of a second).
+
+        ``worker.quarantine_standing`` (on by default) starts it with the worker: the
+        first suspects come with a shared runtime's crash, when the cores are busy
+        restarting it and reloading its models, and a quarantine runtime started then
+        took 2-3 s on two cores, which its model's innocents, queued behind the pills,
+        waited out past their deadline. It costs one bare interpreter (~50 MB RSS,
+        measured) while nothing crashes, its spare another once something did."""
+        runtime = self._quarantine_runtime()
+        runtime.keep_spare()
+        self._quarantine_tasks += 1
+        return runtime
+
+    def _quarantine_runtime(self) -> SupervisedRuntime:
         runtime = self._quarantine
         if runtime is None or runtime.stopped:
             runtime = SupervisedRuntime(QUARANTINE, self._settings, self._launcher,
-                                        self._changed, eager_standby=True)
+                                        self._changed,
+                                        nice=self._settings.worker.quarantine_nice)
             self._quarantine = runtime
             self._quarantine_used = time.monotonic()
             runtime.start()
-        self._quarantine_tasks += 1
         return runtime
 
     async def retire_quarantine(self) -> bool:
         """Stop the quarantine runtime once nothing ran there for quarantine_idle_s."""
         runtime = self._quarantine
-        if runtime is None or self._quarantine_tasks or runtime.loading:
+        if runtime is None or self._quarantine_tasks or runtime.loading \
+                or self._settings.worker.quarantine_standing:
             return False
         idle = time.monotonic() - self._quarantine_used
         if idle < self._settings.worker.quarantine_idle_s:

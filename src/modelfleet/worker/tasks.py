@@ -151,12 +151,15 @@ class TaskRunner:
                 await delivery.ack()
                 return
             except _Crashed as crashed:
+                if crashed.alone or (crashed.record and task.model_id in crashed.record):
+                    # Its model's tasks go to quarantine from now on, its queue with them.
+                    self._supervisor.mark_crashing(task.model_id)
                 # Stop pulling this runtime's queues first, so the task handed back goes to
                 # another worker or waits for the restart instead of bouncing straight back.
                 # (A crash in quarantine stops nothing: no queue is pulled for it.)
                 await self._stop_pulling(runtime)
                 await self._hand_back(delivery, crashed.error, crashed.alone,
-                                      self._supervisor.is_quarantine(runtime))
+                                      self._supervisor.is_quarantine(runtime), crashed.record)
                 return
             self.last_served[task.model_id] = self._clock()
             if task.expired() or task.request_id in self._cancelled:
@@ -297,12 +300,14 @@ class TaskRunner:
         alone_only = task.suspect or self._supervisor.is_quarantine(runtime)
         while True:
             async with gate.slot(suspect=alone_only):
-                if runtime.ready and runtime.runtime is not None:
+                target = runtime.runtime  # the one _infer calls (read before its first await)
+                if runtime.ready and target is not None:
                     with witness.on_runtime() as alone:
                         try:
                             return await self._infer(runtime, delivery, queue_wait_ms)
                         except RuntimeCrashed as exc:
-                            raise _Crashed(exc, alone()) from exc
+                            # Its flight record, when the runtime is gone (not merely slow).
+                            raise _Crashed(exc, alone(), target.crash_record()) from exc
             await runtime.wait_settled(float("inf"))  # bounded by the task's deadline
             if runtime.failure is not None and not runtime.ready:
                 runtime.request_retry()
@@ -335,7 +340,8 @@ class TaskRunner:
             raise
 
     async def _hand_back(self, delivery: Delivery, exc: RuntimeCrashed, alone: bool,
-                         quarantined: bool = False) -> None:
+                         quarantined: bool = False,
+                         record: frozenset[str] | None = None) -> None:
         """A runtime crashed with this task in flight: charge it only if it was alone.
 
         The task goes back to its queue as a new message carrying its crash evidence
@@ -351,15 +357,29 @@ class TaskRunner:
         at its strongest: the task is dead-lettered once it has crashed a runtime alone
         ``worker.quarantine_crash_limit`` times (one by default), so that a poison pill's
         caller hears it within seconds. Its model's next tasks go to quarantine too for
-        a while (``RuntimeSupervisor.crashed_alone``), so that its next pill, which
+        a while (``RuntimeSupervisor.mark_crashing``), so that its next pill, which
         nobody can tell from its innocents, crashes no shared runtime.
+
+        The dead runtime's flight ``record`` (``ipc/flight.py``), when it names models,
+        tells bystanders from suspects: a task of a named model is a suspect, and its
+        model's next tasks go to quarantine too (``mark_crashing``: so the pills still
+        queued crash no shared runtime either); a task of another model was not running
+        model code on a thread when the runtime died, so it goes back cleared, not a
+        suspect, and runs again on the restarted runtime at once rather than waiting its
+        turn in quarantine behind the pills. A task is cleared once: if it shares a
+        second crash, it is a suspect however the record reads (a crash on the event
+        loop, in ``preprocess``, names nobody and so clears nobody).
         """
         task = delivery.task
         limit = self._settings.broker.delivery_limit
+        named = bool(record) and record is not None and task.model_id in record
+        cleared = bool(record) and not named and not alone and not quarantined \
+            and task.crashes_cleared == 0
         evidence = replace(task, crashes=task.crashes + 1,
-                           crashes_alone=task.crashes_alone + (1 if alone else 0))
-        if alone:
-            self._supervisor.crashed_alone(task.model_id)
+                           crashes_alone=task.crashes_alone + (1 if alone else 0),
+                           crashes_cleared=task.crashes_cleared + (1 if cleared else 0))
+        if alone or named:
+            self._supervisor.mark_crashing(task.model_id)
         proven = quarantined and alone and evidence.crashes_alone >= min(
             limit + 1, self._settings.worker.quarantine_crash_limit)
         if proven or evidence.crashes_alone > limit or evidence.crashes > 2 * limit + 1:
@@ -383,6 +403,8 @@ class TaskRunner:
             await delivery.dead_letter(f"runtime_crashed: {reason}")
             return
         metrics.REDELIVERED.labels(task.model_id).inc()
+        if cleared:
+            metrics.CRASH_BYSTANDERS.labels(task.model_id).inc()
         self._task_log.handed_back(task, "runtime_crashed")
         # Sent, or past its deadline with nobody waiting: either way this copy is done.
         await self._through_reconnects(task, "hand-back",
@@ -401,9 +423,12 @@ class TaskRunner:
 
 
 class _Crashed(Exception):
-    """A runtime crash under a task, and whether the task was alone on the runtime."""
+    """A runtime crash under a task: whether the task was alone on the runtime, and what
+    the runtime's flight record named."""
 
-    def __init__(self, error: RuntimeCrashed, alone: bool) -> None:
+    def __init__(self, error: RuntimeCrashed, alone: bool,
+                 record: frozenset[str] | None = None) -> None:
         super().__init__(str(error))
         self.error = error
         self.alone = alone
+        self.record = record  # the models its flight record named (None: unknown)
