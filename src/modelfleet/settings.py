@@ -189,6 +189,11 @@ class WorkerSettings(_Section):
     # After a crash, a shared runtime keeps a started spare process this long (0: never):
     # the next crash then costs a swap, not an interpreter start.
     standby_keep_s: float = Field(default=300, ge=0)
+    # Keep that spare from the start, not only after a first crash: the first crash is a
+    # swap too (bystanders stall ~0.5 s instead of a restart and their models' imports),
+    # at the cost of one more interpreter per shared runtime that has imported what its
+    # models import (~100 MB RSS with scikit-learn, measured), outside the runtime budget.
+    standby_eager: bool = False
     demand_window_s: float = Field(default=60, gt=0)  # how long a demand announcement counts
     # Suspect work (a redelivered task, or any task of a model whose task crashed a
     # runtime alone lately) runs on a quarantine runtime beside the shared ones, so that

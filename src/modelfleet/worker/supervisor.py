@@ -156,6 +156,7 @@ class SupervisedRuntime:
         # A spare from the first start, not only after a crash (the quarantine runtime:
         # crashes are what it is for).
         self._eager_standby = eager_standby
+        self._spare_at_once = False  # its spare starts as soon as it is up (keep_spare)
         self._device_env = device_env or {}  # CUDA_VISIBLE_DEVICES (worker/devices.py)
         self._device_budget_bytes = device_budget_bytes  # a shared one's starting part
         self._settings = settings
@@ -165,6 +166,7 @@ class SupervisedRuntime:
         self._last_crash = 0.0
         self._ready_at = 0.0  # loop time: when it last became ready
         self._frameworks: list[str] = []  # what its models imported (a standby preloads it)
+        self._standby_frameworks: list[str] = []  # what the current standby preloaded
         self._isolation = isolation
         self._on_change = on_change
         self._limit: LimitHandle | None = None
@@ -249,7 +251,7 @@ class SupervisedRuntime:
                     await self._spawn()
                 self._set("ready")
                 self._ready_at = asyncio.get_running_loop().time()
-                if self._eager_standby:
+                if self._spare_at_once:
                     self._keep_standby()
                 self._started.set()
                 backoff.reset()
@@ -325,9 +327,10 @@ class SupervisedRuntime:
         return True
 
     def keep_spare(self) -> None:
-        """Keep a started spare from now on (the quarantine runtime, once used)."""
-        if not self._eager_standby:
-            self._eager_standby = True
+        """Keep a started spare from now on, started as soon as it is up (the quarantine
+        runtime, once used: its pills come in bursts)."""
+        if not self._spare_at_once:
+            self._eager_standby = self._spare_at_once = True
             if self.ready:
                 self._keep_standby()
 
@@ -347,9 +350,20 @@ class SupervisedRuntime:
                                                 name=f"standby-{self.name}")
 
     async def _start_standby(self) -> Started:
+        self._standby_frameworks = list(self._frameworks)
         started, _ = await self._launch({PRELOAD_ENV: ",".join(self._frameworks)},
                                         standby=True)
         return started
+
+    async def _refresh_stale_standby(self) -> None:
+        """A spare started before its runtime's models imported their frameworks (an eager
+        one, ``worker.standby_eager``) would not spare their imports: start it afresh."""
+        if self._standby is None or not self._standby_ready() \
+                or not set(self._frameworks) - set(self._standby_frameworks):
+            return
+        standby, self._standby = self._standby, None
+        await self._stop_standby(standby)
+        self._keep_standby()
 
     async def _retire_standby_when_quiet(self) -> None:
         """Stop the standby once no crash came for ``worker.standby_keep_s``."""
@@ -423,7 +437,9 @@ class SupervisedRuntime:
                     self.loading = list(health.loading)
                     if not self.loading and asyncio.get_running_loop().time() \
                             - self._ready_at >= STANDBY_DELAY_S:
-                        self._keep_standby()  # a spare, once the reloads are done
+                        # A spare once the reloads are done, with what its models import.
+                        await self._refresh_stale_standby()
+                        self._keep_standby()
                     # Kept across restarts: a runtime just restarted has imported little.
                     self._frameworks = sorted(set(self._frameworks).union(health.frameworks))
                     stuck = [m for m, age in health.load_ages_s.items()
@@ -489,7 +505,9 @@ class RuntimeSupervisor:
         share = pool_bytes(settings) // settings.worker.shared_runtimes
         self.shared = [
             SupervisedRuntime(f"runtime-{i}", settings, self._launcher, self._changed,
-                              device_budget_bytes=share, device_env=runtime_device_env(
+                              device_budget_bytes=share,
+                              eager_standby=settings.worker.standby_eager,
+                              device_env=runtime_device_env(
                                   i, settings.worker.gpus, os.environ))
             for i in range(settings.worker.shared_runtimes)
         ]

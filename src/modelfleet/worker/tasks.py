@@ -405,6 +405,10 @@ class TaskRunner:
         metrics.REDELIVERED.labels(task.model_id).inc()
         if cleared:
             metrics.CRASH_BYSTANDERS.labels(task.model_id).inc()
+        log.info("task %s of %s handed back %s (its runtime's flight record: %s)",
+                 task.request_id, task.model_id,
+                 "cleared: it runs again at once" if cleared else "a suspect: it runs alone",
+                 "unknown" if record is None else ", ".join(sorted(record)) or "nothing")
         self._task_log.handed_back(task, "runtime_crashed")
         # Sent, or past its deadline with nobody waiting: either way this copy is done.
         await self._through_reconnects(task, "hand-back",
