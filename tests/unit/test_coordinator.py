@@ -302,8 +302,9 @@ async def test_pinned_models_are_preloaded_and_come_back_after_a_crash(worker: W
     assert worker.calls() == []  # all of it unasked
     state = worker.coordinator.state()
     # The quarantine runtime stands beside it (worker.quarantine_standing), untouched.
-    assert state["runtimes"] == [{"name": "runtime-0", "state": "ready", "restarts": 1},
-                                 {"name": "quarantine", "state": "ready", "restarts": 0}]
+    assert state["runtimes"] == [
+        {"name": "runtime-0", "state": "ready", "restarts": 1, "spare": "none"},
+        {"name": "quarantine", "state": "ready", "restarts": 0, "spare": "none"}]
 
 
 async def test_a_gateway_and_a_worker_in_one_process_answer_and_refuse(tmp_path: Path) -> None:

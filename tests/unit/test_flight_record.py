@@ -7,7 +7,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from modelfleet.ipc.flight import FlightRecord, read_flight_record
+from modelfleet.ipc.flight import Flight, FlightRecord, read_flight_record
 
 
 def test_a_process_killed_in_predict_leaves_its_model_named(tmp_path: Path) -> None:
@@ -17,27 +17,30 @@ def test_a_process_killed_in_predict_leaves_its_model_named(tmp_path: Path) -> N
         import os
         from modelfleet.ipc.flight import FlightRecord
         record = FlightRecord({str(path)!r})
-        with record.running("iris"):
+        with record.running("iris", ["r1"]):
             pass  # finished: no longer named
-        def predict(batch):
-            os._exit(13)
-        with record.running("banner"):
-            record.wrap("crasher", predict)(["CRASH"])
+        with record.running("banner"):  # a load
+            with record.running("crasher", ["pill", "mate"]):  # a predict of two
+                os._exit(13)
     """)
     done = subprocess.run([sys.executable, "-c", script], check=False, timeout=60)
     assert done.returncode == 13
-    assert read_flight_record(str(path)) == frozenset({"banner", "crasher"})
+    flight = read_flight_record(str(path))
+    assert flight == Flight(frozenset({"banner", "crasher"}), frozenset({"pill", "mate"}),
+                            frozenset({"banner"}))
+    assert flight.suspects("crasher", "pill") and flight.suspects("banner", "any")
+    assert not flight.suspects("crasher", "waiting") and not flight.suspects("iris", "r1")
 
 
 def test_nothing_running_names_nobody_and_no_record_is_unknown(tmp_path: Path) -> None:
     path = tmp_path / "runtime.flight"
     record = FlightRecord(str(path))
-    with record.running("iris"):
-        assert read_flight_record(str(path)) == frozenset({"iris"})
-    assert read_flight_record(str(path)) == frozenset()
+    with record.running("iris", ["r1"]):
+        assert read_flight_record(str(path)) == Flight(
+            frozenset({"iris"}), frozenset({"r1"}), frozenset())
+    assert read_flight_record(str(path)) == Flight(frozenset(), frozenset(), frozenset())
     record.close()
     assert read_flight_record(str(tmp_path / "missing.flight")) is None
     (tmp_path / "torn.flight").write_bytes(b'["iri')
     assert read_flight_record(str(tmp_path / "torn.flight")) is None
-    unrecorded = FlightRecord(None)  # an in-process runtime keeps none
-    assert unrecorded.wrap("iris", len) is len
+    assert not FlightRecord(None).keeping  # an in-process runtime keeps none

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Protocol
 
+from modelfleet.ipc.flight import Flight
 from modelfleet.messages import EncodedReply
 
 Op = Literal["load", "unload", "unpin", "infer", "health", "stats", "shutdown", "set_budgets",
@@ -129,9 +130,9 @@ class Runtime(Protocol):
     @property
     def closed(self) -> bool: ...
 
-    def crash_record(self) -> frozenset[str] | None:
-        """Once closed: the models whose predict or load ran on its threads when it died
-        (its flight record, ``ipc/flight.py``); None when it keeps none or it is open."""
+    def crash_record(self) -> Flight | None:
+        """Once closed: what ran on its threads when it died (predicts and loads: its
+        flight record, ``ipc/flight.py``); None when it keeps none or it is open."""
         ...
 
     async def infer(self, call: InferCall, timeout_s: float | None = None) -> EncodedReply:

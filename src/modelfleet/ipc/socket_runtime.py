@@ -13,7 +13,7 @@ import itertools
 from typing import Any
 
 from modelfleet.errors import RuntimeCrashed, error_from_code
-from modelfleet.ipc.flight import read_flight_record
+from modelfleet.ipc.flight import Flight, read_flight_record
 from modelfleet.ipc.framing import Frame, pack_frame, read_frame
 from modelfleet.ipc.protocol import (
     DeviceBudget,
@@ -32,7 +32,7 @@ class SocketRuntime:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                  name: str, flight_path: str | None = None) -> None:
         self._flight_path = flight_path  # its flight record (ipc/flight.py), if it keeps one
-        self._record: frozenset[str] | None = None
+        self._record: Flight | None = None
         self._record_read = False
         self._reader = reader
         self._writer = writer
@@ -53,9 +53,9 @@ class SocketRuntime:
     def closed(self) -> bool:
         return self._closed is not None
 
-    def crash_record(self) -> frozenset[str] | None:
-        """Once the connection is gone: the models whose predict or load ran on the
-        runtime's threads when it died (its flight record); None when unknown. Read once
+    def crash_record(self) -> Flight | None:
+        """Once the connection is gone: what its flight record says ran on the runtime's
+        threads when it died (predicts and loads); None when unknown. Read once
         and kept, so that it outlives the file."""
         if self._closed is None or self._flight_path is None:
             return None

@@ -407,8 +407,10 @@ class ModelHost:
         return loaded
 
     def _batcher(self, model_id: str, manifest: Manifest, handler: Model) -> Batcher:
-        return Batcher(self.flight.wrap(model_id, handler.predict),
-                       manifest.batching.max_batch_size, manifest.batching.max_delay_ms / 1000)
+        flight = self.flight
+        return Batcher(handler.predict, manifest.batching.max_batch_size,
+                       manifest.batching.max_delay_ms / 1000,
+                       (lambda keys: flight.running(model_id, keys)) if flight.keeping else None)
 
     def _recorded(self, model_id: str, call: Callable[[], T]) -> T:
         """``call`` on this thread, in the flight record as the model's (a load)."""

@@ -238,7 +238,8 @@ class Coordinator:
             "permits_in_use": len(self._in_flight),
             "permits_cap": self._cap,
             **self._residency.tally.summary(),  # bytes per tier, loads by source, evictions
-            "runtimes": [{"name": r.name, "state": r.state, "restarts": r.restarts}
+            "runtimes": [{"name": r.name, "state": r.state, "restarts": r.restarts,
+                          "spare": r.spare}
                          for r in self._supervisor.all()],
         }
 

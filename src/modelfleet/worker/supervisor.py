@@ -326,6 +326,16 @@ class SupervisedRuntime:
         self._started_runtime, self._limit = started, None
         return True
 
+    @property
+    def spare(self) -> Literal["none", "starting", "ready"]:
+        """Its started spare process (a standby), for the fleet page: "ready" once it is
+        up with what the runtime's models import."""
+        if self._standby is None:
+            return "none"
+        if not self._standby_ready() or set(self._frameworks) - set(self._standby_frameworks):
+            return "starting"
+        return "ready"
+
     def keep_spare(self) -> None:
         """Keep a started spare from now on, started as soon as it is up (the quarantine
         runtime, once used: its pills come in bursts)."""

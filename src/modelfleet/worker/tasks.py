@@ -26,6 +26,7 @@ from modelfleet import metrics
 from modelfleet.backoff import Backoff
 from modelfleet.broker import Broker, Delivery
 from modelfleet.errors import BrokerUnavailable, ModelfleetError, RuntimeCrashed
+from modelfleet.ipc.flight import Flight
 from modelfleet.ipc.protocol import InferCall, Runtime
 from modelfleet.messages import EncodedReply, Reply, Task, now_ms
 from modelfleet.repository import Catalog
@@ -151,7 +152,8 @@ class TaskRunner:
                 await delivery.ack()
                 return
             except _Crashed as crashed:
-                if crashed.alone or (crashed.record and task.model_id in crashed.record):
+                if crashed.alone or (crashed.record is not None
+                                     and task.model_id in crashed.record.models):
                     # Its model's tasks go to quarantine from now on, its queue with them.
                     self._supervisor.mark_crashing(task.model_id)
                 # Stop pulling this runtime's queues first, so the task handed back goes to
@@ -299,7 +301,8 @@ class TaskRunner:
         # In quarantine every task runs alone: a crash there names its cause.
         alone_only = task.suspect or self._supervisor.is_quarantine(runtime)
         while True:
-            async with gate.slot(suspect=alone_only):
+            async with gate.slot(suspect=alone_only,
+                                 crashes=task.crashes - task.crashes_cleared):
                 target = runtime.runtime  # the one _infer calls (read before its first await)
                 if runtime.ready and target is not None:
                     with witness.on_runtime() as alone:
@@ -341,7 +344,7 @@ class TaskRunner:
 
     async def _hand_back(self, delivery: Delivery, exc: RuntimeCrashed, alone: bool,
                          quarantined: bool = False,
-                         record: frozenset[str] | None = None) -> None:
+                         record: Flight | None = None) -> None:
         """A runtime crashed with this task in flight: charge it only if it was alone.
 
         The task goes back to its queue as a new message carrying its crash evidence
@@ -360,25 +363,27 @@ class TaskRunner:
         a while (``RuntimeSupervisor.mark_crashing``), so that its next pill, which
         nobody can tell from its innocents, crashes no shared runtime.
 
-        The dead runtime's flight ``record`` (``ipc/flight.py``), when it names models,
-        tells bystanders from suspects: a task of a named model is a suspect, and its
-        model's next tasks go to quarantine too (``mark_crashing``: so the pills still
-        queued crash no shared runtime either); a task of another model was not running
-        model code on a thread when the runtime died, so it goes back cleared, not a
-        suspect, and runs again on the restarted runtime at once rather than waiting its
-        turn in quarantine behind the pills. A task is cleared once: if it shares a
+        The dead runtime's flight ``record`` (``ipc/flight.py``), when it names what ran,
+        tells bystanders from suspects: a task in a predict that ran (or of a model that
+        was loading) is a suspect; the model of any of them has its next tasks sent to
+        quarantine too (``mark_crashing``: so the pills still queued crash no shared
+        runtime either); any other task was not running model code on a thread when the
+        runtime died, so it goes back cleared, not a suspect, and runs again at once (on
+        the restarted runtime, or ahead of the suspects in quarantine) rather than waiting
+        its turn behind the pills. A task is cleared once: if it shares a
         second crash, it is a suspect however the record reads (a crash on the event
         loop, in ``preprocess``, names nobody and so clears nobody).
         """
         task = delivery.task
         limit = self._settings.broker.delivery_limit
-        named = bool(record) and record is not None and task.model_id in record
-        cleared = bool(record) and not named and not alone and not quarantined \
+        ran = record is not None and bool(record.models)  # it names what ran
+        named = ran and record is not None and record.suspects(task.model_id, task.request_id)
+        cleared = ran and not named and not alone and not quarantined \
             and task.crashes_cleared == 0
         evidence = replace(task, crashes=task.crashes + 1,
                            crashes_alone=task.crashes_alone + (1 if alone else 0),
                            crashes_cleared=task.crashes_cleared + (1 if cleared else 0))
-        if alone or named:
+        if alone or (record is not None and task.model_id in record.models):
             self._supervisor.mark_crashing(task.model_id)
         proven = quarantined and alone and evidence.crashes_alone >= min(
             limit + 1, self._settings.worker.quarantine_crash_limit)
@@ -408,7 +413,7 @@ class TaskRunner:
         log.info("task %s of %s handed back %s (its runtime's flight record: %s)",
                  task.request_id, task.model_id,
                  "cleared: it runs again at once" if cleared else "a suspect: it runs alone",
-                 "unknown" if record is None else ", ".join(sorted(record)) or "nothing")
+                 "unknown" if record is None else ", ".join(sorted(record.models)) or "nothing")
         self._task_log.handed_back(task, "runtime_crashed")
         # Sent, or past its deadline with nobody waiting: either way this copy is done.
         await self._through_reconnects(task, "hand-back",
@@ -431,7 +436,7 @@ class _Crashed(Exception):
     the runtime's flight record named."""
 
     def __init__(self, error: RuntimeCrashed, alone: bool,
-                 record: frozenset[str] | None = None) -> None:
+                 record: Flight | None = None) -> None:
         super().__init__(str(error))
         self.error = error
         self.alone = alone
