@@ -602,7 +602,8 @@ class RuntimeSupervisor:
 
     def quarantines(self, model_id: str, suspect: bool) -> bool:
         """Does a task for the model (``suspect`` or not) go to the quarantine runtime?"""
-        return not self._isolated(model_id) and (suspect or self.crashing(model_id))
+        # The catalog only for those: this is asked per candidate at every re-score.
+        return (suspect or self.crashing(model_id)) and not self._isolated(model_id)
 
     def quarantine_accepting(self) -> bool:
         """Would the quarantine runtime take a task now (it is started on demand)?"""
