@@ -55,6 +55,7 @@ class Run:
     innocents: list[tuple[float, int]] = field(default_factory=list)
     window: tuple[float, float] = (0.0, 0.0)
     restarts: dict[str, int] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)  # the bystanders' non-200 answers
 
 
 async def scenario(base: str, baseline_s: float, after_s: float) -> Run:
@@ -72,8 +73,11 @@ async def scenario(base: str, baseline_s: float, after_s: float) -> Run:
             while not stop.is_set():
                 at = time.monotonic()
                 try:
-                    code = (await client.post(f"{base}/v1/models/{model}/infer",
-                                              **REQUESTS[model])).status_code
+                    answer = await client.post(f"{base}/v1/models/{model}/infer",
+                                               **REQUESTS[model])
+                    code = answer.status_code
+                    if code != 200:
+                        run.errors.append(f"{model} {code}: {answer.text[:200]}")
                 except httpx.HTTPError:
                     code = 0
                 sink[0].append((model, at, time.monotonic() - at, code))
@@ -188,6 +192,8 @@ def main() -> None:
             codes = Counter(c for _, c in run.innocents)
             print(f"crasher innocents: max {max(innocent, default=0):.2f} s, {dict(codes)}")
             print(f"restarts: {run.restarts}")
+            for error in sorted(set(run.errors))[:5]:
+                print(f"bystander error: {error}")
 
 
 if __name__ == "__main__":
