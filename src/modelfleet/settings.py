@@ -195,10 +195,11 @@ class WorkerSettings(_Section):
     # models import (~100 MB RSS with scikit-learn, measured), outside the runtime budget.
     standby_eager: bool = False
     demand_window_s: float = Field(default=60, gt=0)  # how long a demand announcement counts
-    # Suspect work (a redelivered task, or any task of a model whose task crashed a
-    # runtime alone lately) runs on a quarantine runtime beside the shared ones, so that
-    # its crash takes no healthy model down. It is stopped after this long unused, and a
-    # model that crashed a runtime alone is sent there for this long after its crash.
+    # Suspect work (a redelivered task, a task in a predict that ran when its runtime
+    # died, or any task of a model whose code ran in a crash lately) runs on a quarantine
+    # runtime beside the shared ones, so that its crash takes no healthy model down. A
+    # model is sent there for this long after its crash, and a quarantine runtime that
+    # does not stand (quarantine_standing) is stopped after this long unused.
     quarantine_idle_s: float = Field(default=60, gt=0)
     # Start the quarantine runtime with the worker and keep it (a bare interpreter, ~50 MB
     # RSS), rather than at the first suspect and stopping it after quarantine_idle_s.

@@ -29,12 +29,15 @@ built is a deterministic failure: the runtime is ``failed`` and every task for i
 is answered with the build error (naming the package) until a retry succeeds.
 
 Suspect work runs on the *quarantine* runtime, a process beside the shared ones that
-is no part of their pool or placement: a redelivered task (it was in flight when a
-runtime crashed, or its worker died), and for ``worker.quarantine_idle_s`` every task
-of a model whose task crashed a runtime alone. It is started on the first suspect and
-stopped once unused for ``worker.quarantine_idle_s``. Tasks there run one at a time
-(worker/gate.py), so a crash there is evidence against the task that caused it, and
-it costs the healthy models on the shared runtimes nothing: they are not reloaded.
+is no part of their pool or placement: a redelivered task (its worker died), a task the
+dead runtime's flight record names (``ipc/flight.py``: it was in a predict that ran),
+and for ``worker.quarantine_idle_s`` every task of a model whose code ran in a crash or
+whose task crashed a runtime alone (``mark_crashing``). It stands from the worker's
+start (``worker.quarantine_standing``; else it is started on the first suspect and
+stopped once unused for ``worker.quarantine_idle_s``), at a lower CPU priority
+(``worker.quarantine_nice``). Tasks there run one at a time (worker/gate.py), so a crash
+there is evidence against the task that caused it, and it costs the healthy models on
+the shared runtimes nothing: they are not reloaded.
 """
 
 from __future__ import annotations
@@ -584,9 +587,9 @@ class RuntimeSupervisor:
         """The runtime a task for the model runs on, counted there until ``done``: the
         least-loaded one holding it. A model this makes hot gets one more runtime.
 
-        A ``suspect`` task, or any task of a model that crashed a runtime alone lately,
-        goes to the quarantine runtime instead (an isolated model keeps its own: a crash
-        there costs nobody else anything already)."""
+        A ``suspect`` task, or any task of a model marked crashing lately
+        (``mark_crashing``), goes to the quarantine runtime instead (an isolated model
+        keeps its own: a crash there costs nobody else anything already)."""
         if self._isolated(model_id):
             return self._own(model_id)
         if self.quarantines(model_id, suspect):

@@ -5,8 +5,10 @@ cancelled tasks are acked and dropped unrun, and a reply that comes back after t
 task's deadline is dropped too: its caller has its 504 already. A task whose runtime
 crashed under it goes back to the broker as a new message carrying its crash evidence,
 or to the dead-letter queue once it crashed its runtime alone too often
-(``hand_back``). A redelivered task runs on the quarantine runtime, alone (the suspect
-gate), where its crash costs the healthy models on the shared runtimes nothing.
+(``hand_back``); the dead runtime's flight record (``ipc/flight.py``) clears the tasks
+whose model code was not running, which run again at once. A suspect runs on the
+quarantine runtime, alone (the suspect gate), where its crash costs the healthy models
+on the shared runtimes nothing.
 
 The coordinator decides which queues to pull and holds the permits; this runs what
 they deliver. The reply crosses here as the runtime's bytes (``EncodedReply``).
