@@ -286,6 +286,8 @@ NOT_SETTINGS: frozenset[str] = frozenset({
     "MODELFLEET_HEALTHCHECK_URL",  # the image's HEALTHCHECK (Containerfile)
     "MODELFLEET_RUNTIME_SETTINGS",  # a worker to its runtime processes (ipc/protocol.py)
     "MODELFLEET_RUNTIME_PRELOAD",  # the same
+    "MODELFLEET_RUNTIME_NICE",  # the same: its CPU priority (the quarantine runtime's)
+    "MODELFLEET_RUNTIME_FLIGHT",  # the same: its flight record's path (ipc/flight.py)
     "MODELFLEET_MEMORY_LIMIT_BYTES",  # a runtime to its model: its memory limit (the same)
     "MODELFLEET_DASHBOARD_SCREENSHOT",  # tests/e2e/test_dashboard.py: keep its screenshot
 })
