@@ -152,3 +152,22 @@ async def test_a_shared_runtimes_eager_spare_waits_for_its_reloads_and_takes_ove
     await eventually(lambda: runtime.restarts == 1 and runtime.ready)
     assert runtime.runtime is spare.runtime  # the first crash is a swap too
     await supervisor.stop()
+
+
+async def test_a_record_of_a_runtime_killed_from_outside_sends_no_model_to_quarantine(
+        tmp_path: Path, launcher: InProcessLauncher) -> None:
+    settings = settings_for(tmp_path)
+    store, catalog = open_repository(settings)
+    supervisor = RuntimeSupervisor(settings, catalog, store, launcher=launcher)
+    await supervisor.start()
+    [runtime] = supervisor.shared
+    supervisor.mark_crashing("crasher", recorded_on=runtime)  # it died of itself
+    assert supervisor.crashing("crasher") and supervisor.quarantines("crasher", False)
+    supervisor.mark_crashing("iris", recorded_on=runtime)  # named, then found SIGKILLed
+    runtime.killed_at = time.monotonic()
+    assert not supervisor.crashing("iris")
+    supervisor.mark_crashing("banner", recorded_on=runtime)  # named after the kill was seen
+    assert not supervisor.crashing("banner")
+    supervisor.mark_crashing("banner")  # alone on a crash: evidence, however it died
+    assert supervisor.crashing("banner")
+    await supervisor.stop()

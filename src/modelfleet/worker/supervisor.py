@@ -46,6 +46,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
 import sys
 import tempfile
 import threading
@@ -97,6 +98,8 @@ RETRY_FAILED_BUILD_S = 30.0
 # A shared runtime's spare starts once the runtime has been up this long with no load in
 # flight (see SupervisedRuntime._keep_standby).
 STANDBY_DELAY_S = 2.0
+# A flight record's marks of a runtime found SIGKILLed this soon after are void.
+KILL_NOTICE_S = 5.0
 QUARANTINE = "quarantine"
 
 
@@ -168,6 +171,7 @@ class SupervisedRuntime:
         self._standby: asyncio.Task[Started] | None = None
         self._last_crash = 0.0
         self._ready_at = 0.0  # loop time: when it last became ready
+        self.killed_at = -1e9  # monotonic: when it was last found SIGKILLed (not by itself)
         self._frameworks: list[str] = []  # what its models imported (a standby preloads it)
         self._standby_frameworks: list[str] = []  # what the current standby preloaded
         self._isolation = isolation
@@ -277,6 +281,9 @@ class SupervisedRuntime:
                 reason = "memory"
                 log.warning("runtime %s: %s", self.name, self._limit.kill_reason)
             await self._kill()
+            if self._started_runtime is not None \
+                    and self._started_runtime.exit_code == -signal.SIGKILL:
+                self.killed_at = time.monotonic()  # from outside: see mark_crashing
             metrics.RUNTIME_RESTARTS.labels(reason.split(" ")[0]).inc()
             self.restarts += 1
             if self._standby_ready():
@@ -536,7 +543,9 @@ class RuntimeSupervisor:
         self._quarantine: SupervisedRuntime | None = None
         self._quarantine_tasks = 0  # tasks taken there and not done yet
         self._quarantine_used = 0.0  # monotonic: when a task there last ended
-        self._crashing: dict[str, float] = {}  # model id -> when it last crashed one alone
+        # model id -> when it was marked crashing, and the runtime whose flight record
+        # marked it (None: it crashed one alone); see mark_crashing.
+        self._crashing: dict[str, tuple[float, SupervisedRuntime | None]] = {}
 
     def _changed(self) -> None:
         self.changed.set()
@@ -672,15 +681,36 @@ class RuntimeSupervisor:
         the quarantine)."""
         return any(runtime is shared for shared in self.shared)
 
-    def mark_crashing(self, model_id: str) -> None:
+    def mark_crashing(self, model_id: str, recorded_on: SupervisedRuntime | None = None
+                      ) -> None:
         """A task of the model crashed a runtime alone, or the model's code was running
-        when a runtime died (its flight record): its tasks go to quarantine a while."""
-        self._crashing[model_id] = time.monotonic()
+        when ``recorded_on`` died (its flight record): its tasks go to quarantine a while.
+
+        A runtime killed from outside (SIGKILL: the OOM killer, an operator) names in its
+        record whatever happened to be predicting, through no fault of its own: that
+        does not send a model's traffic to quarantine, one task at a time (measured:
+        ``bench/crash_stall.py`` had iris served from quarantine after each kill). Its
+        suspects still run there alone."""
+        if recorded_on is not None and self._killed(recorded_on):
+            return
+        earlier = self._crashing.get(model_id)
+        if earlier is not None and earlier[1] is None:
+            recorded_on = None  # evidence of its own stays evidence
+        self._crashing[model_id] = (time.monotonic(), recorded_on)
+
+    @staticmethod
+    def _killed(runtime: SupervisedRuntime) -> bool:
+        return time.monotonic() - runtime.killed_at < KILL_NOTICE_S
 
     def crashing(self, model_id: str) -> bool:
         """Was the model marked crashing (``mark_crashing``) in the last quarantine_idle_s?"""
-        at = self._crashing.get(model_id)
-        if at is None:
+        mark = self._crashing.get(model_id)
+        if mark is None:
+            return False
+        at, recorded_on = mark
+        if recorded_on is not None and self._killed(recorded_on):
+            # Marked by a record a moment before its runtime was found killed from outside.
+            del self._crashing[model_id]
             return False
         if time.monotonic() - at < self._settings.worker.quarantine_idle_s:
             return True

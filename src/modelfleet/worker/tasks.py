@@ -154,10 +154,11 @@ class TaskRunner:
                 await delivery.ack()
                 return
             except _Crashed as crashed:
-                if crashed.alone or (crashed.record is not None
-                                     and task.model_id in crashed.record.models):
-                    # Its model's tasks go to quarantine from now on, its queue with them.
+                if crashed.alone:
                     self._supervisor.mark_crashing(task.model_id)
+                elif crashed.record is not None and task.model_id in crashed.record.models:
+                    # Its model's tasks go to quarantine from now on, its queue with them.
+                    self._supervisor.mark_crashing(task.model_id, recorded_on=runtime)
                 # Stop pulling this runtime's queues first, so the task handed back goes to
                 # another worker or waits for the restart instead of bouncing straight back.
                 # (A crash in quarantine stops nothing: no queue is pulled for it.)
@@ -385,7 +386,7 @@ class TaskRunner:
         evidence = replace(task, crashes=task.crashes + 1,
                            crashes_alone=task.crashes_alone + (1 if alone else 0),
                            crashes_cleared=task.crashes_cleared + (1 if cleared else 0))
-        if alone or (record is not None and task.model_id in record.models):
+        if alone:
             self._supervisor.mark_crashing(task.model_id)
         proven = quarantined and alone and evidence.crashes_alone >= min(
             limit + 1, self._settings.worker.quarantine_crash_limit)
