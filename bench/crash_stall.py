@@ -38,7 +38,8 @@ def free_port() -> int:
 def serving_runtime(pid: int) -> int:
     """The oldest runtime child: the one serving (a standby is started after it)."""
     runtimes = [p for p in psutil.Process(pid).children(recursive=True)
-                if "modelfleet.runtime" in " ".join(p.cmdline())]
+                if "modelfleet.runtime" in " ".join(p.cmdline())
+                and "--name quarantine" not in " ".join(p.cmdline())]
     return min(runtimes, key=lambda p: p.create_time()).pid
 
 

@@ -102,9 +102,20 @@ class Proc:
         self._log.close()
         return self.popen.returncode
 
-    def runtimes(self) -> list[psutil.Process]:
-        """Its runtime processes (children running ``modelfleet.runtime``)."""
-        return [p for p in self.descendants() if "modelfleet.runtime" in " ".join(p.cmdline())]
+    def runtimes(self, quarantine: bool = False) -> list[psutil.Process]:
+        """Its runtime processes (children running ``modelfleet.runtime``): the shared and
+        isolated ones, and the quarantine runtime (and its spares) only if asked (it stands
+        from the worker's start: ``worker.quarantine_standing``)."""
+        found = []
+        for p in self.descendants():
+            try:
+                cmdline = " ".join(p.cmdline())
+            except psutil.Error:  # gone meanwhile
+                continue
+            if "modelfleet.runtime" in cmdline and (
+                    quarantine or "--name quarantine" not in cmdline):
+                found.append(p)
+        return found
 
     def kill(self) -> None:
         for child in self.descendants():

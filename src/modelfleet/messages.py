@@ -56,14 +56,17 @@ class Task:
     params: dict[str, str] = field(default_factory=dict)
     delivery_count: int = 0  # set by the broker on receipt; 0 on first delivery
     # Crash evidence, carried by the task from one delivery to the next: runtime crashes
-    # it was in flight for, and those of them it was alone on the runtime for.
+    # it was in flight for, those of them it was alone on the runtime for, and those the
+    # runtime's flight record cleared it of (its model's code was not running: ipc/flight.py).
     crashes: int = 0
     crashes_alone: int = 0
+    crashes_cleared: int = 0
 
     @property
     def suspect(self) -> bool:
-        """Was it on a runtime that crashed, or with a consumer that died? (runs alone)"""
-        return self.delivery_count > 0 or self.crashes > 0
+        """Was it on a runtime that crashed (and not cleared by its flight record), or with
+        a consumer that died? (runs alone, in quarantine)"""
+        return self.delivery_count > 0 or self.crashes > self.crashes_cleared
 
     def expired(self, at_ms: int | None = None) -> bool:
         return (now_ms() if at_ms is None else at_ms) >= self.deadline_ms

@@ -127,6 +127,10 @@ MODEL_REPLICAS = Gauge("modelfleet_worker_model_replicas",
                        "Extra runtimes holding a hot model (copies beyond the first)")
 REDELIVERED = _ModelCounter("modelfleet_worker_tasks_handed_back_total",
                       "Tasks handed back to the broker (runtime crashed or hung)", ["model"])
+CRASH_BYSTANDERS = _ModelCounter(
+    "modelfleet_worker_crash_bystanders_total",
+    "Tasks handed back from a runtime that died, cleared by its flight record (their "
+    "model's code was not running): they run again at once, not in quarantine", ["model"])
 DEAD_LETTERED = _ModelCounter("modelfleet_worker_dead_lettered_total",
                         "Tasks this worker sent to the dead-letter queue", ["model", "reason"])
 

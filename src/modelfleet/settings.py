@@ -189,15 +189,27 @@ class WorkerSettings(_Section):
     # After a crash, a shared runtime keeps a started spare process this long (0: never):
     # the next crash then costs a swap, not an interpreter start.
     standby_keep_s: float = Field(default=300, ge=0)
+    # Keep that spare from the start, not only after a first crash: the first crash is a
+    # swap too (bystanders stall ~0.5 s instead of a restart and their models' imports),
+    # at the cost of one more interpreter per shared runtime that has imported what its
+    # models import (~100 MB RSS with scikit-learn, measured), outside the runtime budget.
+    standby_eager: bool = False
     demand_window_s: float = Field(default=60, gt=0)  # how long a demand announcement counts
-    # Suspect work (a redelivered task, or any task of a model whose task crashed a
-    # runtime alone lately) runs on a quarantine runtime beside the shared ones, so that
-    # its crash takes no healthy model down. It is stopped after this long unused, and a
-    # model that crashed a runtime alone is sent there for this long after its crash.
+    # Suspect work (a redelivered task, a task in a predict that ran when its runtime
+    # died, or any task of a model whose code ran in a crash lately) runs on a quarantine
+    # runtime beside the shared ones, so that its crash takes no healthy model down. A
+    # model is sent there for this long after its crash, and a quarantine runtime that
+    # does not stand (quarantine_standing) is stopped after this long unused.
     quarantine_idle_s: float = Field(default=60, gt=0)
+    # Start the quarantine runtime with the worker and keep it (a bare interpreter, ~50 MB
+    # RSS), rather than at the first suspect and stopping it after quarantine_idle_s.
+    quarantine_standing: bool = True
     # A task that crashed the quarantine runtime (where it ran alone) this many times is
     # dead-lettered as deterministic (at most broker.delivery_limit + 1 crashes).
     quarantine_crash_limit: int = Field(default=1, ge=1)
+    # The quarantine runtime's CPU priority below the shared ones' (os.nice, 0: the same):
+    # its pills' restarts yield the cores to the healthy models' reloads.
+    quarantine_nice: int = Field(default=10, ge=0, le=19)
     isolated_idle_stop_s: float = Field(default=600, gt=0)  # an unused own runtime is stopped
     # One device budget for all shared runtimes, split among them by what each holds
     # (worker/pool.py). 0: runtime.device_budget_bytes x shared_runtimes, as before.
@@ -274,6 +286,8 @@ NOT_SETTINGS: frozenset[str] = frozenset({
     "MODELFLEET_HEALTHCHECK_URL",  # the image's HEALTHCHECK (Containerfile)
     "MODELFLEET_RUNTIME_SETTINGS",  # a worker to its runtime processes (ipc/protocol.py)
     "MODELFLEET_RUNTIME_PRELOAD",  # the same
+    "MODELFLEET_RUNTIME_NICE",  # the same: its CPU priority (the quarantine runtime's)
+    "MODELFLEET_RUNTIME_FLIGHT",  # the same: its flight record's path (ipc/flight.py)
     "MODELFLEET_MEMORY_LIMIT_BYTES",  # a runtime to its model: its memory limit (the same)
     "MODELFLEET_DASHBOARD_SCREENSHOT",  # tests/e2e/test_dashboard.py: keep its screenshot
 })

@@ -1,12 +1,16 @@
 """A crash stays with its cause: poison pills crash the quarantine runtime, not the
 shared one their bystanders need.
 
-Three ``crasher`` pills go out at once while clients loop on iris and banner with
-those models' own deadlines (their ``timeout_s``, no longer header). The pills share
-one crash of the shared runtime (nobody can tell a pill before it crashes anything);
-from then on they are suspects and run on the quarantine runtime, alone, where one
-crash each proves them: they get 500 ``runtime_crashed`` within seconds, and the
-shared runtime is not restarted again, so the bystanders are all answered 200.
+Three ``crasher`` pills and innocent crasher requests go out at once while clients
+loop on iris and banner with those models' own deadlines (their ``timeout_s``, no
+longer header). The pills share one crash of the shared runtime (nobody can tell a
+pill before it crashes anything); its flight record names crasher, so the iris and
+banner tasks in flight then go back cleared and run again on the restarted runtime,
+while crasher's tasks, the pills still queued among them, run on the standing
+quarantine runtime, alone, where one crash each proves a pill: the pills get 500
+``runtime_crashed`` within seconds, the shared runtime is not restarted again, no
+innocent crasher request is charged with a crash, and every bystander after the pills
+is answered 200 within its deadline.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from tests.e2e.test_chaos import IRIS, broker, wait_for  # noqa: F401  (fixture)
 from tests.procs import metric_sum, serve
 
 PILLS = 3
+INNOCENTS = 6  # crasher requests that are not pills, sent with them
 REQUESTS: dict[str, dict[str, Any]] = {
     "iris": {"json": IRIS},
     "banner": {"content": b"hi", "headers": {"content-type": "text/plain"}}}
@@ -40,12 +45,14 @@ def test_pills_crash_the_quarantine_runtime_and_bystanders_keep_their_deadlines(
         "MODELFLEET_WORKER__RESTART_BACKOFF_MAX_S": "0.5", **names})
     try:
         async def scenario() -> tuple[list[httpx.Response], list[float],
-                                      list[tuple[str, float, httpx.Response]], float]:
+                                      list[tuple[str, float, httpx.Response]], float,
+                                      list[httpx.Response]]:
             async with httpx.AsyncClient(timeout=30) as client:
                 for model, body in REQUESTS.items():
                     warm = await client.post(f"{base}/v1/models/{model}/infer", **body)
                     assert warm.status_code == 200, warm.text
-                assert "quarantine" not in _runtimes(base)  # started on demand only
+                # It stands from the start (worker.quarantine_standing), unused.
+                assert _runtimes(base)["quarantine"]["restarts"] == 0
                 bystanders: list[tuple[str, float, httpx.Response]] = []
                 stop = asyncio.Event()
 
@@ -64,30 +71,43 @@ def test_pills_crash_the_quarantine_runtime_and_bystanders_keep_their_deadlines(
                         headers={"content-type": "text/plain", "x-request-timeout": "30"})
                     return answer, time.monotonic() - started
 
+                async def innocent() -> httpx.Response:  # crasher's own timeout_s
+                    return await client.post(f"{base}/v1/models/crasher/infer",
+                                             content=b"hello",
+                                             headers={"content-type": "text/plain"})
+
                 loops = [asyncio.ensure_future(bystander(m))
                          for m in ("iris", "iris", "iris", "banner", "banner")]
                 await asyncio.sleep(0.5)
+                innocents = asyncio.gather(*(innocent() for _ in range(INNOCENTS)))
                 pills = await asyncio.gather(*(pill() for _ in range(PILLS)))
                 answered = time.monotonic()
                 await asyncio.sleep(6)  # bystanders after the pills, too
                 stop.set()
                 await asyncio.gather(*loops)
-                return [p for p, _ in pills], [t for _, t in pills], bystanders, answered
+                return ([p for p, _ in pills], [t for _, t in pills], bystanders, answered,
+                        await innocents)
 
-        pills, waited, bystanders, answered = asyncio.run(scenario())
+        pills, waited, bystanders, answered, innocents = asyncio.run(scenario())
         for answer in pills:
             assert answer.status_code == 500, answer.text
             assert answer.json()["error"]["code"] == "runtime_crashed"
             assert "quarantine" in answer.json()["error"]["message"]
         assert max(waited) < 15, f"pill callers waited {waited}"
-        # The pills' first delivery crashes the shared runtime (nobody can tell a pill
-        # before it crashes something), and its models reload once: requests in that
-        # stall may miss their deadlines (docs/failure.md). Once the pills are answered,
-        # nothing of them touches the shared runtime any more.
+        # Once the pills are answered, nothing of them touches the shared runtime any
+        # more: every bystander from then on is answered 200 within its own deadline.
+        # (Those caught in the shared runtime's one crash mostly are too, but not always
+        # on a loaded two-core box: iris's reload there, a new interpreter importing
+        # scikit-learn, took 7-9 s of its 10 s; docs/failure.md.)
         after = [(m, r) for m, at, r in bystanders if at >= answered]
         bad = [(m, r.status_code, r.text) for m, r in after if r.status_code != 200]
         assert not bad, bad
         assert {m for m, _ in after} == {"iris", "banner"}
+        # The crasher requests that were no pills are never charged with the pills'
+        # crashes (no 500, no dead letter). Each is answered within crasher's timeout_s
+        # nearly always, not always: one waits in quarantine behind a pill whose crash
+        # there costs a restart (2-3 s on a loaded two-core box; docs/failure.md).
+        assert {r.status_code for r in innocents} <= {200, 504}, [r.text for r in innocents]
         runtimes = _runtimes(base)
         # One crash of the shared runtime, the pills' first delivery, shared by all
         # three; every later one was in quarantine.
@@ -104,6 +124,7 @@ def test_pills_crash_the_quarantine_runtime_and_bystanders_keep_their_deadlines(
 def test_quarantine_runtime_stops_when_unused(tmp_path: Path) -> None:
     proc, base = serve(tmp_path, env={
         "MODELFLEET_RUNTIME__PING_INTERVAL_S": "0.5",
+        "MODELFLEET_WORKER__QUARANTINE_STANDING": "false",  # started on demand
         "MODELFLEET_WORKER__QUARANTINE_IDLE_S": "2",
         "MODELFLEET_WORKER__STATE_INTERVAL_S": "0.2"})
     try:

@@ -452,7 +452,7 @@ def test_a_pool_of_shared_runtimes(tmp_path: Path) -> None:
         assert all(r.status_code == 200 for _, r in results)
         assert len(proc.runtimes()) == 2
         names = {r["name"] for r in httpx.get(f"{base}/v1/fleet").json()["workers"][0]["runtimes"]}
-        assert names == {"runtime-0", "runtime-1"}
+        assert names == {"runtime-0", "runtime-1", "quarantine"}  # quarantine: it stands
     finally:
         proc.stop()
 

@@ -292,15 +292,19 @@ async def test_pinned_models_are_preloaded_and_come_back_after_a_crash(worker: W
     await worker.kill_runtime()
     await eventually(lambda: worker.supervisor.shared[0].restarts == 1
                      and worker.supervisor.shared[0].ready)
-    [_, restarted] = worker.launcher.started  # the new runtime came back empty...
+    restarted = worker.supervisor.shared[0].runtime  # the new runtime came back empty...
+    assert restarted is not None and restarted is not worker.launcher.started[0].runtime
     deadline = time.monotonic() + 20
-    while "pinned" not in (await restarted.runtime.stats()).pinned:  # ...and got the pin back
+    while "pinned" not in (await restarted.stats()).pinned:  # ...and got the pin back
         assert time.monotonic() < deadline, "the pin never came back"
         await asyncio.sleep(0.05)
     await eventually(pinned_resident)
     assert worker.calls() == []  # all of it unasked
     state = worker.coordinator.state()
-    assert state["runtimes"] == [{"name": "runtime-0", "state": "ready", "restarts": 1}]
+    # The quarantine runtime stands beside it (worker.quarantine_standing), untouched.
+    assert state["runtimes"] == [
+        {"name": "runtime-0", "state": "ready", "restarts": 1, "spare": "none"},
+        {"name": "quarantine", "state": "ready", "restarts": 0, "spare": "none"}]
 
 
 async def test_a_gateway_and_a_worker_in_one_process_answer_and_refuse(tmp_path: Path) -> None:

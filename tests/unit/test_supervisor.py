@@ -30,10 +30,11 @@ async def eventually(check: object, timeout_s: float = 20) -> None:
         await asyncio.sleep(0.02)
 
 
-def settings_for(tmp_path: Path, standby_keep_s: float = 0) -> Settings:
+def settings_for(tmp_path: Path, standby_keep_s: float = 0, **worker: object) -> Settings:
+    """The shared runtime alone (no standing quarantine runtime) unless ``worker`` says."""
     return Settings(repo=str(EXAMPLES), state_dir=tmp_path, worker={
-        "standby_keep_s": standby_keep_s, "restart_backoff_max_s": 0.2},
-        runtime={"ping_interval_s": 0.05})
+        "standby_keep_s": standby_keep_s, "restart_backoff_max_s": 0.2,
+        "quarantine_standing": False, **worker}, runtime={"ping_interval_s": 0.05})
 
 
 @pytest.fixture
@@ -116,4 +117,57 @@ async def test_residency_mirrors_what_the_runtimes_hold(
     await eventually(lambda: runtime.restarts == 1)
     await residency.refresh(supervisor.all())
     assert residency.models("device") == frozenset()
+    await supervisor.stop()
+
+
+async def test_the_quarantine_runtime_stands_from_the_start_and_keeps_a_spare_once_used(
+        tmp_path: Path, launcher: InProcessLauncher) -> None:
+    settings = settings_for(tmp_path, standby_keep_s=30, quarantine_standing=True)
+    store, catalog = open_repository(settings)
+    supervisor = RuntimeSupervisor(settings, catalog, store, launcher=launcher)
+    await supervisor.start()
+    names = {r.name for r in supervisor.all()}
+    assert names == {"runtime-0", "quarantine"}  # before any suspect
+    quarantine = supervisor.take("iris", suspect=True)
+    assert supervisor.is_quarantine(quarantine)
+    await quarantine.wait_settled(20)
+    # Used once: a spare is started beside it at once (its pills come in bursts).
+    await eventually(lambda: len(launcher.started) == 3)
+    supervisor.done("iris", quarantine)
+    assert not await supervisor.retire_quarantine()  # it stands: never retired when idle
+    await supervisor.stop()
+
+
+async def test_a_shared_runtimes_eager_spare_waits_for_its_reloads_and_takes_over(
+        tmp_path: Path, launcher: InProcessLauncher) -> None:
+    settings = settings_for(tmp_path, standby_keep_s=30, standby_eager=True)
+    store, catalog = open_repository(settings)
+    supervisor = RuntimeSupervisor(settings, catalog, store, launcher=launcher)
+    await supervisor.start()
+    [runtime] = supervisor.shared
+    # No crash yet, and still a spare, once the runtime has been up a while unloading.
+    await eventually(lambda: len(launcher.started) == 2)
+    spare = launcher.started[1]
+    await launcher.started[0].kill()
+    await eventually(lambda: runtime.restarts == 1 and runtime.ready)
+    assert runtime.runtime is spare.runtime  # the first crash is a swap too
+    await supervisor.stop()
+
+
+async def test_a_record_of_a_runtime_killed_from_outside_sends_no_model_to_quarantine(
+        tmp_path: Path, launcher: InProcessLauncher) -> None:
+    settings = settings_for(tmp_path)
+    store, catalog = open_repository(settings)
+    supervisor = RuntimeSupervisor(settings, catalog, store, launcher=launcher)
+    await supervisor.start()
+    [runtime] = supervisor.shared
+    supervisor.mark_crashing("crasher", recorded_on=runtime)  # it died of itself
+    assert supervisor.crashing("crasher") and supervisor.quarantines("crasher", False)
+    supervisor.mark_crashing("iris", recorded_on=runtime)  # named, then found SIGKILLed
+    runtime.killed_at = time.monotonic()
+    assert not supervisor.crashing("iris")
+    supervisor.mark_crashing("banner", recorded_on=runtime)  # named after the kill was seen
+    assert not supervisor.crashing("banner")
+    supervisor.mark_crashing("banner")  # alone on a crash: evidence, however it died
+    assert supervisor.crashing("banner")
     await supervisor.stop()

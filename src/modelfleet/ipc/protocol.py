@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Protocol
 
+from modelfleet.ipc.flight import Flight
 from modelfleet.messages import EncodedReply
 
 Op = Literal["load", "unload", "unpin", "infer", "health", "stats", "shutdown", "set_budgets",
@@ -30,6 +31,9 @@ SETTINGS_ENV = "MODELFLEET_RUNTIME_SETTINGS"
 # Top-level modules to import before serving (a standby runtime imports what the runtime
 # it may replace had imported for its models, so that their reloads are quick).
 PRELOAD_ENV = "MODELFLEET_RUNTIME_PRELOAD"
+# How much the runtime lowers its CPU priority at start (``os.nice``): the quarantine
+# runtime's suspect work yields the cores to the healthy models' runtimes.
+NICE_ENV = "MODELFLEET_RUNTIME_NICE"
 # The memory limit the runtime runs under, when the worker set one.
 MEMORY_LIMIT_ENV = "MODELFLEET_MEMORY_LIMIT_BYTES"
 
@@ -125,6 +129,11 @@ class Runtime(Protocol):
 
     @property
     def closed(self) -> bool: ...
+
+    def crash_record(self) -> Flight | None:
+        """Once closed: what ran on its threads when it died (predicts and loads: its
+        flight record, ``ipc/flight.py``); None when it keeps none or it is open."""
+        ...
 
     async def infer(self, call: InferCall, timeout_s: float | None = None) -> EncodedReply:
         """Run one task; the reply (errors of the task included) comes back encoded."""

@@ -13,6 +13,7 @@ import itertools
 from typing import Any
 
 from modelfleet.errors import RuntimeCrashed, error_from_code
+from modelfleet.ipc.flight import Flight, read_flight_record
 from modelfleet.ipc.framing import Frame, pack_frame, read_frame
 from modelfleet.ipc.protocol import (
     DeviceBudget,
@@ -29,7 +30,10 @@ from modelfleet.messages import EncodedReply
 
 class SocketRuntime:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                 name: str) -> None:
+                 name: str, flight_path: str | None = None) -> None:
+        self._flight_path = flight_path  # its flight record (ipc/flight.py), if it keeps one
+        self._record: Flight | None = None
+        self._record_read = False
         self._reader = reader
         self._writer = writer
         self._name = name
@@ -40,13 +44,25 @@ class SocketRuntime:
         self._pump = asyncio.create_task(self._read_responses(), name=f"ipc-read-{name}")
 
     @classmethod
-    async def connect(cls, socket_path: str, name: str) -> SocketRuntime:
+    async def connect(cls, socket_path: str, name: str, flight_path: str | None = None
+                      ) -> SocketRuntime:
         reader, writer = await asyncio.open_unix_connection(socket_path, limit=2**20)
-        return cls(reader, writer, name)
+        return cls(reader, writer, name, flight_path)
 
     @property
     def closed(self) -> bool:
         return self._closed is not None
+
+    def crash_record(self) -> Flight | None:
+        """Once the connection is gone: what its flight record says ran on the runtime's
+        threads when it died (predicts and loads); None when unknown. Read once
+        and kept, so that it outlives the file."""
+        if self._closed is None or self._flight_path is None:
+            return None
+        if not self._record_read:
+            self._record_read = True
+            self._record = read_flight_record(self._flight_path)
+        return self._record
 
     async def infer(self, call: InferCall, timeout_s: float | None = None) -> EncodedReply:
         frame = await self._call("infer", timeout_s, call.task, {

@@ -36,7 +36,12 @@ def as_model_error(exc: BaseException) -> ModelfleetError:
 class _Pending:
     item: Any
     future: asyncio.Future[Any]
+    key: str = ""  # its request id, for the runtime's flight record
     enqueued: float = field(default_factory=time.perf_counter)
+
+
+# Held around a predict on its thread, given the batch's request ids (ipc/flight.py).
+Recorder = Callable[[list[str]], contextlib.AbstractContextManager[None]]
 
 
 class Batcher:
@@ -46,8 +51,9 @@ class Batcher:
     """
 
     def __init__(self, predict: Callable[[list[Any]], list[Any]], max_batch_size: int,
-                 max_delay_s: float) -> None:
+                 max_delay_s: float, recorder: Recorder | None = None) -> None:
         self._predict = predict
+        self._recorder = recorder
         self._max_batch_size = max_batch_size
         self._max_delay_s = max_delay_s
         self._queue: asyncio.Queue[_Pending] = asyncio.Queue()
@@ -69,12 +75,12 @@ class Batcher:
         """Wait until no predict runs (a thread outlives a caller that timed out)."""
         await self._predicting.wait()
 
-    async def submit(self, item: Any) -> tuple[Any, float]:
-        """Predict one input; returns (output, seconds spent in predict)."""
+    async def submit(self, item: Any, key: str = "") -> tuple[Any, float]:
+        """Predict one input (of request ``key``); returns (output, seconds in predict)."""
         if self._loop_task is None or self._loop_task.done():
             self._loop_task = asyncio.create_task(self._run(), name="batcher")
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._queue.put_nowait(_Pending(item, future))
+        self._queue.put_nowait(_Pending(item, future, key))
         result: tuple[Any, float] = await future
         return result
 
@@ -115,12 +121,17 @@ class Batcher:
         finally:
             self._predicting.set()
 
+    def _recorded_predict(self, items: list[Any], keys: list[str]) -> list[Any]:
+        """On the predict thread: the handler's predict, in the flight record meanwhile."""
+        with (self._recorder or _unrecorded)(keys):
+            return self._predict(items)
+
     async def _predict_and_answer(self, batch: list[_Pending]) -> None:
         started = time.perf_counter()
         try:
             # Shielded: a cancelled batcher cannot stop the thread; it is waited out.
-            outputs = await asyncio.shield(
-                asyncio.to_thread(self._predict, [p.item for p in batch]))
+            outputs = await asyncio.shield(asyncio.to_thread(
+                self._recorded_predict, [p.item for p in batch], [p.key for p in batch]))
             if not isinstance(outputs, list) or len(outputs) != len(batch):
                 raise ModelFailed(
                     f"predict returned {type(outputs).__name__}"
@@ -144,6 +155,10 @@ class Batcher:
                 p.future.set_result((output, elapsed))
 
 
+def _unrecorded(_: list[str]) -> contextlib.AbstractContextManager[None]:
+    return contextlib.nullcontext()
+
+
 async def handle_request(model: Model, batcher: Batcher, request: Request,
                          manifest: Manifest | None = None) -> tuple[Any, dict[str, float]]:
     """Run one request through the handler; returns (result, phase timings in ms).
@@ -163,7 +178,7 @@ async def handle_request(model: Model, batcher: Batcher, request: Request,
             call, request = TensorCall.open(request, manifest)
         item = await model.preprocess(request)
         timings["preprocess"] = (time.perf_counter() - started) * 1000
-        output, predict_s = await batcher.submit(item)
+        output, predict_s = await batcher.submit(item, request.request_id)
         timings["predict"] = predict_s * 1000
         started = time.perf_counter()
         result = await model.postprocess(output, request)

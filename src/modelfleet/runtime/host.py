@@ -32,10 +32,11 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from modelfleet.cache import POLICIES, Eviction, ModelCache
 from modelfleet.errors import ConfigError, ModelfleetError, ModelLoadFailed, NoCapacity
+from modelfleet.ipc.flight import FlightRecord
 from modelfleet.ipc.protocol import DeviceBudget, Load, RuntimeStats
 from modelfleet.model.api import Context, Model
 from modelfleet.model.importer import import_handler
@@ -56,6 +57,7 @@ from modelfleet.settings import RuntimeSettings
 log = logging.getLogger("modelfleet.runtime")
 
 GC_MIN_INTERVAL_S = 1.0
+T = TypeVar("T")
 
 
 @dataclass
@@ -124,9 +126,13 @@ class HostEvents:
 class ModelHost:
     def __init__(self, settings: RuntimeSettings, store: ModelStore,
                  clock: Callable[[], float] = time.monotonic,
-                 memory: Callable[[ModelCache], MemoryGuard] | None = None) -> None:
+                 memory: Callable[[ModelCache], MemoryGuard] | None = None,
+                 flight: FlightRecord | None = None) -> None:
         """``memory``: builds the guard of this process's memory over the cache (only a
-        runtime in a process of its own: in-process runtimes share the coordinator's RSS)."""
+        runtime in a process of its own: in-process runtimes share the coordinator's RSS).
+        ``flight``: where the models running code on a thread are written (a process's
+        own, ``runtime/flight.py``)."""
+        self.flight = flight or FlightRecord(None)
         self._settings = settings
         self._store = store
         policy = POLICIES.get(settings.eviction_policy)
@@ -251,8 +257,8 @@ class ModelHost:
             before = set(sys.modules)
             rss_before = self.memory.rss() if self.memory is not None else 0
             try:
-                measured = await asyncio.to_thread(measure_load, device, package_dir, prepare,
-                                                   lambda: handlers[0].load(ctx))
+                measured = await asyncio.to_thread(self._recorded, model_id, lambda: (
+                    measure_load(device, package_dir, prepare, lambda: handlers[0].load(ctx))))
             except ModelfleetError:
                 raise
             except Exception as exc:
@@ -266,7 +272,8 @@ class ModelHost:
         except BaseException:
             self.cache.release(key)
             raise
-        loaded = LoadedModel(manifest, handler, self._batcher(manifest, handler), device)
+        loaded = LoadedModel(manifest, handler, self._batcher(model_id, manifest, handler),
+                             device)
         self._models[key] = loaded
         # Measured bigger than reserved, and loads started earlier hold the rest: they
         # finish (and become evictable) first, rather than this model being refused.
@@ -399,9 +406,16 @@ class ModelHost:
         self.events.loads.append(Load(loaded.manifest.name, "host", seconds, size))
         return loaded
 
-    def _batcher(self, manifest: Manifest, handler: Model) -> Batcher:
+    def _batcher(self, model_id: str, manifest: Manifest, handler: Model) -> Batcher:
+        flight = self.flight
         return Batcher(handler.predict, manifest.batching.max_batch_size,
-                       manifest.batching.max_delay_ms / 1000)
+                       manifest.batching.max_delay_ms / 1000,
+                       (lambda keys: flight.running(model_id, keys)) if flight.keeping else None)
+
+    def _recorded(self, model_id: str, call: Callable[[], T]) -> T:
+        """``call`` on this thread, in the flight record as the model's (a load)."""
+        with self.flight.running(model_id):
+            return call()
 
     async def _carry_out(self, evictions: list[Eviction]) -> None:
         """Carry out the cache's evictions, in order. Every dropped model leaves

@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Mapping
 from typing import TypeVar
 
 from modelfleet.errors import RuntimeCrashed
+from modelfleet.ipc.flight import Flight
 from modelfleet.ipc.protocol import (
     SETTINGS_ENV,
     DeviceBudget,
@@ -43,6 +44,10 @@ class InProcessRuntime:
     @property
     def closed(self) -> bool:
         return self._closed is not None
+
+    def crash_record(self) -> Flight | None:
+        """None: an in-process runtime keeps no flight record (it does not crash alone)."""
+        return None
 
     async def infer(self, call: InferCall, timeout_s: float | None = None) -> EncodedReply:
         return await self._call(self._service.infer(

@@ -27,8 +27,10 @@ from modelfleet.errors import (
     ModelfleetError,
     UnsupportedContentType,
 )
+from modelfleet.ipc.flight import FLIGHT_ENV, FlightRecord
 from modelfleet.ipc.framing import Frame, error_header, pack_frame, read_frame
 from modelfleet.ipc.protocol import (
+    NICE_ENV,
     PRELOAD_ENV,
     SETTINGS_ENV,
     DeviceBudget,
@@ -87,7 +89,8 @@ class RuntimeService:
         guard = (None if not own_process else lambda cache: MemoryGuard(
             lambda: cache.device_budget_bytes + cache.host_budget_bytes, margin,
             lambda: cache.device_budget_bytes, margin_floor_bytes=floor))
-        self.host = ModelHost(settings.runtime, store, memory=guard)
+        flight = FlightRecord(os.environ.get(FLIGHT_ENV) if own_process else None)
+        self.host = ModelHost(settings.runtime, store, memory=guard, flight=flight)
         self._fetcher = PayloadFetcher(settings.runtime)
         self.stopping = asyncio.Event()
         self._running: set[str] = set()  # request ids of the tasks here
@@ -324,6 +327,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--socket", required=True)
     parser.add_argument("--name", default="runtime")
     args = parser.parse_args(argv)
+    nice = int(os.environ.get(NICE_ENV) or 0)
+    if nice > 0:
+        os.nice(nice)  # the quarantine runtime: before its imports take the cores
     settings = Settings.model_validate_json(os.environ[SETTINGS_ENV])
     configure_logging(settings.log_level, settings.log_format,
                       text_format=f"%(asctime)s %(levelname)s [{args.name}] %(message)s",

@@ -102,6 +102,7 @@ class Coordinator:
         self._cap = settings.worker.permits
         self._permits = asyncio.Semaphore(self._cap)
         self._in_flight: set[asyncio.Task[None]] = set()
+        self._suspects: set[asyncio.Task[None]] = set()  # on their way to quarantine: no permit
         self._consumers: dict[str, Consumer] = {}
         # model id -> when its demand was last heard, oldest first: expiry pops the front
         # instead of scanning every model in demand at every re-score.
@@ -177,9 +178,10 @@ class Coordinator:
         await asyncio.gather(self._lanes.leave(),
                              *(self._unsubscribe(m) for m in list(self._consumers)))
         # 3. Drain: in-flight tasks finish and reply, or are handed back after the timeout.
-        if self._in_flight:
-            await asyncio.wait(self._in_flight, timeout=self._settings.worker.drain_timeout_s)
-        leftover = list(self._in_flight)
+        running = self._in_flight | self._suspects
+        if running:
+            await asyncio.wait(running, timeout=self._settings.worker.drain_timeout_s)
+        leftover = [t for t in running if not t.done()]
         for task in leftover:
             task.cancel()
         await asyncio.gather(*leftover, return_exceptions=True)
@@ -235,7 +237,8 @@ class Coordinator:
             "permits_in_use": len(self._in_flight),
             "permits_cap": self._cap,
             **self._residency.tally.summary(),  # bytes per tier, loads by source, evictions
-            "runtimes": [{"name": r.name, "state": r.state, "restarts": r.restarts}
+            "runtimes": [{"name": r.name, "state": r.state, "restarts": r.restarts,
+                          "spare": r.spare}
                          for r in self._supervisor.all()],
         }
 
@@ -575,6 +578,11 @@ class Coordinator:
         if self._catalog.get(model_id).manifest.isolated and model_id not in self._demand \
                 and model_id not in self._consumers:
             return False
+        if self._supervisor.quarantines(model_id, suspect=False):
+            # Its tasks run on the quarantine runtime a while (it crashed one): pulled
+            # while that one takes work, whatever the state of the shared runtime it
+            # crashed (its pills still queued go to quarantine, not to the restart).
+            return self._supervisor.quarantine_accepting()
         return self._supervisor.runtime_for(model_id).accepting
 
     async def _subscribe(self, model_id: str, prefetch: int) -> None:
@@ -600,7 +608,10 @@ class Coordinator:
             await self._start(delivery)
 
     async def _start(self, delivery: Delivery) -> asyncio.Task[None]:
-        """Wait for a permit, then run the delivery's task (a model queue's or a lane's)."""
+        """Wait for a permit, then run the delivery's task (a model queue's or a lane's);
+        suspect work goes to quarantine without one (``_run_suspect``)."""
+        if self._supervisor.quarantines(delivery.task.model_id, delivery.task.suspect):
+            return self._run_suspect(delivery)
         try:
             await self._permits.acquire()
         except asyncio.CancelledError:
@@ -615,6 +626,22 @@ class Coordinator:
         task.add_done_callback(self._finished)
         return task
 
+    def _run_suspect(self, delivery: Delivery) -> asyncio.Task[None]:
+        """Suspect work runs on the quarantine runtime one task at a time (the suspect
+        gate), bounded by its deadline and by the prefetch windows: it waits its turn
+        there without a permit, which the shared runtimes' models need meanwhile (three
+        pills and their model's innocents otherwise hold the permits while each pill's
+        crash restarts the quarantine runtime)."""
+        task = asyncio.create_task(self._tasks.run(delivery))
+        self._suspects.add(task)
+        task.add_done_callback(self._suspect_finished)
+        return task
+
+    def _suspect_finished(self, task: asyncio.Task[None]) -> None:
+        self._suspects.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("task runner failed", exc_info=task.exception())
+
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._in_flight.discard(task)
         self._permits.release()
@@ -628,7 +655,8 @@ class Coordinator:
             log.error("task runner failed", exc_info=task.exception())
 
     async def _stop_pulling(self, runtime: SupervisedRuntime) -> None:
-        affected = [m for m in self._consumers if self._supervisor.runtime_for(m) is runtime]
+        affected = [m for m in self._consumers if self._supervisor.runtime_for(m) is runtime
+                    and not self._supervisor.quarantines(m, suspect=False)]
         for model_id in affected:
             await self._unsubscribe(model_id)
         if affected:

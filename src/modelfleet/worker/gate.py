@@ -16,7 +16,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
+
+# How long a suspect from a crash lets suspects from no crash go first (see alone()).
+MAX_YIELD_S = 1.0
 
 
 class SuspectGate:
@@ -26,11 +30,24 @@ class SuspectGate:
     ordinary traffic cannot keep a suspect waiting forever.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._shared = 0
         self._alone = False
         self._suspects_waiting = 0
         self._changed = asyncio.Condition()
+        self._clock = clock
+        # Waiting suspects, by arrival: (crashes it was in, when it came); see ``alone``.
+        self._queue: dict[int, tuple[int, float]] = {}
+        self._arrivals = itertools.count()
+
+    def _first(self, key: int) -> bool:
+        """Is the waiter ``key`` first in line?"""
+        now = self._clock()
+
+        def rank(k: int) -> tuple[int, int]:
+            crashes, came = self._queue[k]
+            return (0 if crashes == 0 or now - came >= MAX_YIELD_S else 1, k)
+        return min(self._queue, key=rank) == key
 
     @contextlib.asynccontextmanager
     async def shared(self) -> AsyncIterator[None]:
@@ -45,13 +62,21 @@ class SuspectGate:
                 self._changed.notify_all()
 
     @contextlib.asynccontextmanager
-    async def alone(self) -> AsyncIterator[None]:
+    async def alone(self, crashes: int = 0) -> AsyncIterator[None]:
+        """Run alone. Among waiting suspects, those not yet in any crash (``crashes``: a
+        model's innocents sent to quarantine with its queued pills) go before those
+        handed back from one, which may be its pills, each costing a restart there;
+        a suspect yields so for at most ``MAX_YIELD_S``; otherwise in arrival order."""
         async with self._changed:
             self._suspects_waiting += 1
+            key = next(self._arrivals)
+            self._queue[key] = (crashes, self._clock())
             try:
-                await self._changed.wait_for(lambda: not self._alone and not self._shared)
+                await self._changed.wait_for(
+                    lambda: not self._alone and not self._shared and self._first(key))
             finally:
                 self._suspects_waiting -= 1
+                del self._queue[key]
                 self._changed.notify_all()  # ordinary tasks held back for us may go now
             self._alone = True
         try:
@@ -61,8 +86,9 @@ class SuspectGate:
                 self._alone = False
                 self._changed.notify_all()
 
-    def slot(self, suspect: bool) -> contextlib.AbstractAsyncContextManager[None]:
-        return self.alone() if suspect else self.shared()
+    def slot(self, suspect: bool, crashes: int = 0
+             ) -> contextlib.AbstractAsyncContextManager[None]:
+        return self.alone(crashes) if suspect else self.shared()
 
 
 class CrashWitness:

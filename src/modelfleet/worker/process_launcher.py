@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from modelfleet.errors import RuntimeCrashed
+from modelfleet.ipc.flight import FLIGHT_ENV
 from modelfleet.ipc.socket_runtime import SocketRuntime
 
 
@@ -23,10 +24,11 @@ def _die_with_parent() -> None:
 
 class ProcessStarted:
     def __init__(self, process: asyncio.subprocess.Process, runtime: SocketRuntime,
-                 socket_path: str) -> None:
+                 socket_path: str, flight_path: str) -> None:
         self._process = process
         self._runtime = runtime
         self._socket_path = socket_path
+        self._flight_path = flight_path
 
     @property
     def runtime(self) -> SocketRuntime:
@@ -53,8 +55,10 @@ class ProcessStarted:
             with contextlib.suppress(ProcessLookupError):
                 self._process.kill()
             await self._process.wait()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self._socket_path)
+        self._runtime.crash_record()  # read (and kept) before its file goes
+        for path in (self._socket_path, self._flight_path):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
 
 
 class ProcessLauncher:
@@ -69,9 +73,10 @@ class ProcessLauncher:
         """Start a runtime process and connect to it once it answers ``health``."""
         role = ".standby" if standby else ""
         socket_path = str(self._socket_dir / f"{name}.{next(self._serial)}{role}.sock")
+        flight_path = f"{socket_path}.flight"  # what ran on its threads (ipc/flight.py)
         process = await asyncio.create_subprocess_exec(
             python, "-m", "modelfleet.runtime", "--socket", socket_path,
-            "--name", name, env=dict(env), preexec_fn=_die_with_parent,
+            "--name", name, env={**env, FLIGHT_ENV: flight_path}, preexec_fn=_die_with_parent,
             # Its own session: a Ctrl-C or a group-wide SIGTERM reaches the coordinator,
             # which stops runtimes in order; PR_SET_PDEATHSIG still ties them to it.
             start_new_session=True,
@@ -85,13 +90,13 @@ class ProcessLauncher:
                     raise RuntimeCrashed(f"runtime {name} exited with "
                                          f"{process.returncode} during start-up")
                 try:
-                    runtime = await SocketRuntime.connect(socket_path, name)
+                    runtime = await SocketRuntime.connect(socket_path, name, flight_path)
                 except OSError:
                     runtime = None
                 if runtime is not None:
                     try:
                         await runtime.health(timeout_s=self._ping_timeout_s)
-                        return ProcessStarted(process, runtime, socket_path)
+                        return ProcessStarted(process, runtime, socket_path, flight_path)
                     except (OSError, RuntimeCrashed):
                         await runtime.close()
                 if loop.time() > deadline:
@@ -104,4 +109,6 @@ class ProcessLauncher:
                 with contextlib.suppress(ProcessLookupError):
                     process.kill()
                 await process.wait()
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(flight_path)
             raise

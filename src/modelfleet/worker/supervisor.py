@@ -29,12 +29,15 @@ built is a deterministic failure: the runtime is ``failed`` and every task for i
 is answered with the build error (naming the package) until a retry succeeds.
 
 Suspect work runs on the *quarantine* runtime, a process beside the shared ones that
-is no part of their pool or placement: a redelivered task (it was in flight when a
-runtime crashed, or its worker died), and for ``worker.quarantine_idle_s`` every task
-of a model whose task crashed a runtime alone. It is started on the first suspect and
-stopped once unused for ``worker.quarantine_idle_s``. Tasks there run one at a time
-(worker/gate.py), so a crash there is evidence against the task that caused it, and
-it costs the healthy models on the shared runtimes nothing: they are not reloaded.
+is no part of their pool or placement: a redelivered task (its worker died), a task the
+dead runtime's flight record names (``ipc/flight.py``: it was in a predict that ran),
+and for ``worker.quarantine_idle_s`` every task of a model whose code ran in a crash or
+whose task crashed a runtime alone (``mark_crashing``). It stands from the worker's
+start (``worker.quarantine_standing``; else it is started on the first suspect and
+stopped once unused for ``worker.quarantine_idle_s``), at a lower CPU priority
+(``worker.quarantine_nice``). Tasks there run one at a time (worker/gate.py), so a crash
+there is evidence against the task that caused it, and it costs the healthy models on
+the shared runtimes nothing: they are not reloaded.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
 import sys
 import tempfile
 import threading
@@ -61,7 +65,14 @@ from modelfleet.errors import (
     ModelNotFound,
     RuntimeCrashed,
 )
-from modelfleet.ipc.protocol import PRELOAD_ENV, SETTINGS_ENV, Launcher, Runtime, Started
+from modelfleet.ipc.protocol import (
+    NICE_ENV,
+    PRELOAD_ENV,
+    SETTINGS_ENV,
+    Launcher,
+    Runtime,
+    Started,
+)
 from modelfleet.repository import Catalog, ModelStore
 from modelfleet.settings import BrokerSettings, Settings
 from modelfleet.worker.devices import runtime_device_env
@@ -84,6 +95,11 @@ from modelfleet.worker.spread import RuntimeView, Spread
 log = logging.getLogger("modelfleet.worker")
 State = Literal["starting", "ready", "down", "failed", "stopped"]
 RETRY_FAILED_BUILD_S = 30.0
+# A shared runtime's spare starts once the runtime has been up this long with no load in
+# flight (see SupervisedRuntime._keep_standby).
+STANDBY_DELAY_S = 2.0
+# A flight record's marks of a runtime found SIGKILLed this soon after are void.
+KILL_NOTICE_S = 5.0
 QUARANTINE = "quarantine"
 
 
@@ -140,11 +156,13 @@ class SupervisedRuntime:
                  on_change: Callable[[], None],
                  isolation: Callable[[], Isolation] | None = None,
                  device_budget_bytes: int | None = None, eager_standby: bool = False,
-                 device_env: dict[str, str] | None = None) -> None:
+                 device_env: dict[str, str] | None = None, nice: int = 0) -> None:
         self.name = name
+        self._nice = nice  # lowers its CPU priority (the quarantine runtime's)
         # A spare from the first start, not only after a crash (the quarantine runtime:
         # crashes are what it is for).
         self._eager_standby = eager_standby
+        self._spare_at_once = False  # its spare starts as soon as it is up (keep_spare)
         self._device_env = device_env or {}  # CUDA_VISIBLE_DEVICES (worker/devices.py)
         self._device_budget_bytes = device_budget_bytes  # a shared one's starting part
         self._settings = settings
@@ -152,7 +170,10 @@ class SupervisedRuntime:
         # A started spare runtime, kept for a while after a crash (see _adopt_standby).
         self._standby: asyncio.Task[Started] | None = None
         self._last_crash = 0.0
+        self._ready_at = 0.0  # loop time: when it last became ready
+        self.killed_at = -1e9  # monotonic: when it was last found SIGKILLed (not by itself)
         self._frameworks: list[str] = []  # what its models imported (a standby preloads it)
+        self._standby_frameworks: list[str] = []  # what the current standby preloaded
         self._isolation = isolation
         self._on_change = on_change
         self._limit: LimitHandle | None = None
@@ -236,7 +257,9 @@ class SupervisedRuntime:
                 if not self._adopt_standby():
                     await self._spawn()
                 self._set("ready")
-                self._keep_standby()
+                self._ready_at = asyncio.get_running_loop().time()
+                if self._spare_at_once:
+                    self._keep_standby()
                 self._started.set()
                 backoff.reset()
                 reason = await self._watch_until_down()
@@ -258,6 +281,9 @@ class SupervisedRuntime:
                 reason = "memory"
                 log.warning("runtime %s: %s", self.name, self._limit.kill_reason)
             await self._kill()
+            if self._started_runtime is not None \
+                    and self._started_runtime.exit_code == -signal.SIGKILL:
+                self.killed_at = time.monotonic()  # from outside: see mark_crashing
             metrics.RUNTIME_RESTARTS.labels(reason.split(" ")[0]).inc()
             self.restarts += 1
             if self._standby_ready():
@@ -310,8 +336,33 @@ class SupervisedRuntime:
         self._started_runtime, self._limit = started, None
         return True
 
+    @property
+    def spare(self) -> Literal["none", "starting", "ready"]:
+        """Its started spare process (a standby), for the fleet page: "ready" once it is
+        up with what the runtime's models import."""
+        if self._standby is None:
+            return "none"
+        if not self._standby_ready() or set(self._frameworks) - set(self._standby_frameworks):
+            return "starting"
+        return "ready"
+
+    def keep_spare(self) -> None:
+        """Keep a started spare from now on, started as soon as it is up (the quarantine
+        runtime, once used: its pills come in bursts)."""
+        if not self._spare_at_once:
+            self._eager_standby = self._spare_at_once = True
+            if self.ready:
+                self._keep_standby()
+
     def _keep_standby(self) -> None:
-        """After a crash, (re)start the spare of a shared runtime, once the runtime is up."""
+        """After a crash, (re)start the spare of a shared runtime, once the runtime is up.
+
+        A shared runtime's spare waits until the runtime has been up for
+        ``STANDBY_DELAY_S`` with no load in flight (``_watch_until_down``): an interpreter
+        importing every framework its models use takes a core for seconds, and right
+        after a crash the cores are needed for the reloads the other models are waiting
+        on (measured on two cores: iris reloaded in 6.4 s beside a starting spare and
+        the quarantine runtime's start)."""
         if self._isolation is None and (self.restarts or self._eager_standby) \
                 and self._standby is None \
                 and self._settings.worker.standby_keep_s:
@@ -319,9 +370,20 @@ class SupervisedRuntime:
                                                 name=f"standby-{self.name}")
 
     async def _start_standby(self) -> Started:
+        self._standby_frameworks = list(self._frameworks)
         started, _ = await self._launch({PRELOAD_ENV: ",".join(self._frameworks)},
                                         standby=True)
         return started
+
+    async def _refresh_stale_standby(self) -> None:
+        """A spare started before its runtime's models imported their frameworks (an eager
+        one, ``worker.standby_eager``) would not spare their imports: start it afresh."""
+        if self._standby is None or not self._standby_ready() \
+                or not set(self._frameworks) - set(self._standby_frameworks):
+            return
+        standby, self._standby = self._standby, None
+        await self._stop_standby(standby)
+        self._keep_standby()
 
     async def _retire_standby_when_quiet(self) -> None:
         """Stop the standby once no crash came for ``worker.standby_keep_s``."""
@@ -365,6 +427,8 @@ class SupervisedRuntime:
                     **runtime_env(limit)})
         env.update(compute_thread_env(env, self._settings))
         env.update(self._device_env)
+        if self._nice:
+            env[NICE_ENV] = str(self._nice)
         env.update(extra_env or {})
         started = await self._launcher.launch(self.name, python, env, standby)
         handle = None
@@ -391,6 +455,11 @@ class SupervisedRuntime:
                     health = await started.runtime.health(
                         timeout_s=self._settings.runtime.ping_timeout_s)
                     self.loading = list(health.loading)
+                    if not self.loading and asyncio.get_running_loop().time() \
+                            - self._ready_at >= STANDBY_DELAY_S:
+                        # A spare once the reloads are done, with what its models import.
+                        await self._refresh_stale_standby()
+                        self._keep_standby()
                     # Kept across restarts: a runtime just restarted has imported little.
                     self._frameworks = sorted(set(self._frameworks).union(health.frameworks))
                     stuck = [m for m, age in health.load_ages_s.items()
@@ -456,7 +525,9 @@ class RuntimeSupervisor:
         share = pool_bytes(settings) // settings.worker.shared_runtimes
         self.shared = [
             SupervisedRuntime(f"runtime-{i}", settings, self._launcher, self._changed,
-                              device_budget_bytes=share, device_env=runtime_device_env(
+                              device_budget_bytes=share,
+                              eager_standby=settings.worker.standby_eager,
+                              device_env=runtime_device_env(
                                   i, settings.worker.gpus, os.environ))
             for i in range(settings.worker.shared_runtimes)
         ]
@@ -472,7 +543,9 @@ class RuntimeSupervisor:
         self._quarantine: SupervisedRuntime | None = None
         self._quarantine_tasks = 0  # tasks taken there and not done yet
         self._quarantine_used = 0.0  # monotonic: when a task there last ended
-        self._crashing: dict[str, float] = {}  # model id -> when it last crashed one alone
+        # model id -> when it was marked crashing, and the runtime whose flight record
+        # marked it (None: it crashed one alone); see mark_crashing.
+        self._crashing: dict[str, tuple[float, SupervisedRuntime | None]] = {}
 
     def _changed(self) -> None:
         self.changed.set()
@@ -489,6 +562,8 @@ class RuntimeSupervisor:
     async def start(self) -> None:
         for runtime in self.shared:
             runtime.start()
+        if self._settings.worker.quarantine_standing:
+            self._quarantine_runtime()  # ready before the first crash (see _quarantined)
         await asyncio.gather(*(r.wait_started() for r in self.shared))
         self._placing = asyncio.create_task(self._keep_placement(), name="placement")
 
@@ -521,12 +596,12 @@ class RuntimeSupervisor:
         """The runtime a task for the model runs on, counted there until ``done``: the
         least-loaded one holding it. A model this makes hot gets one more runtime.
 
-        A ``suspect`` task, or any task of a model that crashed a runtime alone lately,
-        goes to the quarantine runtime instead (an isolated model keeps its own: a crash
-        there costs nobody else anything already)."""
+        A ``suspect`` task, or any task of a model marked crashing lately
+        (``mark_crashing``), goes to the quarantine runtime instead (an isolated model
+        keeps its own: a crash there costs nobody else anything already)."""
         if self._isolated(model_id):
             return self._own(model_id)
-        if suspect or self.crashing(model_id):
+        if self.quarantines(model_id, suspect):
             return self._quarantined()
         views = self._views()
         chosen = self._shared_named(self.spread.route(model_id, views, self.pool.pool_bytes))
@@ -536,6 +611,16 @@ class RuntimeSupervisor:
             log.info("model %s is hot (%d tasks in flight): also on %s", model_id,
                      self.spread.running(model_id), change.runtime)
         return chosen
+
+    def quarantines(self, model_id: str, suspect: bool) -> bool:
+        """Does a task for the model (``suspect`` or not) go to the quarantine runtime?"""
+        # The catalog only for those: this is asked per candidate at every re-score.
+        return (suspect or self.crashing(model_id)) and not self._isolated(model_id)
+
+    def quarantine_accepting(self) -> bool:
+        """Would the quarantine runtime take a task now (it is started on demand)?"""
+        runtime = self._quarantine
+        return runtime is None or runtime.stopped or runtime.accepting
 
     def done(self, model_id: str, runtime: SupervisedRuntime) -> None:
         if runtime is self._quarantine:
@@ -612,14 +697,36 @@ class RuntimeSupervisor:
         the quarantine)."""
         return any(runtime is shared for shared in self.shared)
 
-    def crashed_alone(self, model_id: str) -> None:
-        """A task of the model crashed a runtime alone: its tasks go to quarantine a while."""
-        self._crashing[model_id] = time.monotonic()
+    def mark_crashing(self, model_id: str, recorded_on: SupervisedRuntime | None = None
+                      ) -> None:
+        """A task of the model crashed a runtime alone, or the model's code was running
+        when ``recorded_on`` died (its flight record): its tasks go to quarantine a while.
+
+        A runtime killed from outside (SIGKILL: the OOM killer, an operator) names in its
+        record whatever happened to be predicting, through no fault of its own: that
+        does not send a model's traffic to quarantine, one task at a time (measured:
+        ``bench/crash_stall.py`` had iris served from quarantine after each kill). Its
+        suspects still run there alone."""
+        if recorded_on is not None and self._killed(recorded_on):
+            return
+        earlier = self._crashing.get(model_id)
+        if earlier is not None and earlier[1] is None:
+            recorded_on = None  # evidence of its own stays evidence
+        self._crashing[model_id] = (time.monotonic(), recorded_on)
+
+    @staticmethod
+    def _killed(runtime: SupervisedRuntime) -> bool:
+        return time.monotonic() - runtime.killed_at < KILL_NOTICE_S
 
     def crashing(self, model_id: str) -> bool:
-        """Did a task of the model crash a runtime alone in the last quarantine_idle_s?"""
-        at = self._crashing.get(model_id)
-        if at is None:
+        """Was the model marked crashing (``mark_crashing``) in the last quarantine_idle_s?"""
+        mark = self._crashing.get(model_id)
+        if mark is None:
+            return False
+        at, recorded_on = mark
+        if recorded_on is not None and self._killed(recorded_on):
+            # Marked by a record a moment before its runtime was found killed from outside.
+            del self._crashing[model_id]
             return False
         if time.monotonic() - at < self._settings.worker.quarantine_idle_s:
             return True
@@ -627,21 +734,37 @@ class RuntimeSupervisor:
         return False
 
     def _quarantined(self) -> SupervisedRuntime:
-        """The quarantine runtime, started on first use; the task is counted there."""
+        """The quarantine runtime, started on first use unless it stands already; the task
+        is counted there. From its first task on it keeps a started spare (a pill's crash
+        there is a swap, and the next suspect's wait a fraction of a second).
+
+        ``worker.quarantine_standing`` (on by default) starts it with the worker: the
+        first suspects come with a shared runtime's crash, when the cores are busy
+        restarting it and reloading its models, and a quarantine runtime started then
+        took 2-3 s on two cores, which its model's innocents, queued behind the pills,
+        waited out past their deadline. It costs one bare interpreter (~50 MB RSS,
+        measured) while nothing crashes, its spare another once something did."""
+        runtime = self._quarantine_runtime()
+        runtime.keep_spare()
+        self._quarantine_tasks += 1
+        return runtime
+
+    def _quarantine_runtime(self) -> SupervisedRuntime:
         runtime = self._quarantine
         if runtime is None or runtime.stopped:
             runtime = SupervisedRuntime(QUARANTINE, self._settings, self._launcher,
-                                        self._changed, eager_standby=True)
+                                        self._changed,
+                                        nice=self._settings.worker.quarantine_nice)
             self._quarantine = runtime
             self._quarantine_used = time.monotonic()
             runtime.start()
-        self._quarantine_tasks += 1
         return runtime
 
     async def retire_quarantine(self) -> bool:
         """Stop the quarantine runtime once nothing ran there for quarantine_idle_s."""
         runtime = self._quarantine
-        if runtime is None or self._quarantine_tasks or runtime.loading:
+        if runtime is None or self._quarantine_tasks or runtime.loading \
+                or self._settings.worker.quarantine_standing:
             return False
         idle = time.monotonic() - self._quarantine_used
         if idle < self._settings.worker.quarantine_idle_s:

@@ -5,8 +5,10 @@ cancelled tasks are acked and dropped unrun, and a reply that comes back after t
 task's deadline is dropped too: its caller has its 504 already. A task whose runtime
 crashed under it goes back to the broker as a new message carrying its crash evidence,
 or to the dead-letter queue once it crashed its runtime alone too often
-(``hand_back``). A redelivered task runs on the quarantine runtime, alone (the suspect
-gate), where its crash costs the healthy models on the shared runtimes nothing.
+(``hand_back``); the dead runtime's flight record (``ipc/flight.py``) clears the tasks
+whose model code was not running, which run again at once. A suspect runs on the
+quarantine runtime, alone (the suspect gate), where its crash costs the healthy models
+on the shared runtimes nothing.
 
 The coordinator decides which queues to pull and holds the permits; this runs what
 they deliver. The reply crosses here as the runtime's bytes (``EncodedReply``).
@@ -26,6 +28,7 @@ from modelfleet import metrics
 from modelfleet.backoff import Backoff
 from modelfleet.broker import Broker, Delivery
 from modelfleet.errors import BrokerUnavailable, ModelfleetError, RuntimeCrashed
+from modelfleet.ipc.flight import Flight
 from modelfleet.ipc.protocol import InferCall, Runtime
 from modelfleet.messages import EncodedReply, Reply, Task, now_ms
 from modelfleet.repository import Catalog
@@ -155,12 +158,17 @@ class TaskRunner:
                 await delivery.ack()
                 return
             except _Crashed as crashed:
+                if crashed.alone:
+                    self._supervisor.mark_crashing(task.model_id)
+                elif crashed.record is not None and task.model_id in crashed.record.models:
+                    # Its model's tasks go to quarantine from now on, its queue with them.
+                    self._supervisor.mark_crashing(task.model_id, recorded_on=runtime)
                 # Stop pulling this runtime's queues first, so the task handed back goes to
                 # another worker or waits for the restart instead of bouncing straight back.
                 # (A crash in quarantine stops nothing: no queue is pulled for it.)
                 await self._stop_pulling(runtime)
                 await self._hand_back(delivery, crashed.error, crashed.alone,
-                                      self._supervisor.is_quarantine(runtime))
+                                      self._supervisor.is_quarantine(runtime), crashed.record)
                 return
             self.last_served[task.model_id] = self._clock()
             if task.expired() or task.request_id in self._cancelled:
@@ -305,13 +313,16 @@ class TaskRunner:
         # In quarantine every task runs alone: a crash there names its cause.
         alone_only = task.suspect or self._supervisor.is_quarantine(runtime)
         while True:
-            async with gate.slot(suspect=alone_only):
-                if runtime.ready and runtime.runtime is not None:
+            async with gate.slot(suspect=alone_only,
+                                 crashes=task.crashes - task.crashes_cleared):
+                target = runtime.runtime  # the one _infer calls (read before its first await)
+                if runtime.ready and target is not None:
                     with witness.on_runtime() as alone:
                         try:
                             return await self._infer(runtime, delivery, queue_wait_ms)
                         except RuntimeCrashed as exc:
-                            raise _Crashed(exc, alone()) from exc
+                            # Its flight record, when the runtime is gone (not merely slow).
+                            raise _Crashed(exc, alone(), target.crash_record()) from exc
             await runtime.wait_settled(float("inf"))  # bounded by the task's deadline
             if runtime.failure is not None and not runtime.ready:
                 runtime.request_retry()
@@ -349,7 +360,8 @@ class TaskRunner:
             raise
 
     async def _hand_back(self, delivery: Delivery, exc: RuntimeCrashed, alone: bool,
-                         quarantined: bool = False) -> None:
+                         quarantined: bool = False,
+                         record: Flight | None = None) -> None:
         """A runtime crashed with this task in flight: charge it only if it was alone.
 
         The task goes back to its queue as a new message carrying its crash evidence
@@ -365,15 +377,31 @@ class TaskRunner:
         at its strongest: the task is dead-lettered once it has crashed a runtime alone
         ``worker.quarantine_crash_limit`` times (one by default), so that a poison pill's
         caller hears it within seconds. Its model's next tasks go to quarantine too for
-        a while (``RuntimeSupervisor.crashed_alone``), so that its next pill, which
+        a while (``RuntimeSupervisor.mark_crashing``), so that its next pill, which
         nobody can tell from its innocents, crashes no shared runtime.
+
+        The dead runtime's flight ``record`` (``ipc/flight.py``), when it names what ran,
+        tells bystanders from suspects: a task in a predict that ran (or of a model that
+        was loading) is a suspect; the model of any of them has its next tasks sent to
+        quarantine too (``mark_crashing``: so the pills still queued crash no shared
+        runtime either); any other task was not running model code on a thread when the
+        runtime died, so it goes back cleared, not a suspect, and runs again at once (on
+        the restarted runtime, or ahead of the suspects in quarantine) rather than waiting
+        its turn behind the pills. A task is cleared once: if it shares a
+        second crash, it is a suspect however the record reads (a crash on the event
+        loop, in ``preprocess``, names nobody and so clears nobody).
         """
         task = delivery.task
         limit = self._settings.broker.delivery_limit
+        ran = record is not None and bool(record.models)  # it names what ran
+        named = ran and record is not None and record.suspects(task.model_id, task.request_id)
+        cleared = ran and not named and not alone and not quarantined \
+            and task.crashes_cleared == 0
         evidence = replace(task, crashes=task.crashes + 1,
-                           crashes_alone=task.crashes_alone + (1 if alone else 0))
+                           crashes_alone=task.crashes_alone + (1 if alone else 0),
+                           crashes_cleared=task.crashes_cleared + (1 if cleared else 0))
         if alone:
-            self._supervisor.crashed_alone(task.model_id)
+            self._supervisor.mark_crashing(task.model_id)
         proven = quarantined and alone and evidence.crashes_alone >= min(
             limit + 1, self._settings.worker.quarantine_crash_limit)
         if proven or evidence.crashes_alone > limit or evidence.crashes > 2 * limit + 1:
@@ -397,6 +425,12 @@ class TaskRunner:
             await delivery.dead_letter(f"runtime_crashed: {reason}")
             return
         metrics.REDELIVERED.labels(task.model_id).inc()
+        if cleared:
+            metrics.CRASH_BYSTANDERS.labels(task.model_id).inc()
+        log.info("task %s of %s handed back %s (its runtime's flight record: %s)",
+                 task.request_id, task.model_id,
+                 "cleared: it runs again at once" if cleared else "a suspect: it runs alone",
+                 "unknown" if record is None else ", ".join(sorted(record.models)) or "nothing")
         self._task_log.handed_back(task, "runtime_crashed")
         # Sent, or past its deadline with nobody waiting: either way this copy is done.
         await self._through_reconnects(task, "hand-back",
@@ -415,9 +449,12 @@ class TaskRunner:
 
 
 class _Crashed(Exception):
-    """A runtime crash under a task, and whether the task was alone on the runtime."""
+    """A runtime crash under a task: whether the task was alone on the runtime, and what
+    the runtime's flight record named."""
 
-    def __init__(self, error: RuntimeCrashed, alone: bool) -> None:
+    def __init__(self, error: RuntimeCrashed, alone: bool,
+                 record: Flight | None = None) -> None:
         super().__init__(str(error))
         self.error = error
         self.alone = alone
+        self.record = record  # the models its flight record named (None: unknown)

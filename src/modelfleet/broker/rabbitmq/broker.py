@@ -60,7 +60,7 @@ from yarl import URL
 from modelfleet.broker.base import DEAD_LETTER_QUEUE, QueueStats
 from modelfleet.broker.live_queues import LiveQueueWatch
 from modelfleet.broker.rabbitmq import codec
-from modelfleet.broker.rabbitmq.consumers import AmqpSubscription
+from modelfleet.broker.rabbitmq.consumers import AmqpSubscription, ReturnedUnstarted
 from modelfleet.broker.rabbitmq.errors import rpc
 from modelfleet.broker.rabbitmq.keeper import QueueKeeper
 from modelfleet.broker.rabbitmq.listeners import AmqpInbox, EventListener
@@ -131,6 +131,9 @@ class AmqpBroker:
         self._keeper = QueueKeeper(settings, dead_letter_queue, self._leases,
                                    self._republish_copy)
         self._warned_short_expiry = False
+        # Tasks its consumers gave back unstarted: not counted as deliveries when they
+        # come back (RabbitMQ 3.x counts them; consumers.ReturnedUnstarted).
+        self._returned = ReturnedUnstarted()
         self._connection: AbstractRobustConnection | None = None
         self._publisher: AbstractRobustChannel | None = None
         self._events_exchange: AbstractExchange | None = None
@@ -375,7 +378,8 @@ class AmqpBroker:
             connection, arguments=model_queue_arguments(self._settings, self._dead_letter_queue),
             model_id=model_id, queue_name=name, prefetch=max(1, prefetch),
             timeout_s=self._timeout_s, publish_dead_letter=self._publish_dead_letter,
-            delivery_limit=self._settings.delivery_limit, on_closed=closed)
+            delivery_limit=self._settings.delivery_limit, on_closed=closed,
+            returned=self._returned)
         # A consumer keeps the queue alive, and its leaving renews the lease.
         self._leases.hold(name)
         self._watch.check()

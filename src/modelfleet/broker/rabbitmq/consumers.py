@@ -62,6 +62,36 @@ def _is_stale(message: AbstractIncomingMessage) -> bool:
     return False
 
 
+class ReturnedUnstarted:
+    """Request ids this process gave back unstarted (nack requeue), and how often.
+
+    RabbitMQ 3.x counts every return toward a message's ``x-delivery-count``, so a task
+    prefetched by a consumer that was cancelled (a runtime down, a queue dropped) came
+    back "redelivered", a suspect (``Task.suspect``) sent to run alone in quarantine,
+    though it never reached a runtime; the embedded broker and RabbitMQ 4.3+ do not
+    count such a return. When it comes back to this process, its count is lowered by
+    the returns counted here, so both brokers report the same. Bounded: the oldest ids
+    are forgotten first (a task comes back within its deadline or never).
+    """
+
+    def __init__(self, capacity: int = 10_000) -> None:
+        self._returned: dict[str, int] = {}
+        self._capacity = capacity
+
+    def returned(self, request_id: str) -> None:
+        self._returned[request_id] = self._returned.pop(request_id, 0) + 1
+        while len(self._returned) > self._capacity:
+            self._returned.pop(next(iter(self._returned)))
+
+    def returned_body(self, body: bytes) -> None:
+        with contextlib.suppress(Exception):  # not a task: nothing to remember
+            self.returned(decode_task(body).request_id)
+
+    def deliveries(self, request_id: str, count: int) -> int:
+        """``count`` less the returns of ``request_id`` counted here (forgotten then)."""
+        return max(0, count - self._returned.pop(request_id, 0)) if self._returned else count
+
+
 class AmqpDelivery:
     """One task handed out by an ``AmqpSubscription``. Settle it exactly once."""
 
@@ -128,6 +158,7 @@ class AmqpDelivery:
         try:
             with translated(self._what("release")):
                 await self._message.nack(requeue=True)
+            self._sub.returned.returned(self._task.request_id)
         finally:
             self._sub.settled(self)
 
@@ -157,8 +188,10 @@ class AmqpSubscription:
     def __init__(self, *, model_id: str, queue_name: str, channel: AbstractRobustChannel,
                  prefetch: int, timeout_s: float, publish_dead_letter: DeadLetterPublisher,
                  delivery_limit: int, dead_letters: bool = False,
-                 on_closed: Callable[[AmqpSubscription], None] = lambda _: None) -> None:
+                 on_closed: Callable[[AmqpSubscription], None] = lambda _: None,
+                 returned: ReturnedUnstarted | None = None) -> None:
         self._model_id = model_id
+        self.returned = returned or ReturnedUnstarted()  # the broker's, shared by its consumers
         self.queue_name = queue_name
         self._channel = channel
         self._queue: AbstractQueue | None = None
@@ -205,6 +238,7 @@ class AmqpSubscription:
             # Arrived between our basic.cancel and its cancel-ok: give it straight back.
             with contextlib.suppress(Exception):
                 await message.nack(requeue=True)
+                self.returned.returned_body(message.body)
             return
         self._buffer.put_nowait(message)
 
@@ -236,6 +270,9 @@ class AmqpSubscription:
             count, reason = self._read_headers(message)
             try:
                 task = decode_task(message.body, count)
+                if count and not self._dead_letters:
+                    task = task.with_delivery_count(
+                        self.returned.deliveries(task.request_id, count))
             except Exception:
                 # Not a Task: nobody can process it. basic.reject without requeue sends it
                 # to the dead-letter queue (reason 'rejected') from a model queue.
@@ -316,6 +353,7 @@ class AmqpSubscription:
             if message is not None and not _is_stale(message):
                 with contextlib.suppress(Exception):
                     await message.nack(requeue=True)
+                    self.returned.returned_body(message.body)
         self.stop()
         self._close_when_idle()
 

@@ -1,0 +1,64 @@
+"""One model's framework import does not hold up another model's load behind the import lock."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from pathlib import Path
+
+from modelfleet.model.importer import import_handler
+from modelfleet.repository.manifest import load_manifest
+from tests.procs import write_package
+
+MANIFEST = '''
+    name = "{name}"
+    version = "1"
+    entrypoint = "handler:Handler"
+    accepts = ["text/plain"]
+'''
+HEAVY = '''
+    import heavy_framework_for_test  # a framework whose import takes a while
+
+    from modelfleet import Model
+
+
+    class Handler(Model):
+        pass
+'''
+LIGHT = '''
+    from modelfleet import Model
+
+
+    class Handler(Model):
+        pass
+'''
+
+
+def test_a_light_handler_imports_while_a_heavy_ones_framework_is_importing(
+        tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    site.mkdir()
+    started = tmp_path / "started"
+    (site / "heavy_framework_for_test.py").write_text(
+        f"import pathlib, time\npathlib.Path({str(started)!r}).touch()\ntime.sleep(3)\n")
+    heavy = write_package(tmp_path / "repo", "heavy", MANIFEST.format(name="heavy"), HEAVY)
+    light = write_package(tmp_path / "repo", "light", MANIFEST.format(name="light"), LIGHT)
+    sys.path.insert(0, str(site))
+    try:
+        done: dict[str, float] = {}
+
+        def load(folder: Path) -> None:
+            import_handler(load_manifest(folder / "model.toml"), folder)
+            done[folder.parent.name] = time.monotonic()
+
+        slow = threading.Thread(target=load, args=(heavy,))
+        slow.start()
+        while not started.exists():  # the framework's import is under way
+            time.sleep(0.01)
+        load(light)
+        slow.join()
+        assert done["light"] < done["heavy"]  # it did not wait for the framework
+    finally:
+        sys.path.remove(str(site))
+        sys.modules.pop("heavy_framework_for_test", None)
