@@ -9,7 +9,7 @@ import pytest
 from modelfleet.errors import ConfigError
 from modelfleet.settings import BrokerSettings, RuntimeSettings, Settings, WorkerSettings
 from modelfleet.worker.devices import runtime_device_env
-from modelfleet.worker.supervisor import (
+from modelfleet.worker.supervised_runtime import (
     THREAD_VARIABLES,
     _is_secret,
     compute_thread_env,

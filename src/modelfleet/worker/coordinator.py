@@ -73,7 +73,8 @@ from modelfleet.worker.idle import IdleMeter
 from modelfleet.worker.pinning import PinKeeper
 from modelfleet.worker.placement import RuntimePlacement
 from modelfleet.worker.residency import Residency
-from modelfleet.worker.supervisor import RuntimeSupervisor, SupervisedRuntime
+from modelfleet.worker.supervised_runtime import SupervisedRuntime
+from modelfleet.worker.supervisor import RuntimeSupervisor
 from modelfleet.worker.tasklog import TaskLog
 from modelfleet.worker.tasks import TaskRunner
 

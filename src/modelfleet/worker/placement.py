@@ -15,7 +15,8 @@ from modelfleet.ipc.protocol import Runtime
 from modelfleet.repository import Catalog
 from modelfleet.settings import Settings
 from modelfleet.worker.residency import Residency
-from modelfleet.worker.supervisor import RuntimeSupervisor, SupervisedRuntime
+from modelfleet.worker.supervised_runtime import SupervisedRuntime
+from modelfleet.worker.supervisor import RuntimeSupervisor
 
 
 class RuntimePlacement:

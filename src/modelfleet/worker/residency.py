@@ -14,7 +14,7 @@ from modelfleet.errors import ModelfleetError
 from modelfleet.ipc.protocol import RuntimeStats
 from modelfleet.worker import runtime_memory
 from modelfleet.worker.cachestats import CacheTally
-from modelfleet.worker.supervisor import SupervisedRuntime
+from modelfleet.worker.supervised_runtime import SupervisedRuntime
 
 _ByModel = dict[str, frozenset[str]]  # model id -> versions
 

@@ -35,7 +35,8 @@ from modelfleet.repository import Catalog
 from modelfleet.settings import Settings
 from modelfleet.worker.control import ControlAgent
 from modelfleet.worker.gate import CrashWitness, SuspectGate
-from modelfleet.worker.supervisor import RuntimeSupervisor, SupervisedRuntime
+from modelfleet.worker.supervised_runtime import SupervisedRuntime
+from modelfleet.worker.supervisor import RuntimeSupervisor
 from modelfleet.worker.tasklog import TaskLog
 
 # Memory refusals of a shared runtime asked again (see _past_memory_refusals), by code.
