@@ -160,6 +160,7 @@ def hear(fleet: Fleet, event: dict[str, object]) -> None:
     """What the coordinator's event listener does with one event."""
     coordinator = fleet.coordinator
     coordinator._announced.observe(event, coordinator._clock())
+    coordinator._missing.appeared(str(event["model_id"]))
     coordinator._note_demand(str(event["model_id"]))
 
 
@@ -172,8 +173,16 @@ async def test_a_periodic_rescore_counts_only_what_announcements_do_not_say(
     # every EXACT_EVERY_S, in case an announcement was lost); the next ones do not.
     assert sorted(fleet.broker.counted) == ["quiet", "stale"]
     fleet.broker.counted.clear()
+    # Neither has a queue. Re-announced at the next interval, as a gateway does while a
+    # request waits: the one announced without a count is asked for again.
+    hear(fleet, demand("quiet", 0))
+    hear(fleet, {"kind": "demand", "model_id": "stale"})
     await fleet.coordinator._rescore(full=True)
     assert fleet.broker.counted == ["stale"]
+    # Not announced again: the broker said it has no queue, so nobody asks it again.
+    fleet.broker.counted.clear()
+    await fleet.coordinator._rescore(full=True)
+    assert fleet.broker.counted == []
 
 
 async def test_a_queue_is_taken_on_the_brokers_count_not_on_an_announcement(

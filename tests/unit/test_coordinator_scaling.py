@@ -15,8 +15,9 @@ import contextlib
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 from modelfleet.broker import QueueStats
 from modelfleet.broker.embedded import MemoryBroker
@@ -82,8 +83,13 @@ class CountingBroker(MemoryBroker):
 
     counted = 0
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.asked: Counter[str] = Counter()
+
     async def queue_stats(self, model_ids: list[str]) -> dict[str, QueueStats]:
         self.counted += len(model_ids)
+        self.asked.update(model_ids)
         return await super().queue_stats(model_ids)
 
 
@@ -99,8 +105,11 @@ def task(model: str, inbox: str) -> Task:
                 PayloadRef("inline", data=b"hi", size_bytes=2), "text/plain", now_ms())
 
 
-async def one_rescore(tmp_path: Path, catalog_size: int) -> tuple[Counter[str], int, set[str]]:
-    """What the second of two re-scores touched, with the same candidates each time."""
+@contextlib.asynccontextmanager
+async def settled(tmp_path: Path, catalog_size: int
+                  ) -> AsyncIterator[tuple[Coordinator, CountingBroker, CountingCatalog]]:
+    """A coordinator that has served SERVED and re-scored once more after, with
+    ANNOUNCED in demand (no queue) and a pinned model resident (no queue)."""
     repo = tmp_path / f"repo-{catalog_size}"
     for name in SERVED:
         write_package(repo, name, manifest(name), MODEL)
@@ -145,14 +154,21 @@ async def one_rescore(tmp_path: Path, catalog_size: int) -> tuple[Counter[str], 
         await coordinator._rescore(full=True)  # settles on the state after the tasks
         catalog.touches.clear()
         broker.counted = 0
-        await coordinator._rescore(full=True)
-        return Counter(catalog.touches), broker.counted, set(coordinator._consumers)
+        broker.asked.clear()
+        yield coordinator, broker, catalog
     finally:
         await coordinator.stop()
         await inbox.close()
         await collector
         await launcher.close()
         await broker.close()
+
+
+async def one_rescore(tmp_path: Path, catalog_size: int) -> tuple[Counter[str], int, set[str]]:
+    """What the second of two re-scores touched, with the same candidates each time."""
+    async with settled(tmp_path, catalog_size) as (coordinator, broker, catalog):
+        await coordinator._rescore(full=True)
+        return Counter(catalog.touches), broker.counted, set(coordinator._consumers)
 
 
 async def test_one_rescore_touches_as_much_at_10000_models_as_at_100(tmp_path: Path) -> None:
@@ -163,8 +179,48 @@ async def test_one_rescore_touches_as_much_at_10000_models_as_at_100(tmp_path: P
     assert touches["iter"] == 0  # never a walk of the catalog
     assert held == set(SERVED)  # it did serve them, and holds them warm
     candidates = len(SERVED) + len(ANNOUNCED) + 1  # + the pinned model (no queue yet)
-    assert counted == candidates  # one count per candidate at a full re-score
+    # One count per candidate whose queue exists: the broker said the others have none
+    # at the re-scores before, and nothing announced a task for them since.
+    assert counted == len(SERVED)
     assert touches["get"] + touches["contains"] <= 8 * candidates
+
+
+async def test_a_queue_found_missing_is_asked_for_again_once_a_task_is_announced(
+        tmp_path: Path) -> None:
+    """At thousands of models most resident ones have no queue; on RabbitMQ each ask of
+    one is a passive declare that the broker answers by closing a channel. Asked once;
+    again only after a demand event names the model (a task was published there)."""
+    async with settled(tmp_path, 100) as (coordinator, broker, _):
+        listening = asyncio.create_task(coordinator._listen_events())
+        try:
+            for _ in range(3):
+                await coordinator._rescore(full=True)
+                await coordinator._rescore(full=False)
+            assert set(broker.asked) == set(SERVED)  # never the pinned or announced ones
+            # ... though the pinned model is resident, a candidate at every re-score.
+            assert "pinned" in (coordinator._residency.models("device")
+                                | coordinator._residency.models("host"))
+
+            # A task published to the pinned model's queue, announced as a gateway does:
+            # at once and again each interval while its request waits.
+            inbox = await broker.open_inbox()
+            published = task("pinned", inbox.address)
+            await broker.publish_task(published)
+            deadline = time.monotonic() + 10
+            while broker.asked["pinned"] == 0:
+                assert time.monotonic() < deadline, "the announced queue was never counted"
+                await broker.publish_event({"kind": "demand", "model_id": "pinned",
+                                            "at": time.time()})
+                await asyncio.sleep(0.05)
+                await coordinator._rescore(full=False)
+            async for reply in inbox:  # and it is served, on its queue
+                assert (reply.request_id, reply.status) == (published.request_id, "ok")
+                break
+            await inbox.close()
+        finally:
+            listening.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await listening
 
 
 def test_the_pinned_set_follows_catalog_changes_and_operators_orders() -> None:

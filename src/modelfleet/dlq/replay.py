@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Literal
@@ -26,7 +27,7 @@ from modelfleet.broker.base import Broker, Inbox
 from modelfleet.dlq.archive import Archive
 from modelfleet.dlq.classify import FailureClass
 from modelfleet.dlq.records import DeadLetterRecord, Selection
-from modelfleet.errors import ConfigError
+from modelfleet.errors import BrokerUnavailable, ConfigError
 from modelfleet.messages import Task, now_ms
 from modelfleet.redaction import redact  # the gateway URL may carry an API key
 
@@ -140,6 +141,7 @@ async def replay(broker: Broker, archive: Archive, plan: ReplayPlan, *,
             task = replay_task(record, at_ms, inbox.address if inbox else record.task().reply_to,
                                timeout_ms)
             await broker.republish(task)
+            await _announce(broker, task)
             await asyncio.to_thread(archive.mark_replayed, record.request_id, at_ms)
             sent[record.request_id] = (record, at_ms)
             last_deadline_ms = max(last_deadline_ms, task.deadline_ms)
@@ -152,6 +154,16 @@ async def replay(broker: Broker, archive: Archive, plan: ReplayPlan, *,
     finally:
         if inbox is not None:
             await inbox.close()
+
+
+async def _announce(broker: Broker, task: Task) -> None:
+    """Tell the workers a task waits in its model's queue, as a gateway does for its
+    own: a worker that counted that queue missing asks for it again now
+    (worker/missing_queues.py), and one idle takes it without waiting for its next
+    full count. Without a count, so that workers count the queue exactly."""
+    with contextlib.suppress(BrokerUnavailable):
+        await broker.publish_event({"kind": "demand", "model_id": task.model_id,
+                                    "at": time.time()})
 
 
 async def _collect(inbox: Inbox, sent: dict[str, tuple[DeadLetterRecord, int]],

@@ -70,6 +70,7 @@ from modelfleet.worker.cold_lanes import ColdLanes
 from modelfleet.worker.consumer import Consumer, leave
 from modelfleet.worker.control import ControlAgent
 from modelfleet.worker.idle import IdleMeter
+from modelfleet.worker.missing_queues import MissingQueues
 from modelfleet.worker.pinning import PinKeeper
 from modelfleet.worker.placement import RuntimePlacement
 from modelfleet.worker.residency import Residency
@@ -84,6 +85,9 @@ RESIDENCY_MAX_AGE_S = 0.02
 # Every candidate is counted on the broker at least this often, announced or not (a
 # lost announcement costs at most this long); in between, announcements stand in.
 EXACT_EVERY_S = 10.0
+# A queue the broker said is missing is asked for again after this long even if no
+# demand event named it (worker/missing_queues.py); a demand event clears it at once.
+MISSING_RECHECK_S = 60.0
 
 
 def default_worker_id() -> str:
@@ -135,6 +139,7 @@ class Coordinator:
                                           3 * settings.worker.state_interval_s,
                                           self.worker_id)
         self._exact_at = -1e9  # the last periodic re-score that counted every candidate
+        self._missing = MissingQueues(MISSING_RECHECK_S, time.monotonic)
         self._estimated: set[str] = set()
         self._gauged: set[str] = set()  # models with a modelfleet_queue_backlog gauge
         # The last observation (now, candidates, device, host, pinned or loading here),
@@ -263,8 +268,10 @@ class Coordinator:
                         self._cancel(event.get("request_id"))
                         continue
                     model_id = event.get("model_id")
-                    if event.get("kind") != "demand" or not isinstance(model_id, str) \
-                            or model_id not in self._catalog:
+                    if event.get("kind") != "demand" or not isinstance(model_id, str):
+                        continue
+                    self._missing.appeared(model_id)  # a task may wait in its queue now
+                    if model_id not in self._catalog:
                         continue
                     self._note_demand(model_id)
                     self._demand_priority.note(model_id, event.get("priority"), self._clock())
@@ -280,6 +287,7 @@ class Coordinator:
                             self._wake()
             except BrokerUnavailable:
                 pass
+            self._missing.forget_all()  # demand said while we were away is lost
             await asyncio.sleep(self._settings.broker.reconnect_max_backoff_s / 5)
 
     def _note_demand(self, model_id: str) -> None:
@@ -365,11 +373,19 @@ class Coordinator:
         await self._act(decision, snapshot)
 
     async def _count_exactly(self, model_ids: set[str]) -> None:
-        exact = await self._broker.queue_stats(sorted(model_ids))
-        self._counted(exact)
-        for model_id in model_ids - exact.keys():
-            self._counts.pop(model_id, None)  # no such queue
+        await self._ask_broker(model_ids)
         self._estimated -= model_ids
+
+    async def _ask_broker(self, model_ids: set[str]) -> dict[str, QueueStats]:
+        """The broker's exact counts of these queues; those it has not are no candidates
+        (no count) and are not asked for again until announced (``MissingQueues``)."""
+        stats = await self._broker.queue_stats(sorted(model_ids))
+        self._counted(stats)
+        missing = model_ids - stats.keys()
+        for model_id in missing:
+            self._counts.pop(model_id, None)  # no such queue (any more)
+        self._missing.found_missing(missing)
+        return stats
 
     async def _observe(self, full: bool) -> Snapshot | None:
         """The snapshot ``decide`` needs: the candidate queues' counts and this worker.
@@ -416,8 +432,11 @@ class Coordinator:
         self._dirty.clear()
         if not exact:
             ask -= self._estimate(ask, now, here)
+        # Not a queue the broker said is missing, until a demand event names it: at
+        # thousands of models most resident ones have none (README "The broker at scale").
+        ask = self._missing.to_ask(ask)
         if ask:
-            self._counted(await self._broker.queue_stats(sorted(ask)))
+            await self._ask_broker(ask)
             self._estimated -= ask
         self._observed = (now, wanted, device, host, pinned | loading)
         return self._snapshot()
@@ -560,7 +579,7 @@ class Coordinator:
         expensive enough to be worth one more exact count first.
         """
         model_id = action.model_id
-        stats = (await self._broker.queue_stats([model_id])).get(model_id)
+        stats = (await self._ask_broker({model_id})).get(model_id)
         if model_id in self._estimated:  # taken on announced counts: nothing may wait now
             self._estimated.discard(model_id)
             if stats is not None:
