@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import subprocess
 from typing import Any
 
 import aio_pika
@@ -18,8 +19,9 @@ from modelfleet.errors import BrokerError, BrokerUnavailable
 from modelfleet.messages import EncodedReply, Reply
 from modelfleet.settings import BrokerSettings
 from tests.conftest import rabbitmq_url
-from tests.contract.brokers import Collector, TcpProxy, eventually, make_task
+from tests.contract.brokers import Collector, TcpProxy, make_task
 from tests.contract.conftest import BrokerFactory
+from tests.waiting import eventually
 
 amqp_only = [pytest.mark.rabbitmq, pytest.mark.parametrize("broker_kind", ["amqp"])]
 
@@ -274,6 +276,59 @@ async def test_asking_about_missing_queues_leaks_no_channel(make_broker: BrokerF
 
 def open_channels(broker: AmqpBroker) -> int:
     # Internals on purpose: the leak would be invisible through the public API.
-    connection = broker._connection
-    assert connection is not None and connection.transport is not None
-    return len(connection.transport.connection.channels)
+    total = 0
+    for connection in (broker._connection, broker._counting):
+        assert connection is not None and connection.transport is not None
+        total += len(connection.transport.connection.channels)
+    return total
+
+
+def close_connection_named(name: str) -> None:
+    """What an operator (or RabbitMQ itself, on a protocol error) does: close one client
+    connection on the server, by its ``connection_name``."""
+    listing = subprocess.run(["rabbitmqctl", "-q", "list_connections", "pid",
+                              "client_properties"], capture_output=True, text=True,
+                             timeout=60, check=True).stdout
+    pids = [line.split("\t")[0] for line in listing.splitlines()
+            if f'"connection_name","{name}"' in line]
+    assert len(pids) == 1, (name, len(pids))
+    subprocess.run(["rabbitmqctl", "-q", "close_connection", pids[0], "closed by the test"],
+                   capture_output=True, timeout=60, check=True)
+
+
+@pytest.mark.rabbitmq
+@pytest.mark.parametrize("broker_kind", ["amqp"])
+async def test_losing_the_counting_connection_costs_counts_only(
+        make_broker: BrokerFactory, prefix: str) -> None:
+    """Counting (passive declares, which RabbitMQ answers for a missing queue by closing
+    the channel) has a connection of its own: when RabbitMQ closes it (round 6: a channel
+    number reused while a 404's close was in flight), consumers and publishes carry on
+    without a reconnect, counts fail fast meanwhile, and counting comes back by itself."""
+    broker = await make_broker()
+    assert isinstance(broker, AmqpBroker)
+    sub = await broker.subscribe("m1", prefetch=1)
+    deliveries: Collector[Delivery] = Collector(sub)
+    assert await broker.queue_stats(["m2"]) == {}  # a 404: closes a counting channel only
+
+    await asyncio.to_thread(close_connection_named, f"modelfleet-test {prefix} counts")
+    first = make_task("m1")
+    await broker.publish_task(first)
+    got = await deliveries.next()
+    assert got.task == first
+    await got.ack()
+    assert broker.connected  # the work's connection never dropped
+
+    async def counting_again() -> bool:
+        try:
+            return (await broker.queue_stats(["m1"]))["m1"].consumers == 1
+        except BrokerUnavailable:  # at once, while the counting connection reconnects
+            return False
+
+    await eventually(counting_again, 20, what="counting back")
+    second = make_task("m1")
+    await broker.publish_task(second)
+    got = await deliveries.next()
+    assert got.task == second
+    await got.ack()
+    await sub.cancel()
+    await deliveries.stop()

@@ -267,3 +267,54 @@ async def test_the_summary_carries_one_workers_series_only_when_asked() -> None:
         assert one["totals"] == whole["totals"]
     finally:
         await broker.close()
+
+
+class AskedBroker(MemoryBroker):
+    """The embedded broker, recording the queues each count asks for."""
+
+    def __init__(self) -> None:
+        super().__init__(BrokerSettings())
+        self.asked: list[set[str]] = []
+
+    async def queue_stats(self, model_ids: list[str]) -> dict[str, QueueStats]:
+        self.asked.append(set(model_ids))
+        return await super().queue_stats(model_ids)
+
+
+async def test_a_resident_models_missing_queue_is_not_counted_again_until_announced() -> None:
+    """At thousands of models most resident ones have no queue, and every scrape counted
+    them all (on RabbitMQ, a passive declare that closes its channel each)."""
+    broker = AskedBroker()
+    await broker.connect()
+    try:
+        clock = [0.0]
+        fleet = FleetView(stale_after_s=1e9)
+        fleet.observe(state("w1", {"disk": 3}, ["cold-1", "cold-2", "held"],
+                            subscriptions=["held"]))
+        await broker.publish_task(make_task("held"))
+        summary = FleetSummary(Settings(), broker, fleet, ParkedRequests(),
+                               clock=lambda: clock[0])
+        await summary.get()
+        assert {"cold-1", "cold-2", "held"} <= broker.asked[-1]
+
+        clock[0] += 2
+        again = await summary.get()
+        assert "held" in broker.asked[-1]  # consumed: counted at every build
+        assert not {"cold-1", "cold-2"} & broker.asked[-1]
+        rows = {q["model"]: q["backlog"] for q in again["queues"]}
+        assert rows == {"cold-1": None, "cold-2": None, "held": 1}  # still listed
+
+        # A task for cold-1, announced as every publish is: counted at the next build.
+        await broker.publish_task(make_task("cold-1"))
+        fleet.observe({"kind": "demand", "model_id": "cold-1"})
+        clock[0] += 2
+        announced = await summary.get()
+        assert "cold-1" in broker.asked[-1] and "cold-2" not in broker.asked[-1]
+        assert {q["model"]: q["backlog"] for q in announced["queues"]}["cold-1"] == 1
+        assert announced["totals"]["backlog"] == 2
+
+        clock[0] += 60  # past the recheck: asked once more, in case a word was lost
+        await summary.get()
+        assert "cold-2" in broker.asked[-1]
+    finally:
+        await broker.close()

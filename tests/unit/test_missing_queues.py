@@ -3,7 +3,7 @@ demand event names its model, its recheck time passed, or the events stream brok
 
 from __future__ import annotations
 
-from modelfleet.worker.missing_queues import MissingQueues
+from modelfleet.broker.missing_queues import MissingQueues
 
 
 class Clock:

@@ -159,7 +159,7 @@ async def replay(broker: Broker, archive: Archive, plan: ReplayPlan, *,
 async def _announce(broker: Broker, task: Task) -> None:
     """Tell the workers a task waits in its model's queue, as a gateway does for its
     own: a worker that counted that queue missing asks for it again now
-    (worker/missing_queues.py), and one idle takes it without waiting for its next
+    (broker/missing_queues.py), and one idle takes it without waiting for its next
     full count. Without a count, so that workers count the queue exactly."""
     with contextlib.suppress(BrokerUnavailable):
         await broker.publish_event({"kind": "demand", "model_id": task.model_id,

@@ -4,7 +4,9 @@ Built from what the gateway already has, never by calling a worker: the workers'
 published ``worker_state`` events (``FleetView``), the broker's exact counts for the
 queues with demand (any gateway's announcements, workers' subscriptions and resident
 models, this gateway's parked requests) and for the cold lanes, and this gateway's
-parked requests' ages.
+parked requests' ages. A resident model whose queue the broker said is missing is not
+counted again while nothing announces a task for it (``broker/missing_queues.py``):
+at thousands of models most resident ones have none, and each scrape asked for them all.
 Every gateway computes the same fleet-wide figures (aggregate them with ``max``).
 
 Bounded at any catalog size: ``queues`` holds the ``gateway.fleet_summary_models``
@@ -28,6 +30,7 @@ from typing import Any
 
 from modelfleet import metrics
 from modelfleet.broker.base import COLD_LANE, Broker, cold_lane
+from modelfleet.broker.missing_queues import MissingQueues
 from modelfleet.errors import BrokerError
 from modelfleet.gateway.fleet import FleetView
 from modelfleet.gateway.parking import ParkedRequests
@@ -39,6 +42,9 @@ MIN_REFRESH_S = 1.0  # scrapes and page polls share one count of the queues per 
 # thousands of models in demand a count takes a second or more, so the next one waits
 # at least this many times as long as the last took (counting takes <= 1/5 of the time).
 REFRESH_COST_FACTOR = 5.0
+# A resident model's queue found missing is counted again after this long even if no
+# demand names it (a demand event, a subscription or a parked request: at once).
+MISSING_RECHECK_S = 60.0
 
 
 def desired_workers(in_use: int, backlog: int, permits_per_worker: float,
@@ -58,6 +64,7 @@ class FleetSummary:
         self._parked = parked
         self._clock = clock
         self._lock = asyncio.Lock()
+        self._missing = MissingQueues(MISSING_RECHECK_S, clock)
         self._built_at = -math.inf
         self._min_interval_s = MIN_REFRESH_S
         self._last: dict[str, Any] = {}
@@ -87,17 +94,23 @@ class FleetSummary:
         workers = sorted(self._fleet.workers(), key=lambda w: str(w.get("worker_id")))
         self._fleet.sample_load_rates()
         oldest = self._parked.oldest_waiting_s()
-        models = set(self._fleet.in_demand()) | set(oldest)
+        # Queues with work or a consumer are counted at every build; those of models only
+        # resident somewhere, unless the broker said lately that they have none.
+        wanted = set(self._fleet.in_demand()) | set(oldest)
+        resident_models: set[str] = set()
         for state in workers:
             resident = state.get("resident") or {}
-            models |= {*state.get("subscriptions", []), *resident.get("device", []),
-                       *resident.get("host", [])}
+            wanted.update(state.get("subscriptions", []))
+            resident_models.update(resident.get("device", []), resident.get("host", []))
+        models = wanted | resident_models
+        ask = wanted | self._missing.to_ask(resident_models - wanted)
         # The cold lanes hold work too (a model no worker pulls): counted with the rest.
         lanes = [cold_lane(p) for p in
                  sorted({0, *self._settings.scheduling.plan_priority.values()})]
         broker_error = ""
         try:
-            counts = await self._broker.queue_stats([*sorted(models), *lanes])
+            counts = await self._broker.queue_stats([*sorted(ask), *lanes])
+            self._missing.found_missing(ask - counts.keys())
         except BrokerError as exc:  # the page still shows the workers
             counts, broker_error = {}, str(exc)
         in_lanes = sum(counts.pop(lane).backlog for lane in lanes if lane in counts)

@@ -48,6 +48,7 @@ from typing import Any
 
 from modelfleet import metrics
 from modelfleet.broker import Broker, Delivery, QueueStats, Subscription
+from modelfleet.broker.missing_queues import MissingQueues
 from modelfleet.errors import BrokerUnavailable
 from modelfleet.repository import Catalog
 from modelfleet.scheduling import (
@@ -70,7 +71,6 @@ from modelfleet.worker.cold_lanes import ColdLanes
 from modelfleet.worker.consumer import Consumer, leave
 from modelfleet.worker.control import ControlAgent
 from modelfleet.worker.idle import IdleMeter
-from modelfleet.worker.missing_queues import MissingQueues
 from modelfleet.worker.pinning import PinKeeper
 from modelfleet.worker.placement import RuntimePlacement
 from modelfleet.worker.residency import Residency
@@ -86,7 +86,7 @@ RESIDENCY_MAX_AGE_S = 0.02
 # lost announcement costs at most this long); in between, announcements stand in.
 EXACT_EVERY_S = 10.0
 # A queue the broker said is missing is asked for again after this long even if no
-# demand event named it (worker/missing_queues.py); a demand event clears it at once.
+# demand event named it (broker/missing_queues.py); a demand event clears it at once.
 MISSING_RECHECK_S = 60.0
 
 

@@ -21,19 +21,27 @@ itself instead of inflating the backlog that workers score. Quorum queues honour
 per-message TTL from RabbitMQ 3.10 (checked at the head of the queue, also with no
 consumer); what expires is dead-lettered like the rest, with reason ``expired``.
 
-Connections: one robust connection per broker. The *first* connect fails loudly
-(``BrokerUnavailable``, one line: URL without password, cause); later drops are
-repaired in the background by aio-pika, which reopens every channel, re-declares
-what was declared robustly and re-consumes, so subscriptions, inboxes and event
-iterators resume by themselves. While disconnected, every call raises
+Connections: two robust connections per broker, one for the work (publishes,
+declares, consumers) and one for counting (``queue_stats``' passive declares). The
+*first* connect fails loudly (``BrokerUnavailable``, one line: URL without password,
+cause); later drops are repaired in the background by aio-pika, which reopens every
+channel, re-declares what was declared robustly and re-consumes, so subscriptions,
+inboxes and event iterators resume by themselves. While disconnected, every call raises
 ``BrokerUnavailable`` at once instead of waiting; every RPC has a deadline
 (``declare_timeout_s``, also used for publish confirms).
 
+Why counting has a connection of its own: RabbitMQ answers a passive declare of a
+missing queue by closing its channel, and aiormq frees that channel's number when the
+close arrives, before its Close-Ok is written (and drops the Close-Ok when its write
+buffer is full). A channel opened on the same connection in that moment takes the same
+number, and RabbitMQ closes the whole connection ("second 'channel.open' seen"). On one
+connection that took every consumer and publish with it (round 6's 5,000-model run: two
+reconnects a minute, one 504); on the counting connection it costs one count.
+
 Channels: one for publishing (confirms, mandatory, returns raise), one for model
-queue declares and lease renewals and a few for passive declares (``queue_stats``,
-``rabbitmq.stats``), because RabbitMQ answers some of those by closing the channel;
-one per subscription, inbox and event iterator, because prefetch and consumer recovery
-are per channel.
+queue declares and lease renewals, one per subscription, inbox and event iterator
+(prefetch and consumer recovery are per channel); on the counting connection a few for
+passive declares (``rabbitmq.stats``), each reopened after a 404 closed it.
 """
 
 from __future__ import annotations
@@ -135,6 +143,8 @@ class AmqpBroker:
         # come back (RabbitMQ 3.x counts them; consumers.ReturnedUnstarted).
         self._returned = ReturnedUnstarted()
         self._connection: AbstractRobustConnection | None = None
+        self._counting: AbstractRobustConnection | None = None  # queue_stats' own
+        self._counting_up = False
         self._publisher: AbstractRobustChannel | None = None
         self._events_exchange: AbstractExchange | None = None
         self._stats: ChannelPool | None = None
@@ -154,10 +164,45 @@ class AmqpBroker:
             raise BrokerUnavailable("connect: this broker was closed; make a new one")
         if self._connection is not None:
             return
+        connection = await self._open_connection(self._connection_name)
+        try:
+            counting = await self._open_connection(f"{self._connection_name} counts".strip())
+        except BaseException:
+            await connection.close()
+            raise
+        try:
+            async with rpc(f"declare topology on {self._url}", self._timeout_s):
+                self._publisher = connection.channel(publisher_confirms=True,
+                                                     on_return_raises=True)
+                await self._publisher.initialize()
+                # Declared robustly on the publishing channel: re-declared on every reconnect,
+                # before any consumer channel could need them.
+                await self._publisher.declare_queue(self._dead_letter_queue, durable=True,
+                                                    arguments=dead_letter_queue_arguments())
+                self._events_exchange = await self._publisher.declare_exchange(
+                    self._events_exchange_name, ExchangeType.FANOUT, durable=True)
+        except BaseException:
+            await connection.close()
+            await counting.close()
+            raise
+        self._keeper.attach(connection)
+        self._stats = ChannelPool(counting, STATS_CHANNELS)
+        self._watch.export()
+        connection.close_callbacks.add(self._on_connection_lost)
+        connection.reconnect_callbacks.add(self._on_reconnected)
+        counting.close_callbacks.add(self._on_counting_lost)
+        counting.reconnect_callbacks.add(self._on_counting_back)
+        self._connection = connection
+        self._counting = counting
+        self._connected = True
+        self._counting_up = True
+
+    async def _open_connection(self, name: str) -> AbstractRobustConnection:
+        """A robust connection, connected; BrokerUnavailable (one line) if it cannot be."""
         settings = self._settings
         connection = RobustConnection(
             URL(settings.url),
-            client_properties={"connection_name": self._connection_name},
+            client_properties={"connection_name": name},
             # aio-pika retries at a fixed interval (first retry at once): the max backoff.
             reconnect_interval=settings.reconnect_max_backoff_s,
         )
@@ -173,27 +218,18 @@ class AmqpBroker:
             if password:
                 cause = cause.replace(password, "***")
             raise BrokerUnavailable(f"cannot connect to RabbitMQ at {self._url}: {cause}") from exc
-        try:
-            async with rpc(f"declare topology on {self._url}", self._timeout_s):
-                self._publisher = connection.channel(publisher_confirms=True,
-                                                     on_return_raises=True)
-                await self._publisher.initialize()
-                # Declared robustly on the publishing channel: re-declared on every reconnect,
-                # before any consumer channel could need them.
-                await self._publisher.declare_queue(self._dead_letter_queue, durable=True,
-                                                    arguments=dead_letter_queue_arguments())
-                self._events_exchange = await self._publisher.declare_exchange(
-                    self._events_exchange_name, ExchangeType.FANOUT, durable=True)
-        except BaseException:
-            await connection.close()
-            raise
-        self._keeper.attach(connection)
-        self._stats = ChannelPool(connection, STATS_CHANNELS)
-        self._watch.export()
-        connection.close_callbacks.add(self._on_connection_lost)
-        connection.reconnect_callbacks.add(self._on_reconnected)
-        self._connection = connection
-        self._connected = True
+        return connection
+
+    def _on_counting_lost(self, _sender: object, exc: BaseException | None = None) -> None:
+        if self._closed or not self._counting_up:
+            return
+        self._counting_up = False
+        log.warning("lost the counting connection to RabbitMQ at %s (%r); counts fail "
+                    "until it is back, nothing else is touched", self._url, exc)
+
+    def _on_counting_back(self, _sender: object) -> None:
+        self._counting_up = True
+        log.info("the counting connection to RabbitMQ at %s is back", self._url)
 
     def _on_connection_lost(self, _sender: object, exc: BaseException | None = None) -> None:
         # Also called for every failed reconnect attempt: log the transition only.
@@ -224,10 +260,11 @@ class AmqpBroker:
         # 2. End subscription, inbox and event iterators so consumer loops return.
         for consumer in list(self._consumers):
             consumer.stop()
-        # 3. Close the connection with all its channels.
-        if self._connection is not None:
-            with contextlib.suppress(Exception):
-                await self._connection.close()
+        # 3. Close the connections with all their channels.
+        for connection in (self._connection, self._counting):
+            if connection is not None:
+                with contextlib.suppress(Exception):
+                    await connection.close()
 
     def _require(self, what: str) -> AbstractRobustConnection:
         """The connection, or BrokerUnavailable at once (never wait on an outage)."""
@@ -239,6 +276,15 @@ class AmqpBroker:
             raise BrokerUnavailable(f"{what}: RabbitMQ at {self._url} is unreachable; "
                                     "reconnecting in the background")
         return self._connection
+
+    def _require_counting(self, what: str) -> None:
+        """Both connections up, or BrokerUnavailable at once: a count through a broker
+        that cannot take work would mislead, and one whose counting connection is down
+        cannot count."""
+        self._require(what)
+        if not self._counting_up:
+            raise BrokerUnavailable(f"{what}: the counting connection to RabbitMQ at "
+                                    f"{self._url} is down; reconnecting in the background")
 
     def _track(self, consumer: _Stoppable) -> None:
         self._consumers.add(consumer)
@@ -433,10 +479,10 @@ class AmqpBroker:
         RPC per channel at a time, and a 404 closes the channel it happened on, so one
         channel cannot pipeline them): a count of n queues takes about n / 8 round trips.
         """
-        self._require("queue_stats")
+        self._require_counting("queue_stats")
         assert self._stats is not None
         found = await passive_declare_all(
-            self._stats, [self._queue_name(m) for m in model_ids], self._require,
+            self._stats, [self._queue_name(m) for m in model_ids], self._require_counting,
             self._timeout_s)
         stats: dict[str, QueueStats] = {}
         for model_id in model_ids:

@@ -1,13 +1,15 @@
-"""Model queues a worker found missing, so that it does not ask the broker for them again
-until the fleet says something may wait there.
+"""Model queues found missing, so that nobody asks the broker for them again until the
+fleet says something may wait there.
 
-At a catalog of thousands most models a worker holds resident have no queue: their
+At a catalog of thousands most models resident on some worker have no queue: their
 requests came by the cold lane, and an idle queue expires (``broker.queue_idle_expiry_s``).
-Each full re-score counts the queue of every resident model, and each woken one every
-candidate never counted. On RabbitMQ a count is a passive declare, and a passive declare of
-a missing queue is answered by closing the channel it was sent on: hundreds of closes a
-second, one of which raced aiormq's reopen of the same channel number and cost the
-worker its connection (README "5,000 models", round 6's 504).
+Yet two loops count the queues of resident models: a worker's re-score (each full one,
+every resident model's; each woken one, every candidate never counted) and a gateway's
+fleet summary (every ``/metrics`` scrape and dashboard poll, every model resident
+anywhere). On RabbitMQ a count is a passive declare, and a passive declare of a missing
+queue is answered by closing the channel it was sent on: thousands of closes a minute,
+some of which raced aiormq's reopen of the same channel number, and RabbitMQ then
+closed the whole connection (README "5,000 models", round 6's 504).
 
 A queue comes to exist only when a task is published to it, and every such publish is
 announced (``{"kind": "demand"}``): a gateway's at once and again every
