@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar
 
 import aio_pika
@@ -77,16 +76,6 @@ class Collector(Generic[T]):
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await self._task
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], timeout_s: float = 10,
-                     every_s: float = 0.1) -> None:
-    """Await until ``check`` holds; for states a broker reaches without telling anyone
-    (a queue expiring on the server's own timer)."""
-    async with asyncio.timeout(timeout_s):
-        # Polling on purpose: nothing tells us when RabbitMQ's own timers fire.
-        while not await check():  # noqa: ASYNC110
-            await asyncio.sleep(every_s)
 
 
 class TcpProxy:

@@ -11,8 +11,9 @@ from modelfleet.broker import Delivery
 from modelfleet.broker.rabbitmq.broker import AmqpBroker
 from modelfleet.broker.rabbitmq.listeners import EventListener
 from modelfleet.messages import now_ms
-from tests.contract.brokers import Collector, eventually, make_task
+from tests.contract.brokers import Collector, make_task
 from tests.contract.conftest import BrokerFactory
+from tests.waiting import eventually
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.parametrize("broker_kind", ["amqp"])]
 

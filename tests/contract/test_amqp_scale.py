@@ -17,6 +17,7 @@ from modelfleet.devtools.rabbit_node import RabbitNode
 from modelfleet.settings import BrokerSettings
 from tests.contract.brokers import Collector, make_task
 from tests.private_rabbit import SHARED_PORT
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.rabbitmq
 
@@ -28,14 +29,6 @@ EXPIRY_S = 45.0
 
 def gauge() -> float | None:
     return REGISTRY.get_sample_value("modelfleet_broker_live_queues")
-
-
-async def wait_until(check: object, timeout_s: float) -> None:
-    assert callable(check)
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.5)
 
 
 async def test_thousands_of_queues_follow_demand_on_a_private_node(
@@ -75,9 +68,9 @@ async def test_thousands_of_queues_follow_demand_on_a_private_node(
         assert set(stats) == set(models[:300])
 
         # Nobody uses them: the process's count and the node both let them go.
-        await wait_until(lambda: broker.live_queues() == 0, timeout_s=EXPIRY_S + 5)
+        await eventually(lambda: broker.live_queues() == 0, timeout_s=EXPIRY_S + 5)
         assert gauge() == 0
-        await wait_until(lambda: private_rabbit.queue_count() == 1, timeout_s=30)
+        await eventually(lambda: private_rabbit.queue_count() == 1, timeout_s=30)
 
         # A task for a model whose queue expired is not lost: the queue comes back with it.
         task = make_task(models[7], deadline_s=30)

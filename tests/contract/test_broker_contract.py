@@ -15,8 +15,9 @@ import pytest
 from modelfleet.broker import Broker, Delivery, QueueStats, cold_lane
 from modelfleet.errors import BrokerUnavailable
 from modelfleet.messages import EncodedReply, Reply
-from tests.contract.brokers import Collector, eventually, make_task
+from tests.contract.brokers import Collector, make_task
 from tests.contract.conftest import BrokerFactory
+from tests.waiting import eventually
 
 
 async def backlog(broker: Broker, model_id: str) -> int:

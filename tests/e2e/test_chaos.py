@@ -22,6 +22,7 @@ import pytest
 
 from tests.conftest import rabbitmq_url, require_rabbitmq
 from tests.procs import ROOT, metric_sum, serve
+from tests.waiting import eventually_blocking
 
 IRIS = {"features": [5.1, 3.5, 1.4, 0.2]}
 
@@ -37,15 +38,6 @@ def broker(request: pytest.FixtureRequest) -> Iterator[tuple[str, dict[str, str]
     yield rabbitmq_url(), {"MODELFLEET_BROKER__QUEUE_PREFIX": f"{tag}.",
                            "MODELFLEET_BROKER__EVENTS_EXCHANGE": f"{tag}.events",
                            "MODELFLEET_BROKER__DEAD_LETTER_QUEUE": f"{tag}.dead-letters"}
-
-
-def wait_for(check: object, timeout_s: float = 30) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():  # type: ignore[operator]
-            return
-        time.sleep(0.1)
-    raise AssertionError("condition not reached")
 
 
 def test_runtime_killed_mid_request_is_handed_back_and_answered(
@@ -98,10 +90,10 @@ def test_hung_load_gets_504_then_the_runtime_is_replaced(
         assert hung.json()["error"]["code"] == "deadline_exceeded"
         # /livez stays healthy while the load hangs: liveness is not the load's business.
         assert httpx.get(f"{base}/livez").status_code == 200
-        wait_for(lambda: metric_sum(base, "modelfleet_runtime_restarts_total",
+        eventually_blocking(lambda: metric_sum(base, "modelfleet_runtime_restarts_total",
                                     reason="load_hung") >= 1)
         # The task came back after the restart with its deadline gone: dropped unrun.
-        wait_for(lambda: metric_sum(base, "modelfleet_worker_expired_tasks_total",
+        eventually_blocking(lambda: metric_sum(base, "modelfleet_worker_expired_tasks_total",
                                     model="slowload") >= 1)
         ok = httpx.post(f"{base}/v1/models/iris/infer", json=IRIS, timeout=30)
         assert ok.status_code == 200
@@ -138,7 +130,7 @@ def test_poison_pill_is_dead_lettered_and_others_keep_serving(
         assert metric_sum(base, "modelfleet_worker_dead_lettered_total", model="crasher") == 1
         # (The supervisor counts a restart when it has reaped the process, which can come a
         # moment after the coordinator saw the connection drop and answered the caller.)
-        wait_for(lambda: metric_sum(base, "modelfleet_runtime_restarts_total") >= 2)
+        eventually_blocking(lambda: metric_sum(base, "modelfleet_runtime_restarts_total") >= 2)
         time.sleep(1)
         assert metric_sum(base, "modelfleet_runtime_restarts_total") == 2
         # Every request for another model was answered (some waited out a restart).

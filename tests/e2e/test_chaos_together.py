@@ -16,8 +16,9 @@ from pathlib import Path
 
 import httpx
 
-from tests.e2e.test_chaos import IRIS, broker, dlq, wait_for  # noqa: F401  (fixture)
+from tests.e2e.test_chaos import IRIS, broker, dlq  # noqa: F401  (fixture)
 from tests.procs import metric_sum, serve
+from tests.waiting import eventually_blocking
 
 PILLS = 3
 
@@ -69,7 +70,7 @@ def test_three_poison_pills_at_once_cost_three_requests(
         assert metric_sum(base, "modelfleet_worker_dead_lettered_total", model="iris") == 0
         # The first crash, shared by all three (and their neighbours), counted for none
         # of them; each then crashed the quarantine runtime alone, once.
-        wait_for(lambda: metric_sum(base, "modelfleet_runtime_restarts_total")
+        eventually_blocking(lambda: metric_sum(base, "modelfleet_runtime_restarts_total")
                  >= 1 + PILLS)
     finally:
         proc.stop()

@@ -13,7 +13,7 @@ import textwrap
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ import pytest
 
 from tests.conftest import rabbitmq_url, require_rabbitmq
 from tests.procs import ROOT, Proc, gateway, metric_sum, serve, worker
+from tests.waiting import eventually_blocking
 
 MiB = 1024 * 1024
 FAST = {"MODELFLEET_WORKER__STATE_INTERVAL_S": "0.3",
@@ -74,16 +75,6 @@ def add_version(root: Path, name: str, version: str, load_s: float = 1.0,
                                                        name=name, version=version))
     folder.parent.mkdir(parents=True, exist_ok=True)
     staging.rename(folder)  # whole at once: a refresh never sees half a package
-
-
-def wait_for(check: Callable[[], Any], timeout_s: float = 60, what: str = "") -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what or check}")
 
 
 def infer(base: str, model: str, timeout_s: float = 30) -> httpx.Response:
@@ -170,7 +161,8 @@ def test_load_answers_once_warm_and_the_next_request_is_warm(versioned: Path,
 
 def test_load_errors_say_why(versioned: Path, repo: Path, served: str) -> None:
     add_version(repo, "bad", "1", fail=True)
-    wait_for(lambda: httpx.get(f"{served}/v1/models/bad").status_code == 200, what="refresh")
+    eventually_blocking(lambda: httpx.get(f"{served}/v1/models/bad").status_code == 200,
+                        what="refresh")
     r = control(served, "bad", "load")
     assert r.status_code == 500 and "version 1 of bad is broken" in r.json()["error"]
     assert control(served, "nope", "load").status_code == 404
@@ -195,14 +187,14 @@ def test_load_errors_say_why(versioned: Path, repo: Path, served: str) -> None:
 
 def test_unload_refuses_until_load_restores(versioned: Path, served: str) -> None:
     assert infer(served, "m").status_code == 200
-    wait_for(lambda: workers_holding(served, "m"), what="m resident")
+    eventually_blocking(lambda: workers_holding(served, "m"), what="m resident")
     r = control(served, "m", "unload")
     assert r.status_code == 200, r.text
     refused = infer(served, "m")
     assert refused.status_code == 503
     assert refused.json()["error"]["code"] == "model_unavailable"
     assert "unloaded" in refused.json()["error"]["message"]
-    wait_for(lambda: not workers_holding(served, "m"), what="m dropped")
+    eventually_blocking(lambda: not workers_holding(served, "m"), what="m dropped")
     index = httpx.post(f"{served}/v2/repository/index", json={"ready": True}).json()
     assert index == []
     assert control(served, "m", "load").status_code == 200
@@ -216,7 +208,8 @@ def test_unload_refuses_until_load_restores(versioned: Path, served: str) -> Non
 def test_a_pin_survives_memory_pressure_and_unpin_lets_it_go(repo: Path, served: str) -> None:
     for name in ("p", "a", "b", "c"):
         add_version(repo, name, "1", load_s=0.2, size=40 * MiB)  # two fit the budget
-    wait_for(lambda: httpx.get(f"{served}/v1/models/c").status_code == 200, what="refresh")
+    eventually_blocking(lambda: httpx.get(f"{served}/v1/models/c").status_code == 200,
+                        what="refresh")
     r = control(served, "p", "pin")
     assert r.status_code == 200, r.text
     for _ in range(2):
@@ -231,23 +224,23 @@ def test_a_pin_survives_memory_pressure_and_unpin_lets_it_go(repo: Path, served:
             assert infer(served, name).status_code == 200
         return not workers_holding(served, "p")
 
-    wait_for(pressed_out, what="p evicted once unpinned")
+    eventually_blocking(pressed_out, what="p evicted once unpinned")
 
 
 def test_a_new_version_rolls_in_without_a_cold_request(versioned: Path, repo: Path,
                                                        served: str) -> None:
     assert infer(served, "m").json()["version"] == "1"
     with Traffic(served, "m") as traffic:
-        wait_for(lambda: len(traffic.answers) >= 5, what="traffic")
+        eventually_blocking(lambda: len(traffic.answers) >= 5, what="traffic")
         add_version(repo, "m", "2", load_s=2.0)
-        wait_for(lambda: traffic.versions()[-5:] == ["2"] * 5, what="only version 2")
+        eventually_blocking(lambda: traffic.versions()[-5:] == ["2"] * 5, what="only version 2")
     assert all(status == 200 for status, _, _ in traffic.answers), traffic.answers
     assert [cold for _, cold, _ in traffic.answers] == ["0"] * len(traffic.answers)
     versions = traffic.versions()
     switch = versions.index("2")
     assert set(versions[:switch]) == {"1"} and set(versions[switch:]) == {"2"}
     assert metric_sum(served, "modelfleet_worker_version_changes_total", action="warm") == 1
-    wait_for(lambda: metric_sum(served, "modelfleet_worker_version_changes_total",
+    eventually_blocking(lambda: metric_sum(served, "modelfleet_worker_version_changes_total",
                                 action="release") == 1, what="version 1 released")
 
 
@@ -260,14 +253,15 @@ def test_a_pinned_model_rolls_to_its_new_version_and_the_old_pin_goes(repo: Path
                                            timeout=10).json() if r["name"] == "p"),
                     {"pinned_on": {}, "versions_on": {}})
 
-    wait_for(lambda: list(row()["pinned_on"].values()) == [["1"]], what="p@1 pinned, unasked")
+    eventually_blocking(lambda: list(row()["pinned_on"].values()) == [["1"]],
+                        what="p@1 pinned, unasked")
     with Traffic(served, "p") as traffic:
-        wait_for(lambda: len(traffic.answers) >= 5, what="traffic")
+        eventually_blocking(lambda: len(traffic.answers) >= 5, what="traffic")
         add_version(repo, "p", "2", load_s=2.0, pinned=True)
-        wait_for(lambda: traffic.versions()[-5:] == ["2"] * 5, what="only version 2")
+        eventually_blocking(lambda: traffic.versions()[-5:] == ["2"] * 5, what="only version 2")
     assert [cold for _, cold, _ in traffic.answers] == ["0"] * len(traffic.answers)
     # One pin, on the version the route serves: not ['1', '2'] for good (the leak).
-    wait_for(lambda: list(row()["pinned_on"].values()) == [["2"]]
+    eventually_blocking(lambda: list(row()["pinned_on"].values()) == [["2"]]
              and list(row()["versions_on"].values()) == [["2"]], what="p@1 released")
 
 
@@ -275,14 +269,15 @@ def test_a_load_naming_a_version_rolls_it_in_without_a_cold_request(repo: Path,
                                                                     served: str) -> None:
     add_version(repo, "v", "1")
     add_version(repo, "v", "2", load_s=2.0)
-    wait_for(lambda: httpx.get(f"{served}/v1/models/v").status_code == 200, what="refresh")
+    eventually_blocking(lambda: httpx.get(f"{served}/v1/models/v").status_code == 200,
+                        what="refresh")
     first = control(served, "v", "load", version="1")  # the route held on version 1
     assert first.status_code == 200 and first.json()["version"] == "1", first.text
     with Traffic(served, "v") as traffic:
-        wait_for(lambda: len(traffic.answers) >= 5, what="traffic")
+        eventually_blocking(lambda: len(traffic.answers) >= 5, what="traffic")
         second = control(served, "v", "load", version="2")
         assert second.status_code == 200 and second.json()["version"] == "2", second.text
-        wait_for(lambda: traffic.versions()[-5:] == ["2"] * 5, what="only version 2")
+        eventually_blocking(lambda: traffic.versions()[-5:] == ["2"] * 5, what="only version 2")
     assert all(status == 200 for status, _, _ in traffic.answers), traffic.answers
     assert [cold for _, cold, _ in traffic.answers] == ["0"] * len(traffic.answers)
     index = httpx.post(f"{served}/v2/repository/index", timeout=10).json()
@@ -293,7 +288,7 @@ def test_a_version_that_fails_to_load_never_takes_the_route(versioned: Path, rep
                                                             served: str) -> None:
     assert infer(served, "m").json()["version"] == "1"
     add_version(repo, "m", "2", load_s=0.2, fail=True)
-    wait_for(lambda: "2" in httpx.get(f"{served}/v1/models/m").json()["versions"],
+    eventually_blocking(lambda: "2" in httpx.get(f"{served}/v1/models/m").json()["versions"],
              what="refresh")
     time.sleep(2)  # the workers try version 2 meanwhile, and fail
     for _ in range(5):
@@ -348,7 +343,8 @@ def test_control_across_two_gateways_and_two_workers(tmp_path: Path, versioned: 
         procs.append(proc)
         bases.append(base)
     g1, g2 = bases
-    wait_for(lambda: len(httpx.get(f"{g2}/v1/fleet").json()["workers"]) == 2, what="fleet")
+    eventually_blocking(lambda: len(httpx.get(f"{g2}/v1/fleet").json()["workers"]) == 2,
+                        what="fleet")
     r = control(g1, "m", "load", workers=2)
     assert r.status_code == 200, r.text
     assert sorted(r.json()["warm_on"]) == ["w1", "w2"]
@@ -358,22 +354,22 @@ def test_control_across_two_gateways_and_two_workers(tmp_path: Path, versioned: 
 
     assert control(g2, "m", "unload").status_code == 200
     for base in (g1, g2):
-        wait_for(lambda b=base: infer(b, "m").status_code == 503, what="refusal")
+        eventually_blocking(lambda b=base: infer(b, "m").status_code == 503, what="refusal")
     proc, late = gateway(tmp_path, url, fleet_env, "g3", repo=repo)
     procs.append(proc)
-    wait_for(lambda: infer(late, "m").status_code == 503, timeout_s=10,
+    eventually_blocking(lambda: infer(late, "m").status_code == 503, timeout_s=10,
              what="a gateway started after the unload to refuse too")
     assert control(g1, "m", "load", workers=2).status_code == 200
     for base in (g1, g2, late):
-        wait_for(lambda b=base: infer(b, "m").status_code == 200, what="served again")
+        eventually_blocking(lambda b=base: infer(b, "m").status_code == 200, what="served again")
 
     with Traffic(g1, "m") as traffic:
-        wait_for(lambda: len(traffic.answers) >= 5, what="traffic")
+        eventually_blocking(lambda: len(traffic.answers) >= 5, what="traffic")
         add_version(repo, "m", "2", load_s=2.0)
-        wait_for(lambda: traffic.versions()[-5:] == ["2"] * 5, what="only version 2")
+        eventually_blocking(lambda: traffic.versions()[-5:] == ["2"] * 5, what="only version 2")
     assert all(status == 200 for status, _, _ in traffic.answers), traffic.answers[-5:]
     assert [cold for _, cold, _ in traffic.answers] == ["0"] * len(traffic.answers)
-    wait_for(lambda: sorted(workers_holding(g2, "m")) == ["w1", "w2"], what="still warm")
+    eventually_blocking(lambda: sorted(workers_holding(g2, "m")) == ["w1", "w2"], what="still warm")
 
 
 @pytest.mark.rabbitmq
@@ -387,16 +383,18 @@ def test_a_pin_reaches_every_worker_on_rabbitmq(tmp_path: Path, repo: Path,
         procs.append(proc)
     proc, base = gateway(tmp_path, url, fleet_env, "g1", repo=repo)
     procs.append(proc)
-    wait_for(lambda: len(httpx.get(f"{base}/v1/fleet").json()["workers"]) == 2, what="fleet")
+    eventually_blocking(lambda: len(httpx.get(f"{base}/v1/fleet").json()["workers"]) == 2,
+                        what="fleet")
     r = control(base, "p", "pin")
     assert r.status_code == 200 and sorted(r.json()["workers"]) == ["w1", "w2"], r.text
-    wait_for(lambda: sorted(workers_holding(base, "p")) == ["w1", "w2"], what="pinned twice")
+    eventually_blocking(lambda: sorted(workers_holding(base, "p")) == ["w1", "w2"],
+                        what="pinned twice")
     # Like a pin in model.toml, it lifts the fan-out cap (1 here): both workers pull it
     # (once its queue exists: the first request declares it).
     for _ in range(3):
         answer = infer(base, "p")
         assert answer.status_code == 200 and answer.headers["x-model-cold"] == "0"
-    wait_for(lambda: sorted(w["worker_id"] for w in httpx.get(f"{base}/v1/fleet").json()
+    eventually_blocking(lambda: sorted(w["worker_id"] for w in httpx.get(f"{base}/v1/fleet").json()
                             ["workers"] if "p" in w["subscriptions"]) == ["w1", "w2"],
              what="both workers pulling p")
     index = httpx.post(f"{base}/v2/repository/index").json()

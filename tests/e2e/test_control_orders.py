@@ -13,8 +13,9 @@ import httpx
 import pytest
 
 from tests.conftest import rabbitmq_url, require_rabbitmq
-from tests.e2e.test_control import FAST, add_version, control, infer, wait_for
+from tests.e2e.test_control import FAST, add_version, control, infer
 from tests.procs import Proc, gateway, serve, worker
+from tests.waiting import eventually_blocking
 
 
 def index(base: str) -> dict[str, dict[str, object]]:
@@ -57,7 +58,8 @@ def test_serve_keeps_unload_and_pin_across_restarts(tmp_path: Path, repo: Path) 
         assert "unloaded" in refused.json()["error"]["message"]
         rows = index(base)
         assert rows["m"]["state"] == "UNAVAILABLE" and rows["p"]["pinned"] is True
-        wait_for(lambda: pinned_on(base, "p"), what="p preloaded and pinned after restart")
+        eventually_blocking(lambda: pinned_on(base, "p"),
+                            what="p preloaded and pinned after restart")
         assert "control: 2 model(s) have orders kept" in proc.log()
         assert control(base, "m", "load").status_code == 200
         assert infer(base, "m").status_code == 200
@@ -67,7 +69,7 @@ def test_serve_keeps_unload_and_pin_across_restarts(tmp_path: Path, repo: Path) 
     proc, base = start("serve-3")
     try:
         assert infer(base, "m").status_code == 200  # the load superseded the unload
-        wait_for(lambda: pinned_on(base, "p"), what="p still pinned")
+        eventually_blocking(lambda: pinned_on(base, "p"), what="p still pinned")
         assert control(base, "p", "unpin").status_code == 200
     finally:
         proc.stop()
@@ -106,7 +108,7 @@ def test_gateway_and_worker_restarted_together_keep_the_orders(tmp_path: Path,
     w, _ = worker(tmp_path, url, env, "w1", repo=repo)
     gw, base = gateway(tmp_path, url, env, "gw-1", repo=repo)
     try:
-        wait_for(lambda: infer(base, "m").status_code == 200, what="m served")
+        eventually_blocking(lambda: infer(base, "m").status_code == 200, what="m served")
         assert control(base, "m", "unload").status_code == 200
         assert control(base, "p", "pin").status_code == 200
     finally:
@@ -117,7 +119,7 @@ def test_gateway_and_worker_restarted_together_keep_the_orders(tmp_path: Path,
     try:
         assert infer(base, "m").status_code == 503
         # the worker started with no orders; the gateway told it the kept ones
-        wait_for(lambda: pinned_on(base, "p") == {"w1b": ["1"]}, what="p pinned on w1b")
+        eventually_blocking(lambda: pinned_on(base, "p") == {"w1b": ["1"]}, what="p pinned on w1b")
     finally:
         gw.stop()
         w.stop()

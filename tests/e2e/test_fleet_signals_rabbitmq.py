@@ -8,11 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import re
-import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -20,6 +17,7 @@ import pytest
 from modelfleet.broker import COLD_LANE
 from tests.conftest import rabbitmq_url, require_rabbitmq
 from tests.procs import Proc, gateway, worker
+from tests.waiting import eventually_blocking
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.timeout(240)]
 HELD = 4
@@ -31,15 +29,6 @@ def gauge(base: str, name: str, **labels: str) -> float | None:
         if match and all(f'{k}="{v}"' in (match.group(1) or "") for k, v in labels.items()):
             return float(match.group(2))
     return None
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout_s: float = 90) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.3)
-    raise AssertionError(f"never saw {what}")
 
 
 def test_every_gateway_reports_the_fleets_backlog_and_desired_workers(
@@ -77,8 +66,9 @@ def test_every_gateway_reports_the_fleets_backlog_and_desired_workers(
                     return False
             return gauge(taker, "modelfleet_gateway_parked_requests") == HELD
 
-        loop.run_until_complete(asyncio.to_thread(wait_for, "the backlog at both gateways",
-                                                  backlog_seen))
+        loop.run_until_complete(asyncio.to_thread(
+            eventually_blocking, backlog_seen, 90, what="the backlog at both gateways",
+            every_s=0.3))
         for base in bases:
             # One worker, and nobody held slowload: all four took the cold lane, whose
             # backlog has a label of its own (nobody can tell whose its tasks are).
@@ -103,6 +93,7 @@ def test_every_gateway_reports_the_fleets_backlog_and_desired_workers(
             loop.run_until_complete(asyncio.gather(held, return_exceptions=True))
         loop.close()
     assert [a.status_code for a in answers] == [200] * HELD
-    wait_for("the backlog drained at both gateways", lambda: all(
+    eventually_blocking(lambda: all(
         gauge(b, "modelfleet_fleet_total_backlog") == 0
-        and gauge(b, "modelfleet_fleet_desired_workers") == 0 for b in bases))
+        and gauge(b, "modelfleet_fleet_desired_workers") == 0 for b in bases),
+        90, what="the backlog drained at both gateways", every_s=0.3)

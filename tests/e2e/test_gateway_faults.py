@@ -16,7 +16,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,17 +25,9 @@ import pytest
 
 from tests.conftest import rabbitmq_url, require_rabbitmq
 from tests.procs import ROOT, Proc, gateway, metric_sum, serve, worker
+from tests.waiting import eventually_blocking
 
 SEVEN = (ROOT / "examples" / "seven.png").read_bytes()
-
-
-def wait_for(check: Callable[[], bool], timeout_s: float = 30) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.1)
-    raise AssertionError("condition not reached")
 
 
 def address(base: str) -> tuple[str, int]:
@@ -308,8 +300,8 @@ def test_a_malformed_chunk_size_is_400_at_once_in_the_paths_dialect(
         assert "malformed HTTP request" in error["message"]
     assert took < 10, f"answered after {took:.1f} s, as if it waited for the body"
     # Counted as what it was, not as a caller that hung up.
-    wait_for(lambda: metric_sum(base, "modelfleet_gateway_requests_total", model="banner",
-                                status="400") >= refused + 1)
+    eventually_blocking(lambda: metric_sum(base, "modelfleet_gateway_requests_total",
+                                           model="banner", status="400") >= refused + 1)
 
 
 @pytest.mark.parametrize("path", ["/v1/models/banner/infer", "/v2/models/banner/infer"])
@@ -339,7 +331,7 @@ def test_a_caller_hanging_up_mid_upload_is_a_disconnect_not_a_500(
             conn.sendall(b"POST /v1/models/banner/infer HTTP/1.1\r\nHost: x\r\n"
                          b"Content-Type: text/plain\r\nContent-Length: 100000\r\n\r\n"
                          + b"x" * 1000)
-    wait_for(lambda: metric_sum(base, "modelfleet_gateway_client_disconnects_total")
+    eventually_blocking(lambda: metric_sum(base, "modelfleet_gateway_client_disconnects_total")
              >= disconnects + 3)
     assert metric_sum(base, "modelfleet_gateway_requests_total", status="500") == errors
     assert metric_sum(base, "modelfleet_gateway_requests_total", model="banner",
@@ -358,10 +350,10 @@ def test_a_caller_hanging_up_while_waiting_frees_the_gateway_and_is_counted(
     with socket.create_connection(address(base), timeout=10) as conn:
         conn.sendall(b"POST /v1/models/slowload/infer HTTP/1.1\r\nHost: x\r\n"
                      b"Content-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
-        wait_for(lambda: metric_sum(base, "modelfleet_gateway_parked_requests") > parked)
-    wait_for(lambda: metric_sum(base, "modelfleet_gateway_client_disconnects_total")
+        eventually_blocking(lambda: metric_sum(base, "modelfleet_gateway_parked_requests") > parked)
+    eventually_blocking(lambda: metric_sum(base, "modelfleet_gateway_client_disconnects_total")
              >= disconnects + 1)
-    wait_for(lambda: metric_sum(base, "modelfleet_gateway_parked_requests") <= parked)
+    eventually_blocking(lambda: metric_sum(base, "modelfleet_gateway_parked_requests") <= parked)
 
 
 # -- payload URLs -------------------------------------------------------------------------
@@ -423,7 +415,7 @@ def test_connections_beyond_the_cap_are_refused_at_once(tmp_path: Path) -> None:
                               headers={"content-type": "text/plain"},
                               timeout=30).status_code == 200
 
-        wait_for(served)  # the held ones are gone: room again
+        eventually_blocking(served)  # the held ones are gone: room again
         assert metric_sum(base, "modelfleet_gateway_connections_refused_total") >= 161
     finally:
         for conn in held:

@@ -22,8 +22,9 @@ from typing import Any
 
 import httpx
 
-from tests.e2e.test_chaos import IRIS, broker, wait_for  # noqa: F401  (fixture)
+from tests.e2e.test_chaos import IRIS, broker  # noqa: F401  (fixture)
 from tests.procs import metric_sum, serve
+from tests.waiting import eventually_blocking
 
 PILLS = 3
 INNOCENTS = 6  # crasher requests that are not pills, sent with them
@@ -134,8 +135,8 @@ def test_quarantine_runtime_stops_when_unused(tmp_path: Path) -> None:
         assert "quarantine" in answer.json()["error"]["message"]
         # /v1/fleet shows the worker's last state event (every state_interval_s): the
         # answer can come before the event that names the quarantine runtime.
-        wait_for(lambda: "quarantine" in _runtimes(base), timeout_s=5)
-        wait_for(lambda: "quarantine" not in _runtimes(base), timeout_s=20)
+        eventually_blocking(lambda: "quarantine" in _runtimes(base), timeout_s=5)
+        eventually_blocking(lambda: "quarantine" not in _runtimes(base), timeout_s=20)
         assert _runtimes(base)["runtime-0"]["restarts"] == 1
         echo = httpx.post(f"{base}/v1/models/crasher/infer", content=b"hello", timeout=30,
                           headers={"content-type": "text/plain"})

@@ -6,11 +6,10 @@ Each test starts ``python -m modelfleet.runtime`` the way the worker does
 
 from __future__ import annotations
 
-import asyncio
 import os
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from modelfleet.ipc.socket_runtime import SocketRuntime
 from modelfleet.settings import MiB, Settings
 from modelfleet.worker.process_launcher import ProcessLauncher
 from tests.procs import free_port, metric_sum, running, write_package
+from tests.waiting import eventually
 
 SIZES_MB = {"m5": 5, "m30": 30, "m12": 12, "m25": 25, "m8": 8, "m20": 20, "m15": 15, "m28": 28}
 # 20 loads through a 60 MB budget: most of them evict something.
@@ -98,13 +98,6 @@ def within_limit(stats: RuntimeStats) -> bool:
     return stats.rss_bytes <= stats.rss_overhead_bytes + 1.25 * stats.memory_budget_bytes
 
 
-async def until(check: Callable[[], Awaitable[bool]], timeout_s: float = 20) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not await check():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.05)
-
-
 async def test_evictions_give_the_memory_back(tmp_path: Path) -> None:
     repo = blob_repo(tmp_path / "repo")
     async with runtime_process(tmp_path, runtime_settings(tmp_path, repo)) as runtime:
@@ -136,7 +129,7 @@ async def test_over_the_budget_loads_are_refused_until_models_are_shed(tmp_path:
         async def shed() -> bool:
             stats = await runtime.stats()
             return not stats.over_memory_budget and "hog" not in stats.device
-        await until(shed)
+        await eventually(shed)
         await runtime.load("m12", "1", timeout_s=60)  # back under: admitted again
         stats = await runtime.stats()
         assert "m12" in stats.device and within_limit(stats)

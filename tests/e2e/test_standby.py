@@ -16,6 +16,7 @@ import httpx
 import psutil
 
 from tests.procs import Proc, metric_sum, serve
+from tests.waiting import eventually_blocking
 
 IRIS = {"features": [5.1, 3.5, 1.4, 0.2]}
 
@@ -35,13 +36,6 @@ def runtime_pids(proc: Proc) -> set[int]:
     return pids
 
 
-def wait_until(check: object, timeout_s: float = 30) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():  # type: ignore[operator]
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.1)
-
-
 def test_a_second_crash_is_taken_over_by_the_standby_which_retires_when_quiet(
         tmp_path: Path) -> None:
     # Kept 15 s after a crash: the spare starts once the restarted runtime has been up 2 s
@@ -54,8 +48,8 @@ def test_a_second_crash_is_taken_over_by_the_standby_which_retires_when_quiet(
         [first] = runtime_pids(proc)  # no spare is kept before a crash
         time.sleep(1)  # a health ping (every 0.3 s) reports what iris's load imported
         os.kill(first, signal.SIGKILL)
-        wait_until(lambda: len(runtime_pids(proc)) == 2)  # restarted, then a spare started
-        wait_until(lambda: "standby.sock (pid" in proc.log())  # the spare is up, listening
+        eventually_blocking(lambda: len(runtime_pids(proc)) == 2)  # restarted, then a spare started
+        eventually_blocking(lambda: "standby.sock (pid" in proc.log())  # the spare is up, listening
         assert httpx.post(f"{base}/v1/models/iris/infer", json=IRIS, timeout=30) \
             .status_code == 200
         before = runtime_pids(proc)
@@ -64,7 +58,7 @@ def test_a_second_crash_is_taken_over_by_the_standby_which_retires_when_quiet(
         primary = min(before, key=lambda pid: psutil.Process(pid).create_time())
         os.kill(primary, signal.SIGKILL)
         [spare] = before - {primary}
-        wait_until(lambda: "its standby takes over" in proc.log()[len(log_before):])
+        eventually_blocking(lambda: "its standby takes over" in proc.log()[len(log_before):])
         assert httpx.post(f"{base}/v1/models/iris/infer", json=IRIS, timeout=30) \
             .status_code == 200
         assert spare in runtime_pids(proc)  # the spare now serves; a new spare follows
@@ -72,6 +66,6 @@ def test_a_second_crash_is_taken_over_by_the_standby_which_retires_when_quiet(
         # The spare had imported iris's framework (sklearn) before it was needed.
         assert "preloaded" in proc.log()
         # No crash for standby_keep_s: the spare is stopped.
-        wait_until(lambda: runtime_pids(proc) == {spare}, timeout_s=30)
+        eventually_blocking(lambda: runtime_pids(proc) == {spare}, timeout_s=30)
     finally:
         proc.stop()

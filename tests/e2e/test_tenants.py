@@ -13,7 +13,7 @@ import os
 import subprocess
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -21,6 +21,7 @@ import pytest
 
 from tests.conftest import rabbitmq_url, require_rabbitmq, require_redis
 from tests.procs import MODELFLEET, ROOT, Proc, gateway, metric_sum, serve, worker
+from tests.waiting import eventually_blocking
 
 POSTGRES_URL = os.environ.get("MODELFLEET_TEST_POSTGRES",
                               "postgresql://postgres@127.0.0.1:5432/test")
@@ -49,16 +50,6 @@ def banner(base: str, key: str | None, **kwargs: object) -> httpx.Response:
     headers = {"content-type": "text/plain", **(bearer(key) if key else {})}
     return httpx.post(f"{base}/v1/models/banner/infer", content=b"hi", headers=headers,
                       timeout=60, **kwargs)  # type: ignore[arg-type]
-
-
-def eventually(check: Callable[[], bool], within_s: float) -> float:
-    """Seconds until ``check()`` held (AssertionError after ``within_s``)."""
-    started = time.monotonic()
-    while time.monotonic() - started < within_s:
-        if check():
-            return time.monotonic() - started
-        time.sleep(0.1)
-    raise AssertionError(f"not within {within_s}s")
 
 
 def tenancy_env(db: Path | str) -> dict[str, str]:
@@ -162,7 +153,7 @@ def test_keys_and_roles_end_to_end(tmp_path: Path, procs: list[Proc], deployment
 
     # A grant takes effect without a restart.
     cli(db, "tenants", "grant", outsider_tenant, "banner")
-    eventually(lambda: banner(base, outsider).status_code == 200, within_s=10)
+    eventually_blocking(lambda: banner(base, outsider).status_code == 200, 10)
     assert {m["name"] for m in httpx.get(f"{base}/v1/models", headers=bearer(outsider)).json()[
         "models"]} == {"banner"}
 
@@ -192,7 +183,9 @@ def test_keys_and_roles_end_to_end(tmp_path: Path, procs: list[Proc], deployment
         answered.append(banner(base, owner).status_code)
         return answered[-1] == 401
 
-    took_s = eventually(refused, within_s=5)
+    started = time.monotonic()
+    eventually_blocking(refused, 5, what="the revoked key refused")
+    took_s = time.monotonic() - started
     owner_ok += answered.count(200)  # answered before the gateway saw it: metered too
     assert banner(base, owner).json()["error"]["message"].endswith("was revoked")
     assert "revoked" in cli(db, "keys", "list")
@@ -209,7 +202,7 @@ def test_keys_and_roles_end_to_end(tmp_path: Path, procs: list[Proc], deployment
                  and r["outcome"] == "ok")
         return ok == owner_ok and any(r["model"] == "iris" for r in rows)
 
-    eventually(owner_rows_complete, within_s=10)
+    eventually_blocking(owner_rows_complete, 10)
     # A name that is no model makes no usage row, whoever sends it (an admin reaches any).
     admin = new_key(db, "ops", role="admin")
     assert httpx.post(f"{base}/v1/models/no-such-model/infer", content=b"hi", timeout=60,
@@ -219,7 +212,7 @@ def test_keys_and_roles_end_to_end(tmp_path: Path, procs: list[Proc], deployment
         text = cli(db, "usage", "--tenant", "ops", "--since", "1h", "--csv")
         return list(csv.DictReader(io.StringIO(text)))
 
-    eventually(lambda: any(r["model"] == "banner" for r in ops_rows()), within_s=10)
+    eventually_blocking(lambda: any(r["model"] == "banner" for r in ops_rows()), 10)
     assert {r["model"] for r in ops_rows()} == {"banner"}
     # Metrics carry the tenant (the first ones seen; bounded); they name tenants and models,
     # so with auth on /metrics needs the operator role too.
@@ -316,7 +309,7 @@ def test_two_gateways_share_one_rate_limit_and_one_concurrency_limit(
     # Revoked: both gateways refuse it within seconds.
     cli(db, "keys", "revoke", metered.split("_")[1])
     for base in gateways:
-        eventually(lambda base=base: banner(base, metered).status_code == 401, within_s=5)
+        eventually_blocking(lambda base=base: banner(base, metered).status_code == 401, 5)
 
     for proc in procs:
         proc.stop()  # each gateway flushes what it counted

@@ -33,9 +33,9 @@ import pytest
 import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
-from tests.e2e.test_control import wait_for
 from tests.e2e.test_oip_extensions import SIMPLE_HANDLER
 from tests.procs import ROOT, Proc, free_port, serve, write_package
+from tests.waiting import eventually_blocking
 
 # Triton's own simple model: a batch dimension, then 16; it batches up to 8.
 TRITON_SIMPLE = """\
@@ -303,7 +303,7 @@ def test_a_config_holds_on_gateway_and_worker_and_outlives_their_restart(
         headers = {"Authorization": f"Bearer {gw.api_key}"}
         # The gateway read the order back before it became ready; the worker is told it.
         assert client.get_model_config("simple", headers=headers)["max_batch_size"] == 1
-        wait_for(lambda: batch_sizes(url, gw.api_key) == {1},
+        eventually_blocking(lambda: batch_sizes(url, gw.api_key) == {1},
                  what="the restarted worker to serve under the kept config")
         client.load_model("simple", headers=headers)  # no config: model.toml's again
         assert client.get_model_config("simple", headers=headers)["max_batch_size"] == 8

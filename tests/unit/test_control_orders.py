@@ -25,6 +25,7 @@ from modelfleet.errors import ConfigError, ModelNotFound, ModelUnavailable
 from modelfleet.gateway.control_plane import ControlPlane
 from modelfleet.settings import BrokerSettings, Settings
 from tests.unit.test_control_plane import answering, repo, worker
+from tests.waiting import eventually
 
 POSTGRES_URL = os.environ.get("MODELFLEET_TEST_POSTGRES",
                               "postgresql://postgres@127.0.0.1:5432/test")
@@ -197,14 +198,6 @@ async def listening(broker: MemoryBroker) -> tuple[list[dict[str, Any]], asyncio
     return seen, task
 
 
-async def eventually(check: Any, timeout_s: float = 5) -> Any:
-    for _ in range(int(timeout_s / 0.01)):
-        if value := check():
-            return value
-        await asyncio.sleep(0.01)
-    raise AssertionError("condition not reached")
-
-
 async def test_a_gateway_started_later_obeys_the_kept_orders_and_tells_the_fleet(
         tmp_path: Path, location: str) -> None:
     broker = MemoryBroker(BrokerSettings())
@@ -235,7 +228,8 @@ async def test_a_gateway_started_later_obeys_the_kept_orders_and_tells_the_fleet
             second.check("m")
         row = {r["name"]: r for r in second.index()[0]}
         assert row["m"]["state"] == "UNAVAILABLE" and row["n"]["pinned"] is True
-        told = await eventually(lambda: [e for e in seen if e["kind"] == CONTROL_ORDERS])
+        told = await eventually(lambda: [e for e in seen if e["kind"] == CONTROL_ORDERS],
+                                every_s=0.005)
         assert told[0]["control"] == second.state.wire()
         learned = ControlState()  # what a worker that merges the announcement knows
         learned.merge(told[0]["control"])
@@ -256,19 +250,19 @@ async def test_a_worker_whose_announcement_lacks_an_order_is_told_again(
         p = plane(tmp_path, broker, store, interval=0.05)
         await p.restore()
         told = lambda: [e for e in seen if e["kind"] == CONTROL_ORDERS]  # noqa: E731
-        await eventually(lambda: len(told()) == 1)
+        await eventually(lambda: len(told()) == 1, every_s=0.005)
         p.observe(worker("a", {}, p.state))  # it knows them all: nothing to tell
         await asyncio.sleep(0.1)
         assert len(told()) == 1
         p.observe(worker("b", {}))  # a worker that restarted knows nothing
-        await eventually(lambda: len(told()) == 2)
+        await eventually(lambda: len(told()) == 2, every_s=0.005)
         p.observe(worker("b", {}))  # again at once: told once per announce interval
         p.observe(worker("b", {}))
         await asyncio.sleep(0.02)
         assert len(told()) == 2
         await asyncio.sleep(0.06)
         p.observe(worker("b", {}))
-        await eventually(lambda: len(told()) == 3)
+        await eventually(lambda: len(told()) == 3, every_s=0.005)
     finally:
         listener.cancel()
         store.close()

@@ -33,6 +33,7 @@ from modelfleet.settings import Settings
 from modelfleet.worker.coordinator import Coordinator
 from modelfleet.worker.supervisor import RuntimeSupervisor
 from tests.procs import EXAMPLES, ask, write_package
+from tests.waiting import eventually
 
 # A model whose predict writes "start <text> <t>" and "end <text> <t>" lines to a log
 # beside it, sleeps for the number in its input ("slow 0.5"), and echoes the text.
@@ -274,13 +275,6 @@ async def test_a_task_that_crashes_its_runtime_alone_each_time_is_dead_lettered(
     # The runtime came back and serves the next task.
     await worker.publish(worker.task("next"))
     assert (await worker.reply(timeout_s=30)).status == "ok"
-
-
-async def eventually(check: object, timeout_s: float = 20) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():  # type: ignore[operator]
-        assert time.monotonic() < deadline, "condition not reached"
-        await asyncio.sleep(0.05)
 
 
 async def test_pinned_models_are_preloaded_and_come_back_after_a_crash(worker: Worker) -> None:

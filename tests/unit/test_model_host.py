@@ -8,7 +8,6 @@ import textwrap
 import threading
 import types
 import weakref
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +19,7 @@ from modelfleet.model.pipeline import handle_request
 from modelfleet.repository import LocalStore
 from modelfleet.runtime.host import ModelHost
 from modelfleet.settings import MiB, RuntimeSettings
+from tests.waiting import eventually
 
 HANDLER = '''
 import threading, time
@@ -356,15 +356,6 @@ async def test_concurrent_loads_of_models_that_fit_are_never_refused(tmp_path: P
     assert host.cache.snapshot().device_used_bytes <= 10 * MiB
 
 
-async def until(condition: Callable[[], bool], what: str) -> None:
-    """Poll the event loop until ``condition`` holds (bounded: a hang fails the test)."""
-    for _ in range(500):
-        if condition():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"never happened: {what}")
-
-
 def books_match(host: ModelHost) -> None:
     """What the cache says is resident is exactly what the host holds loaded, and the
     other way round: the pair of facts a later request for either relies on."""
@@ -386,7 +377,8 @@ async def test_evicting_a_model_during_its_promotion_leaves_it_loadable(tmp_path
     await infer(host, "b", x)  # a is demoted to host memory
     assert host.tier_of("a", "1") == "host"
     promoting = asyncio.create_task(host.ensure("a", "1"))
-    await until(lambda: host.cache.reservation("a@1") is not None, "a's promotion started")
+    await eventually(lambda: host.cache.reservation("a@1") is not None, 5,
+                     what="a's promotion started", every_s=0.01)
     assert await host.evict("a") is True
     await asyncio.gather(promoting, return_exceptions=True)
     assert host.tier_of("a", "1") is None and host.loaded("a", "1") is None
@@ -410,7 +402,8 @@ async def test_a_promotion_whose_host_copy_is_dropped_while_it_waits_loads_afres
     before = await infer(host, "a", x)
     await infer(host, "b", x)  # a demoted
     loading_c = asyncio.create_task(host.ensure("c", "1"))  # demotes b, holds 3 of 5 MiB
-    await until(lambda: host.cache.reservation("c@1") is not None, "c's load started")
+    await eventually(lambda: host.cache.reservation("c@1") is not None, 5,
+                     what="c's load started", every_s=0.01)
     promoting = asyncio.create_task(infer(host, "a", x))  # no room: waits for c's load
     await asyncio.sleep(0.05)
     assert not promoting.done() and host.cache.reservation("a@1") is None
@@ -439,7 +432,8 @@ async def test_a_budget_moved_away_during_a_load_does_not_fail_its_request(
     x = [0.5] * 64
     await infer(host, "keep", x)
     loading = asyncio.create_task(infer(host, "a", x))
-    await until(lambda: host.cache.reservation("a@1") is not None, "a's load started")
+    await eventually(lambda: host.cache.reservation("a@1") is not None, 5,
+                     what="a's load started", every_s=0.01)
     await host.set_budgets(5 * MiB, 0)
     assert len(await loading) == 4
     assert host.tier_of("a", "1") == "device"
@@ -466,8 +460,8 @@ async def test_a_model_reloaded_while_its_eviction_is_carried_out_stays_loaded(
     await infer(host, "a", x)
     await infer(host, "b", x)
     cut = asyncio.create_task(host.set_budgets(0, 0))
-    await until(lambda: host.tier_of("a", "1") is None and host.tier_of("b", "1") is None,
-                "both evicted by the cache")
+    await eventually(lambda: host.tier_of("a", "1") is None and host.tier_of("b", "1") is None,
+                     5, what="both evicted by the cache", every_s=0.01)
     await host.set_budgets(4 * MiB, 0)
     assert not cut.done()  # the first unload is still running
     for model in ("a", "b"):

@@ -7,7 +7,6 @@ runtimes started by ``InProcessLauncher``.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -21,13 +20,7 @@ from modelfleet.settings import Settings
 from modelfleet.worker.residency import Residency
 from modelfleet.worker.supervisor import RuntimeSupervisor
 from tests.procs import EXAMPLES
-
-
-async def eventually(check: object, timeout_s: float = 20) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():  # type: ignore[operator]
-        assert time.monotonic() < deadline, "condition not reached"
-        await asyncio.sleep(0.02)
+from tests.waiting import eventually
 
 
 def settings_for(tmp_path: Path, standby_keep_s: float = 0, **worker: object) -> Settings:

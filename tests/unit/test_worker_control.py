@@ -14,7 +14,7 @@ import asyncio
 import textwrap
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +34,7 @@ from modelfleet.runtime.inprocess import InProcessLauncher
 from modelfleet.settings import Settings
 from modelfleet.worker.coordinator import Coordinator
 from modelfleet.worker.supervisor import RuntimeSupervisor
+from tests.waiting import eventually
 
 HANDLER = '''\
 from modelfleet import Model
@@ -99,23 +100,6 @@ class Worker:
     def announced(self) -> dict[str, Any] | None:
         mine = [e for e in self.events if e.get("kind") == "worker_control"]
         return mine[-1] if mine else None
-
-
-async def eventually(check: Callable[[], Any], timeout_s: float = 20) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while not (value := check()):
-        assert time.monotonic() < deadline, "condition not reached"
-        await asyncio.sleep(0.05)
-    return value
-
-
-async def until(check: Callable[[], Any], timeout_s: float = 20) -> Any:
-    """``eventually`` for an async check."""
-    deadline = time.monotonic() + timeout_s
-    while not (value := await check()):
-        assert time.monotonic() < deadline, "condition not reached"
-        await asyncio.sleep(0.05)
-    return value
 
 
 @pytest.fixture
@@ -202,14 +186,14 @@ def pinned_repo(repo: Path) -> Path:
 
 async def test_a_pinned_models_new_version_is_preloaded_and_the_old_pin_released(
         pinned_repo: Path, worker: Worker) -> None:
-    await until(lambda: worker_stats_has(worker, "pinned_versions", ("p@1",)))
+    await eventually(lambda: worker_stats_has(worker, "pinned_versions", ("p@1",)))
     add_version(worker.repo, "p", "2", pinned=True)
     worker.refresh()
     # Preloaded, pinned, while version 1 is still resident (the leak kept it out)...
-    both = await until(lambda: worker_stats_has(worker, "resident_versions", ("p@1", "p@2")))
+    both = await eventually(lambda: worker_stats_has(worker, "resident_versions", ("p@1", "p@2")))
     assert "p@2" in both.pinned_versions
     # ...then version 1 is unpinned and, after its drain, released: one pin, not two.
-    final = await until(lambda: worker_stats_has(worker, "resident_versions", ("p@2",)))
+    final = await eventually(lambda: worker_stats_has(worker, "resident_versions", ("p@2",)))
     assert final.pinned_versions == ("p@2",)
 
 
@@ -255,7 +239,7 @@ async def test_orders_a_gateway_tells_are_obeyed_by_a_worker_that_never_heard_th
     told.set("m", "loaded", False, Revision(time.time(), "gw-kept"))
     told.set("p", "pinned", True, Revision(time.time(), "gw-kept"))
     await worker.broker.publish_event(orders_announcement("gw-kept", told))
-    await until(lambda: _resident(worker, "p@1", "m@1"))
+    await eventually(lambda: _resident(worker, "p@1", "m@1"))
     assert worker.coordinator.control.refusal("m") is not None
     assert worker.coordinator.control.pinned("p")
     await eventually(lambda: (a := worker.announced()) is not None
@@ -363,6 +347,6 @@ async def test_a_new_version_is_warmed_once_though_residency_shows_it_late(
     before = _warms()
     add_version(repo, "m", "2")
     worker.refresh()
-    await until(lambda: worker_stats_has(worker, "resident_versions", ("m@1", "m@2")))
+    await eventually(lambda: worker_stats_has(worker, "resident_versions", ("m@1", "m@2")))
     await asyncio.sleep(1.0)  # ten control ticks
     assert _warms() - before == 1

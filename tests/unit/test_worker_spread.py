@@ -29,6 +29,7 @@ from modelfleet.settings import Settings
 from modelfleet.worker.coordinator import Coordinator
 from modelfleet.worker.supervisor import RuntimeSupervisor
 from tests.procs import write_package
+from tests.waiting import eventually
 
 MB = 1024 * 1024
 
@@ -146,13 +147,6 @@ def replicas() -> float:
     return REGISTRY.get_sample_value("modelfleet_worker_model_replicas") or 0.0
 
 
-async def eventually(check: object, what: str, timeout_s: float = 15) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not await check():  # type: ignore[operator]
-        assert time.monotonic() < deadline, what
-        await asyncio.sleep(0.05)
-
-
 async def test_a_hot_model_is_served_from_both_runtimes_and_from_one_once_load_stops(
         hot_worker: Worker) -> None:
     worker = hot_worker
@@ -172,7 +166,7 @@ async def test_a_hot_model_is_served_from_both_runtimes_and_from_one_once_load_s
     async def one_copy_left() -> bool:
         return sum("hot" in b.device for b in await worker.budgets()) == 1
 
-    await eventually(one_copy_left, "the replica was never taken off")
+    await eventually(one_copy_left, 15, what="the replica taken off")
     assert replicas() == 0
     assert len(worker.supervisor.spread.holders("hot")) == 1
     # A light load (one task at a time) is served by the copy that stayed, alone.
