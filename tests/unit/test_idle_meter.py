@@ -3,18 +3,11 @@
 from __future__ import annotations
 
 from modelfleet.worker.idle import IdleMeter
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.clock import ManualClock
 
 
 def test_idle_permits_count_only_while_work_waits() -> None:
-    clock = Clock()
+    clock = ManualClock()
     meter = IdleMeter(permits_cap=4, clock=clock)
     clock.now += 2  # nothing waiting: free permits are not idle
     meter.observe(free_permits=4, waiting=True)

@@ -11,25 +11,18 @@ from prometheus_client import REGISTRY
 from modelfleet.broker.live_queues import LiveQueueWatch
 from modelfleet.broker.rabbitmq.topology import QueueLeases
 from modelfleet.settings import BrokerSettings, GatewaySettings
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
+from tests.clock import ManualClock
 
 
 def test_a_lease_that_ran_out_stops_counting_and_is_declared_again() -> None:
-    clock = Clock()
+    clock = ManualClock(1000.0)
     leases = QueueLeases(expiry_s=300, clock=clock)
     leases.renewed("model.a", clock())
-    clock.t += 100
+    clock.now += 100
     leases.renewed("model.b", clock())
     assert leases.live() == 2
 
-    clock.t += 201  # a's lease ran out, b's did not
+    clock.now += 201  # a's lease ran out, b's did not
     assert leases.live() == 1
     assert not leases.known("model.a")  # the next publish declares it again
     assert leases.known("model.b")
@@ -37,31 +30,31 @@ def test_a_lease_that_ran_out_stops_counting_and_is_declared_again() -> None:
 
 
 def test_a_renewal_extends_the_lease_it_replaces() -> None:
-    clock = Clock()
+    clock = ManualClock(1000.0)
     leases = QueueLeases(expiry_s=300, clock=clock)
     leases.renewed("model.a", clock())
-    clock.t += 250
+    clock.now += 250
     leases.renewed("model.a", clock())
-    clock.t += 100  # past the first lease, inside the second
+    clock.now += 100  # past the first lease, inside the second
     assert leases.live() == 1
     assert leases.known("model.a")
 
 
 def test_a_consumed_queue_stays_live_and_its_lease_starts_when_the_consumer_leaves() -> None:
-    clock = Clock()
+    clock = ManualClock(1000.0)
     leases = QueueLeases(expiry_s=300, clock=clock)
     leases.hold("model.a")
-    clock.t += 10_000
+    clock.now += 10_000
     assert leases.live() == 1
     leases.release("model.a")
-    clock.t += 299
+    clock.now += 299
     assert leases.live() == 1
-    clock.t += 2
+    clock.now += 2
     assert leases.live() == 0
 
 
 def test_a_reconnect_forgets_all_but_the_consumed_queues() -> None:
-    clock = Clock()
+    clock = ManualClock(1000.0)
     leases = QueueLeases(expiry_s=300, clock=clock)
     leases.renewed("model.a", clock())
     leases.hold("model.b")
@@ -71,11 +64,11 @@ def test_a_reconnect_forgets_all_but_the_consumed_queues() -> None:
 
 
 def test_the_table_holds_what_is_live_not_every_queue_ever_declared() -> None:
-    clock = Clock()
+    clock = ManualClock(1000.0)
     leases = QueueLeases(expiry_s=300, clock=clock)
     for i in range(10_000):
         leases.renewed(f"model.{i}", clock())
-        clock.t += 0.1  # 10,000 models over 1,000 s, 5 min expiry: about 3,000 live
+        clock.now += 0.1  # 10,000 models over 1,000 s, 5 min expiry: about 3,000 live
     assert 2_990 <= leases.live() <= 3_000
     assert len(leases._lease_end) == leases.live()  # internals: nothing lapsed is kept
 

@@ -4,18 +4,11 @@ demand event names its model, its recheck time passed, or the events stream brok
 from __future__ import annotations
 
 from modelfleet.broker.missing_queues import MissingQueues
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.clock import ManualClock
 
 
 def test_a_missing_queue_is_left_out_until_announced() -> None:
-    missing = MissingQueues(recheck_s=60, clock=Clock())
+    missing = MissingQueues(ManualClock(), recheck_s=60)
     missing.found_missing({"a", "b"})
     assert missing.to_ask({"a", "b", "c"}) == {"c"}
     missing.appeared("a")  # a demand event: a task may wait there now
@@ -24,8 +17,8 @@ def test_a_missing_queue_is_left_out_until_announced() -> None:
 
 
 def test_a_missing_queue_is_asked_for_again_after_its_recheck_time() -> None:
-    clock = Clock()
-    missing = MissingQueues(recheck_s=60, clock=clock)
+    clock = ManualClock()
+    missing = MissingQueues(clock, recheck_s=60)
     missing.found_missing({"old"})
     clock.now += 30
     missing.found_missing({"new"})
@@ -38,8 +31,8 @@ def test_a_missing_queue_is_asked_for_again_after_its_recheck_time() -> None:
 
 
 def test_found_missing_again_restarts_its_recheck_time() -> None:
-    clock = Clock()
-    missing = MissingQueues(recheck_s=60, clock=clock)
+    clock = ManualClock()
+    missing = MissingQueues(clock, recheck_s=60)
     missing.found_missing({"a", "b"})
     clock.now += 50
     missing.found_missing({"a"})  # asked again (announced, then gone) and still missing
@@ -48,7 +41,7 @@ def test_found_missing_again_restarts_its_recheck_time() -> None:
 
 
 def test_a_broken_events_stream_forgets_every_mark() -> None:
-    missing = MissingQueues(recheck_s=60, clock=Clock())
+    missing = MissingQueues(ManualClock(), recheck_s=60)
     missing.found_missing({"a", "b"})
     missing.forget_all()
     assert missing.to_ask({"a", "b"}) == {"a", "b"}

@@ -27,11 +27,15 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 
+# A queue found missing is asked for again after this long even if no demand event named
+# it: what a lost announcement can cost at most.
+RECHECK_S = 60.0
+
 
 class MissingQueues:
     """Queues found missing lately, each until it may exist again."""
 
-    def __init__(self, recheck_s: float, clock: Callable[[], float]) -> None:
+    def __init__(self, clock: Callable[[], float], recheck_s: float = RECHECK_S) -> None:
         self._recheck_s = recheck_s
         self._clock = clock
         self._since: OrderedDict[str, float] = OrderedDict()  # model -> found missing at

@@ -42,9 +42,6 @@ MIN_REFRESH_S = 1.0  # scrapes and page polls share one count of the queues per 
 # thousands of models in demand a count takes a second or more, so the next one waits
 # at least this many times as long as the last took (counting takes <= 1/5 of the time).
 REFRESH_COST_FACTOR = 5.0
-# A resident model's queue found missing is counted again after this long even if no
-# demand names it (a demand event, a subscription or a parked request: at once).
-MISSING_RECHECK_S = 60.0
 
 
 def desired_workers(in_use: int, backlog: int, permits_per_worker: float,
@@ -64,7 +61,7 @@ class FleetSummary:
         self._parked = parked
         self._clock = clock
         self._lock = asyncio.Lock()
-        self._missing = MissingQueues(MISSING_RECHECK_S, clock)
+        self._missing = MissingQueues(clock)
         self._built_at = -math.inf
         self._min_interval_s = MIN_REFRESH_S
         self._last: dict[str, Any] = {}

@@ -85,9 +85,6 @@ RESIDENCY_MAX_AGE_S = 0.02
 # Every candidate is counted on the broker at least this often, announced or not (a
 # lost announcement costs at most this long); in between, announcements stand in.
 EXACT_EVERY_S = 10.0
-# A queue the broker said is missing is asked for again after this long even if no
-# demand event named it (broker/missing_queues.py); a demand event clears it at once.
-MISSING_RECHECK_S = 60.0
 
 
 def default_worker_id() -> str:
@@ -139,7 +136,7 @@ class Coordinator:
                                           3 * settings.worker.state_interval_s,
                                           self.worker_id)
         self._exact_at = -1e9  # the last periodic re-score that counted every candidate
-        self._missing = MissingQueues(MISSING_RECHECK_S, time.monotonic)
+        self._missing = MissingQueues(time.monotonic)
         self._estimated: set[str] = set()
         self._gauged: set[str] = set()  # models with a modelfleet_queue_backlog gauge
         # The last observation (now, candidates, device, host, pinned or loading here),
