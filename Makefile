@@ -22,7 +22,7 @@ test: $(STAMP)
 	bash .ci/tools-up || test "$$CI" != "true"
 	bash .ci/redis-up || test "$$CI" != "true"
 	bash .ci/postgres-up || test "$$CI" != "true"
-	$(VENV)/bin/python -m pytest -q
+	$(VENV)/bin/python -m pytest -q -n 2 --dist loadfile
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench examples

@@ -48,10 +48,44 @@ def write_package(root: Path, name: str, manifest: str, handler: str) -> Path:
     return folder
 
 
+# Ports a test names before its server starts (a gRPC port, a restart on the same port)
+# come from below the kernel's ephemeral range (32768-60999 here), where no outgoing
+# connection takes them meanwhile, and each pytest-xdist process has a slice of its own,
+# so two test processes never pick the same one. (Private RabbitMQ nodes use 20000-30000.)
+_PORTS_LOW, _PORTS_HIGH = 10_000, 20_000
+_next_port: list[int] = []
+
+
+def _port_slice() -> tuple[int, int]:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")  # "gw0", "gw1", ... under xdist
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    index = int(worker[2:]) if worker.startswith("gw") else 0
+    width = (_PORTS_HIGH - _PORTS_LOW) // max(1, count)
+    return _PORTS_LOW + index * width, _PORTS_LOW + (index + 1) * width
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback port nobody listens on now, from this test process's own slice, never
+    one handed out recently by this process (a server of an earlier test may linger)."""
+    low, high = _port_slice()
+    if not _next_port:
+        _next_port.append(low + (os.getpid() % (high - low)))
+    for _ in range(high - low):
+        port = _next_port[0]
+        _next_port[0] = low + (port + 1 - low) % (high - low)
+        with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError(f"no free port in [{low}, {high})")
+
+
+# The line each of serve, gateway and worker logs once it has bound its HTTP port (asked
+# for port 0: the kernel picks one, and nobody else can take it between pick and bind).
+_ANNOUNCED_PORT = re.compile(r"modelfleet (?:serving|gateway|worker) .*?on http://\S+?:(\d+)")
 
 
 class Proc:
@@ -70,6 +104,20 @@ class Proc:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+    def announced_port(self, timeout_s: float = 60) -> int:
+        """The HTTP port the process bound and logged (it was started with port 0)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            found = _ANNOUNCED_PORT.search(self.log())
+            if found:
+                return int(found.group(1))
+            if self.popen.poll() is not None:
+                raise AssertionError(f"{self.args[0]} exited with {self.popen.returncode}:\n"
+                                     f"{self.log()}")
+            time.sleep(0.05)
+        raise AssertionError(f"{self.args[0]} announced no port after {timeout_s}s:\n"
+                             f"{self.log()}")
 
     def wait_ready(self, timeout_s: float = 60) -> None:
         assert self.ready_url is not None
@@ -140,14 +188,18 @@ def running(args: list[str], tmp_path: Path, name: str, ready_url: str | None,
                 child.kill()
 
 
-def _started(args: list[str], env: dict[str, str], log_path: Path, ready_url: str) -> Proc:
-    proc = Proc(args, env, log_path, ready_url)
+def _started(args: list[str], env: dict[str, str], log_path: Path, ready_path: str
+             ) -> tuple[Proc, int]:
+    """Start a process that binds port 0 and logs the port; wait for ``ready_path`` there."""
+    proc = Proc(args, env, log_path, None)
     try:
+        port = proc.announced_port()
+        proc.ready_url = f"http://127.0.0.1:{port}{ready_path}"
         proc.wait_ready()
     except BaseException:
         proc.kill()
         raise
-    return proc
+    return proc, port
 
 
 def serve(tmp_path: Path, env: dict[str, str] | None = None, name: str = "serve",
@@ -155,15 +207,13 @@ def serve(tmp_path: Path, env: dict[str, str] | None = None, name: str = "serve"
     """Start ``modelfleet serve``; returns (process, base URL). Caller stops it.
 
     ``repo``: a folder, or any fsspec URL (``s3://bucket/models``)."""
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    proc = _started(["serve", "--repo", str(repo), "--port", str(port), "--broker", broker],
-                    {"MODELFLEET_EXAMPLE_SLOWLOAD_S": "3",
-                     # serve archives its dead letters: into this test's folder, not ~/.cache
-                     "MODELFLEET_DLQ_DB": str(tmp_path / f"{name}-dlq.sqlite3"),
-                     **(env or {})},
-                    tmp_path / f"{name}.log", f"{base}/readyz")
-    return proc, base
+    proc, port = _started(["serve", "--repo", str(repo), "--port", "0", "--broker", broker],
+                          {"MODELFLEET_EXAMPLE_SLOWLOAD_S": "3",
+                           # serve archives its dead letters: into this test's folder
+                           "MODELFLEET_DLQ_DB": str(tmp_path / f"{name}-dlq.sqlite3"),
+                           **(env or {})},
+                          tmp_path / f"{name}.log", "/readyz")
+    return proc, f"http://127.0.0.1:{port}"
 
 
 def provision_key(db: str, role: Role = "admin", tenant: str = "", plan: str = "enterprise"
@@ -189,14 +239,12 @@ def gateway(tmp_path: Path, broker: str, env: dict[str, str], name: str,
     ``proc.api_key``, and carried by the base URL as Basic credentials
     (``http://KEY:@host:port``), which httpx sends with every request.
     """
-    port = free_port()
     db = (env.get("MODELFLEET_TENANCY__DB") or env.get("MODELFLEET_DLQ_DB")
           or str(tmp_path / "tenants.sqlite3"))
     key = provision_key(db)
-    base = f"http://127.0.0.1:{port}"
-    proc = _started(["gateway", "--repo", str(repo), "--port", str(port), "--broker", broker],
-                    {"MODELFLEET_TENANCY__DB": db, **env}, tmp_path / f"{name}.log",
-                    f"{base}/readyz")
+    proc, port = _started(["gateway", "--repo", str(repo), "--port", "0", "--broker", broker],
+                          {"MODELFLEET_TENANCY__DB": db, **env}, tmp_path / f"{name}.log",
+                          "/readyz")
     proc.api_key = key
     return proc, f"http://{key}:@127.0.0.1:{port}"
 
@@ -204,13 +252,11 @@ def gateway(tmp_path: Path, broker: str, env: dict[str, str], name: str,
 def worker(tmp_path: Path, broker: str, env: dict[str, str], name: str,
            repo: Path | str = EXAMPLES, extra: list[str] | None = None) -> tuple[Proc, str]:
     """Start ``modelfleet worker --worker-id NAME``; returns (process, probe URL)."""
-    port = free_port()
-    probes = f"http://127.0.0.1:{port}"
-    proc = _started(["worker", "--repo", str(repo), "--broker", broker, "--worker-id", name,
-                     "--probe-port", str(port), *(extra or [])],
-                    {"MODELFLEET_EXAMPLE_SLOWLOAD_S": "3", **env}, tmp_path / f"{name}.log",
-                    f"{probes}/readyz")
-    return proc, probes
+    proc, port = _started(["worker", "--repo", str(repo), "--broker", broker,
+                           "--worker-id", name, "--probe-port", "0", *(extra or [])],
+                          {"MODELFLEET_EXAMPLE_SLOWLOAD_S": "3", **env},
+                          tmp_path / f"{name}.log", "/readyz")
+    return proc, f"http://127.0.0.1:{port}"
 
 
 async def ask(service: GatewayService, model: str, version: str | None, body: bytes,

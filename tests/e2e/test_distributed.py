@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import subprocess
 import time
 import uuid
 from pathlib import Path
@@ -11,6 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from modelfleet.devtools.rabbit_node import RabbitNode
 from tests.conftest import rabbitmq_url, require_rabbitmq
 from tests.procs import ROOT, Proc, gateway, worker
 
@@ -26,14 +26,16 @@ def env() -> dict[str, str]:
             "MODELFLEET_WORKER__RESCORE_INTERVAL_S": "0.5"}
 
 
-def start_gateway(tmp_path: Path, env: dict[str, str], procs: list[Proc], name: str) -> str:
-    proc, base = gateway(tmp_path, rabbitmq_url(), env, name)
+def start_gateway(tmp_path: Path, env: dict[str, str], procs: list[Proc], name: str,
+                  url: str = "") -> str:
+    proc, base = gateway(tmp_path, url or rabbitmq_url(), env, name)
     procs.append(proc)
     return base
 
 
-def start_worker(tmp_path: Path, env: dict[str, str], procs: list[Proc], name: str) -> Proc:
-    proc, _ = worker(tmp_path, rabbitmq_url(), env, name)
+def start_worker(tmp_path: Path, env: dict[str, str], procs: list[Proc], name: str,
+                 url: str = "") -> Proc:
+    proc, _ = worker(tmp_path, url or rabbitmq_url(), env, name)
     procs.append(proc)
     return proc
 
@@ -122,15 +124,16 @@ def test_killed_worker_mid_request_is_redelivered(tmp_path: Path, env: dict[str,
     assert response.headers["x-worker-id"] == "survivor"
 
 
-def rabbitmqctl(*args: str) -> None:
-    subprocess.run(["rabbitmqctl", "-q", *args], check=True, timeout=120,
-                   capture_output=True)
+# The broker-restart tests stop a RabbitMQ: a private node of this test process's own
+# (tests/private_rabbit.py), never the shared one, whose other clients (the test process
+# beside this one, among them) would lose their connections meanwhile.
 
 
 def test_rabbitmq_restart_is_survived(tmp_path: Path, env: dict[str, str],
-                                      procs: list[Proc]) -> None:
-    base = start_gateway(tmp_path, env, procs, "gw")
-    start_worker(tmp_path, env, procs, "w")
+                                      procs: list[Proc], private_rabbit: RabbitNode) -> None:
+    rabbitmqctl = private_rabbit.ctl
+    base = start_gateway(tmp_path, env, procs, "gw", private_rabbit.url)
+    start_worker(tmp_path, env, procs, "w", private_rabbit.url)
     ok = httpx.post(f"{base}/v1/models/iris/infer", json={"features": [5.1, 3.5, 1.4, 0.2]},
                     timeout=30)
     assert ok.status_code == 200
@@ -168,11 +171,9 @@ def test_unreachable_broker_at_start_up_is_one_clear_line(tmp_path: Path) -> Non
         assert lines and "127.0.0.1:1" in lines[-1] and "secret" not in proc.log()
 
 
-def unsettled(prefix: str) -> dict[str, tuple[int, int]]:
+def unsettled(node: RabbitNode, prefix: str) -> dict[str, tuple[int, int]]:
     """(ready, unacked) messages of this test's model queues, by queue."""
-    listing = subprocess.run(["rabbitmqctl", "-q", "list_queues", "name", "messages_ready",
-                              "messages_unacknowledged"], check=True, timeout=60,
-                             capture_output=True, text=True).stdout
+    listing = node.ctl("list_queues", "name", "messages_ready", "messages_unacknowledged")
     counts = {}
     for line in listing.splitlines():
         fields = line.split()
@@ -182,11 +183,13 @@ def unsettled(prefix: str) -> dict[str, tuple[int, int]]:
 
 
 def test_rabbitmq_restart_under_load_answers_everyone_and_leaves_nothing_unacked(
-        tmp_path: Path, env: dict[str, str], procs: list[Proc]) -> None:
+        tmp_path: Path, env: dict[str, str], procs: list[Proc],
+        private_rabbit: RabbitNode) -> None:
     """stop_app for ~8 s while 10 clients send: every request gets 200, 503 or 504 by its
     deadline; the fleet serves again unaided; nothing is left unacked once idle."""
-    base = start_gateway(tmp_path, env, procs, "gw")
-    start_worker(tmp_path, env, procs, "w")
+    rabbitmqctl = private_rabbit.ctl
+    base = start_gateway(tmp_path, env, procs, "gw", private_rabbit.url)
+    start_worker(tmp_path, env, procs, "w", private_rabbit.url)
     iris = {"features": [5.1, 3.5, 1.4, 0.2]}
     assert httpx.post(f"{base}/v1/models/iris/infer", json=iris, timeout=30).status_code == 200
     statuses: list[int] = []
@@ -228,7 +231,7 @@ def test_rabbitmq_restart_under_load_answers_everyone_and_leaves_nothing_unacked
     assert statuses[-20:].count(200) == 20, "not serving again after the restart"
     prefix = env["MODELFLEET_BROKER__QUEUE_PREFIX"]
     deadline = time.monotonic() + 30  # idle now: every delivery settles
-    while any(unacked for _, unacked in unsettled(prefix).values()):
-        assert time.monotonic() < deadline, unsettled(prefix)
+    while any(unacked for _, unacked in unsettled(private_rabbit, prefix).values()):
+        assert time.monotonic() < deadline, unsettled(private_rabbit, prefix)
         time.sleep(0.5)
     assert all(p.popen.poll() is None for p in procs)
