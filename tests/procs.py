@@ -188,6 +188,12 @@ def running(args: list[str], tmp_path: Path, name: str, ready_url: str | None,
                 child.kill()
 
 
+def _own_state(tmp_path: Path) -> dict[str, str]:
+    """The test's own state dir (databases, caches), not ~/.cache/modelfleet, which the
+    other test process and every earlier run share; the processes of one test share it."""
+    return {"MODELFLEET_STATE_DIR": str(tmp_path / "state")}
+
+
 def _started(args: list[str], env: dict[str, str], log_path: Path, ready_path: str
              ) -> tuple[Proc, int]:
     """Start a process that binds port 0 and logs the port; wait for ``ready_path`` there."""
@@ -211,7 +217,7 @@ def serve(tmp_path: Path, env: dict[str, str] | None = None, name: str = "serve"
                           {"MODELFLEET_EXAMPLE_SLOWLOAD_S": "3",
                            # serve archives its dead letters: into this test's folder
                            "MODELFLEET_DLQ_DB": str(tmp_path / f"{name}-dlq.sqlite3"),
-                           **(env or {})},
+                           **_own_state(tmp_path), **(env or {})},
                           tmp_path / f"{name}.log", "/readyz")
     return proc, f"http://127.0.0.1:{port}"
 
@@ -243,7 +249,8 @@ def gateway(tmp_path: Path, broker: str, env: dict[str, str], name: str,
           or str(tmp_path / "tenants.sqlite3"))
     key = provision_key(db)
     proc, port = _started(["gateway", "--repo", str(repo), "--port", "0", "--broker", broker],
-                          {"MODELFLEET_TENANCY__DB": db, **env}, tmp_path / f"{name}.log",
+                          {"MODELFLEET_TENANCY__DB": db, **_own_state(tmp_path), **env},
+                          tmp_path / f"{name}.log",
                           "/readyz")
     proc.api_key = key
     return proc, f"http://{key}:@127.0.0.1:{port}"
@@ -254,7 +261,7 @@ def worker(tmp_path: Path, broker: str, env: dict[str, str], name: str,
     """Start ``modelfleet worker --worker-id NAME``; returns (process, probe URL)."""
     proc, port = _started(["worker", "--repo", str(repo), "--broker", broker,
                            "--worker-id", name, "--probe-port", "0", *(extra or [])],
-                          {"MODELFLEET_EXAMPLE_SLOWLOAD_S": "3", **env},
+                          {"MODELFLEET_EXAMPLE_SLOWLOAD_S": "3", **_own_state(tmp_path), **env},
                           tmp_path / f"{name}.log", "/readyz")
     return proc, f"http://127.0.0.1:{port}"
 

@@ -258,7 +258,11 @@ def test_bytes_loaded_are_counted_by_source(server: str) -> None:
 async def _burst(base: str) -> list[tuple[str, httpx.Response]]:
     seven = (ROOT / "examples" / "seven.png").read_bytes()
     calls = []
-    async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=100)) as client:
+    # A deadline of 30 s, not the models' own (banner's is 5 s): the burst's first
+    # requests wait for cold loads, and with both cores busy scikit-learn's import alone
+    # took 5.6 s, during which banner's requests on the same runtime outlived 5 s.
+    async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=100),
+                                 headers={"x-request-timeout": "30"}) as client:
         for i in range(100):
             kind = ("digits", "iris", "banner")[i % 3]
             if kind == "digits":

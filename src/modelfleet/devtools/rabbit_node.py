@@ -213,10 +213,12 @@ class RabbitNode:
                                   f"{(done.stderr or done.stdout).strip()}")
         return done.stdout
 
-    def queue_count(self) -> int:
-        """Queues on the node (its own listing: for tests and measurements only)."""
+    def queue_count(self, prefix: str = "") -> int:
+        """Queues on the node whose names start with ``prefix`` (its own listing: for
+        tests and measurements only)."""
         return len([line for line in self.ctl("list_queues", "name", "--no-table-headers"
-                                              ).splitlines() if line.strip()])
+                                              ).splitlines()
+                    if line.strip() and line.strip().startswith(prefix)])
 
     def resources(self) -> NodeResources:
         status = json.loads(self.ctl("status", "--formatter", "json"))
