@@ -5,15 +5,17 @@ cache file."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import os
+import pickle
 from pathlib import Path
 
 import pytest
 
 from modelfleet.errors import ManifestError
 from modelfleet.launch import manifest_cache, open_repository
-from modelfleet.repository import Catalog, LocalStore
+from modelfleet.repository import Catalog, LocalStore, parse_cache
 from modelfleet.repository.parse_cache import ManifestCache
 from modelfleet.repository.refresher import CatalogRefresher
 from modelfleet.settings import Settings
@@ -135,7 +137,9 @@ def test_a_cache_file_can_build_manifests_and_call_nothing_else(tmp_path: Path) 
             return os.system, (f"touch {marker}",)
 
     # A well-formed file (right header and digest) whose pickle calls os.system.
-    cache.save({"x": (1, Payload())})  # type: ignore[dict-item]
+    payload = pickle.dumps(Payload())
+    cache.path.write_bytes(parse_cache._MAGIC + hashlib.blake2b(
+        payload, digest_size=parse_cache._DIGEST_BYTES).digest() + payload)
     catalog, store = started(repo, cache)
     assert not marker.exists() and store.read == ["a"] and catalog.reused == 0
 

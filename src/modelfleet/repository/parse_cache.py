@@ -25,9 +25,14 @@ digest says so) is ignored with a warning, and the start that ignored it writes 
 one. Writes are atomic (a temporary file renamed over the old one), so processes that
 share a state dir each write a whole file and the last one stays.
 
-The format is pickle (loading 100,000 manifests: ~0.3 s, where JSON and re-validation
-would cost seconds), read with an unpickler that resolves the manifest's own classes
-and nothing else: a file can build manifests, and make no other call.
+The format is a table, pickled: the distinct field values of all the manifests once
+(``catalog._Sharing`` shares them the same way in a parse), and per manifest a row of
+indices into them (an array), with the locations and the model names (one each) as one
+string each and the stamps as one array. Pickling the manifests themselves was as fast
+to load but kept a state dict per manifest alive until the load ended, between the
+manifests that live on: the heap was left fragmented, +38 MB of RSS at 100,000
+(measured). It is read with an unpickler that resolves the manifest's own classes and
+nothing else: a file can build manifests and their parts, and make no other call.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ import os
 import pickle
 import sys
 import uuid
+from array import array
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -53,7 +59,7 @@ log = logging.getLogger("modelfleet")
 
 Known = Mapping[str, tuple[int, Manifest]]  # location -> (stamp digest, manifest)
 
-_MAGIC = b"modelfleet-manifests-1\n"
+_MAGIC = b"modelfleet-manifests-4\n"
 _DIGEST_BYTES = 32
 _CLASSES = {(cls.__module__, cls.__qualname__): cls
             for cls in (Manifest, Batching, Isolation, Fanout, TensorSpec)}
@@ -75,6 +81,18 @@ class _ManifestsOnly(pickle.Unpickler):
         if found is None:
             raise pickle.UnpicklingError(f"{module}.{name} is not a manifest class")
         return found
+
+
+def _index_of(value: object, index: dict[object, int], values: list[object]) -> int:
+    """Where ``value`` is in ``values`` (one entry per equal value), added if new."""
+    try:
+        key: object = (type(value), value)
+        at = index.setdefault(key, len(values))
+    except TypeError:  # unhashable: one entry of its own
+        at = len(values)
+    if at == len(values):
+        values.append(value)
+    return at
 
 
 class ManifestCache:
@@ -112,22 +130,66 @@ class ManifestCache:
         payload = memoryview(data)[head:]
         if hashlib.blake2b(payload, digest_size=_DIGEST_BYTES).digest() != data[len(_MAGIC):head]:
             raise ValueError("damaged: its digest does not match")
-        fingerprint_, repo, known = _ManifestsOnly(io.BytesIO(payload)).load()
+        fingerprint_, repo, joined, stamps, model_ids, names, values, field_sets, cells = \
+            _ManifestsOnly(io.BytesIO(payload)).load()
         if fingerprint_ != self._fingerprint or repo != self._repo:
             log.info("repository: the manifest cache %s was made by other code or for "
                      "another repository; rebuilt by this start", self.path)
             return {}
-        if not isinstance(known, dict) or not all(
-                isinstance(location, str) and isinstance(entry, tuple) and len(entry) == 2
-                and isinstance(entry[0], int) and isinstance(entry[1], Manifest)
-                for location, entry in known.items()):
+        if not (isinstance(joined, str) and isinstance(model_ids, str)
+                and isinstance(stamps, bytes)
+                and isinstance(cells, bytes) and isinstance(values, list)
+                and isinstance(field_sets, list)
+                and all(isinstance(each, set) for each in field_sets)
+                and isinstance(names, tuple)
+                and {"name", *names} == set(Manifest.model_fields)):
             raise ValueError("not a table of manifests")
-        return known
+        locations = joined.split("\0") if joined else []
+        ids = model_ids.split("\0") if model_ids else []
+        digests, indices = array("Q"), array("I")
+        digests.frombytes(stamps)
+        indices.frombytes(cells)
+        width = len(names) + 1  # the field set's index last
+        if not len(locations) == len(ids) == len(digests) == len(indices) // width:
+            raise ValueError("its columns differ in length")
+        manifests = []
+        for model_id, row in zip(ids, zip(*[iter(indices)] * width, strict=True),
+                                 strict=True):
+            manifest = Manifest.__new__(Manifest)  # what pickle does, less its state dicts
+            fields = {"name": model_id}  # the schema's first field
+            fields.update(zip(names, map(values.__getitem__, row), strict=False))
+            object.__setattr__(manifest, "__dict__", fields)
+            object.__setattr__(manifest, "__pydantic_fields_set__", field_sets[row[-1]])
+            object.__setattr__(manifest, "__pydantic_extra__", None)
+            object.__setattr__(manifest, "__pydantic_private__", None)
+            manifests.append(manifest)
+        return dict(zip(locations, zip(digests, manifests, strict=True), strict=True))
 
     def save(self, known: Known) -> None:
         """Keep ``known`` (``Catalog.known``), replacing the file whole; a failure to
         write is logged (the next start parses more), never raised."""
-        payload = pickle.dumps((self._fingerprint, self._repo, dict(known)),
+        # NUL never occurs in a path: the locations travel as one string.
+        joined = "\0".join(known)
+        stamps = array("Q", (stamp for stamp, _ in known.values())).tobytes()
+        # The names, one per manifest, as one string: not 100,000 entries in the table.
+        model_ids = "\0".join(manifest.name for _, manifest in known.values())
+        names = tuple(name for name in Manifest.model_fields if name != "name")
+        values: list[object] = []
+        index: dict[object, int] = {}
+        field_sets: list[set[str]] = []
+        set_index: dict[frozenset[str], int] = {}
+        cells = array("I")
+        for _, manifest in known.values():
+            fields = manifest.__dict__
+            for name in names:
+                cells.append(_index_of(fields[name], index, values))
+            fields_set = manifest.__pydantic_fields_set__
+            at = set_index.setdefault(frozenset(fields_set), len(field_sets))
+            if at == len(field_sets):
+                field_sets.append(set(fields_set))
+            cells.append(at)
+        payload = pickle.dumps((self._fingerprint, self._repo, joined, stamps, model_ids,
+                                names, values, field_sets, cells.tobytes()),
                                protocol=pickle.HIGHEST_PROTOCOL)
         digest = hashlib.blake2b(payload, digest_size=_DIGEST_BYTES).digest()
         staging = self.path.with_name(f".{self.path.name}.{uuid.uuid4().hex[:12]}")
