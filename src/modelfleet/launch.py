@@ -46,6 +46,7 @@ from modelfleet.publishing.announce import is_foreign_change
 from modelfleet.publishing.publisher import Publisher
 from modelfleet.redaction import redact_url, secure_logging
 from modelfleet.repository import Catalog, ModelStore, open_store
+from modelfleet.repository.parse_cache import ManifestCache
 from modelfleet.repository.refresher import CatalogRefresher
 from modelfleet.repository.store import PackageWriter
 from modelfleet.settings import Settings
@@ -66,10 +67,21 @@ class _Server(uvicorn.Server):
         yield
 
 
-def open_repository(settings: Settings) -> tuple[ModelStore, Catalog]:
+def manifest_cache(settings: Settings) -> ManifestCache:
+    """The deployment's parsed manifests, kept in ``state_dir`` across starts."""
+    return ManifestCache(settings.state_dir / "catalog", settings.repo)
+
+
+def open_repository(settings: Settings, cache: ManifestCache | None = None
+                    ) -> tuple[ModelStore, Catalog]:
+    """The repository and its catalog, every manifest validated. Given ``cache``, those
+    an earlier start parsed at the stamps they have now are taken from it
+    (``repository.parse_cache``), and it is brought up to date if this start parsed any."""
     store = open_store(settings.repo, settings.disk_cache_path,
                        settings.runtime.disk_cache_bytes)
-    catalog = Catalog.from_store(store)
+    catalog = Catalog.from_store(store, known=cache.load() if cache is not None else None)
+    if cache is not None and catalog.parses:
+        cache.save(catalog.known())
     # What start-up made lives for the process: out of the cyclic GC's passes, which
     # would otherwise walk a large catalog's millions of objects again and again.
     gc.freeze()
@@ -227,14 +239,15 @@ async def serve(settings: Settings) -> None:
     settings = with_plans_file(settings)  # a plans file's fan-out and priorities
     _secure_logs(settings)
     metrics.bound_models(settings.metrics_models)
-    store, catalog = open_repository(settings)
+    cache = manifest_cache(settings)
+    store, catalog = open_repository(settings, cache)
     with _listen(settings.gateway.host, settings.gateway.port) as listener, \
             _kept_orders(settings) as orders:
         broker = await _connect(settings)
         try:
             service = GatewayService(settings, broker, catalog, listener.getsockname()[1],
                                      runtimes_local=True, orders=orders)
-            refresher = CatalogRefresher(store, catalog, settings.repo_refresh_s)
+            refresher = CatalogRefresher(store, catalog, settings.repo_refresh_s, cache)
             origin = uuid.uuid4().hex[:16]
             coordinator = Coordinator(settings, broker, catalog,
                                       RuntimeSupervisor(settings, catalog, store),
@@ -273,14 +286,15 @@ async def serve(settings: Settings) -> None:
 
 async def gateway(settings: Settings) -> None:
     _secure_logs(settings)
-    store, catalog = open_repository(settings)
+    cache = manifest_cache(settings)
+    store, catalog = open_repository(settings, cache)
     with _listen(settings.gateway.host, settings.gateway.port) as listener, \
             _kept_orders(settings) as orders:
         broker = await _connect(settings)
         try:
             service = GatewayService(settings, broker, catalog, listener.getsockname()[1],
                                      orders=orders)
-            refresher = CatalogRefresher(store, catalog, settings.repo_refresh_s)
+            refresher = CatalogRefresher(store, catalog, settings.repo_refresh_s, cache)
             origin = uuid.uuid4().hex[:16]
             publisher = _publisher(settings, store, catalog, refresher, broker, origin)
             await service.start()
@@ -306,11 +320,12 @@ async def worker(settings: Settings, host: str, port: int) -> None:
     settings = with_plans_file(settings)  # a plans file's fan-out and priorities
     _secure_logs(settings)
     metrics.bound_models(settings.metrics_models)
-    store, catalog = open_repository(settings)
+    cache = manifest_cache(settings)
+    store, catalog = open_repository(settings, cache)
     with _listen(host, port) as listener:
         broker = await _connect(settings)
         try:
-            refresher = CatalogRefresher(store, catalog, settings.repo_refresh_s)
+            refresher = CatalogRefresher(store, catalog, settings.repo_refresh_s, cache)
             coordinator = Coordinator(settings, broker, catalog,
                                       RuntimeSupervisor(settings, catalog, store),
                                       refresh_catalog=refresher.refresh_now)

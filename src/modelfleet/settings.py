@@ -244,7 +244,7 @@ class Settings(BaseSettings):
 
     repo: str = "examples/models"
     # Where this machine keeps what it makes: the artifact disk cache, model venvs, the
-    # embedded deployment's database (MODELFLEET_STATE_DIR).
+    # embedded deployment's database, the parsed manifests (catalog/) (MODELFLEET_STATE_DIR).
     state_dir: Path = Field(default_factory=lambda: Path.home() / ".cache" / "modelfleet")
     repo_refresh_s: float = Field(default=30, gt=0)  # new and removed models picked up
     secret: str = Field(default_factory=lambda: secrets.token_hex(16))

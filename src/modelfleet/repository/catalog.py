@@ -23,6 +23,13 @@ version in the catalog: one bad upload must not take a serving model away. The
 sorted model ids (``ids``) and ``page`` (a bisect: O(log n + limit)) serve listings;
 ``pinned`` is the set of models pinned by their manifests. All three are kept by
 ``apply`` and cost nothing to ask for.
+
+Start-up can skip parsing what an earlier process parsed: ``from_store(store,
+known=...)`` takes manifests by location with the digest of the stamp they were parsed
+at (``parse_cache.ManifestCache`` keeps them across starts), and uses one only where the
+stamp is the same now; ``known()`` is what a cache may keep (only manifests parsed from
+their current stamp). Stamps are kept as a stable digest (``stamp_digest``), the same in
+every process.
 """
 
 from __future__ import annotations
@@ -30,8 +37,10 @@ from __future__ import annotations
 import bisect
 import contextlib
 import gc
-from collections.abc import Callable, Iterator, Sequence
+import hashlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from modelfleet.errors import ManifestError, ModelNotFound
 from modelfleet.repository.manifest import Manifest, parse_manifest
@@ -90,9 +99,24 @@ class CatalogChange:
 
 
 Listener = Callable[[CatalogChange], None]
-# location -> (the stamp's hash, manifest): None for a manifest that never validated, and
-# for a stamp that says "read it again". A hash, not the text: 100,000 of them are kept.
-_Scanned = dict[str, tuple[int | None, Manifest | None]]
+
+
+class _Seen(NamedTuple):
+    """What the last scan saw at one location."""
+
+    stamp: int | None  # the stamp's digest (not its text: 100,000 are kept); None: read again
+    manifest: Manifest | None  # None: it never validated
+    # The manifest is what the file says at ``stamp`` (False: an invalid edit there kept
+    # the last good version, which a cache must not keep under this stamp).
+    current: bool
+
+
+_Scanned = dict[str, _Seen]
+
+
+def stamp_digest(stamp: str) -> int:
+    """A stamp's 64-bit digest, the same in every process (``hash`` of a str is not)."""
+    return int.from_bytes(hashlib.blake2b(stamp.encode(), digest_size=8).digest(), "big")
 
 
 @dataclass(frozen=True)
@@ -109,6 +133,7 @@ class CatalogUpdate:
     changed: tuple[str, ...] = ()
     parses: int = 0
     stamps: int = field(default=0)
+    reused: int = 0  # manifests taken from ``known`` (a cache) instead of parsed
 
 
 def model_of_location(location: str) -> str:
@@ -194,21 +219,34 @@ class Catalog:
         self._generation = 0
         self._listeners: list[Listener] = []
         self.parses = 0  # manifests read and parsed over this catalog's life
+        self.reused = 0  # manifests taken from what ``from_store`` was given as known
         self._overrides: dict[str, ConfigOverride] = {}  # model -> an operator's override
         self._configured: dict[str, tuple[CatalogEntry, CatalogEntry]] = {}  # (base, view)
 
     @classmethod
     def from_store(cls, store: ModelStore,
-                   on_invalid: Callable[[ManifestError], None] | None = None) -> Catalog:
+                   on_invalid: Callable[[ManifestError], None] | None = None,
+                   known: Mapping[str, tuple[int, Manifest]] | None = None) -> Catalog:
         """Validate every manifest.
 
         The first invalid one raises ``ManifestError`` (start-up: fix the repository
-        first), or, given ``on_invalid``, is reported there and left out.
+        first), or, given ``on_invalid``, is reported there and left out. A manifest in
+        ``known`` (location -> (``stamp_digest``, manifest), as ``known()`` gave them) whose
+        stamp is the same now is taken as it is, not read: it validated at that stamp.
         """
         catalog = cls({})
-        catalog.apply(catalog.scan(store, on_invalid))
+        with _no_gc_pauses():
+            catalog.apply(catalog._scan(store, on_invalid, known or {}))
         catalog._generation = 0
         return catalog
+
+    def known(self) -> dict[str, tuple[int, Manifest]]:
+        """Every manifest parsed from the stamp its file has now, by location, with the
+        stamp's digest: what a cache may keep for ``from_store``'s ``known``. Safe to
+        call in a thread while the loop installs a refresh (it reads one scan's state)."""
+        return {location: (seen.stamp, seen.manifest) for location, seen in
+                self._scanned.items()
+                if seen.current and seen.stamp is not None and seen.manifest is not None}
 
     # -- refreshing ---------------------------------------------------------------
     def scan(self, store: ModelStore,
@@ -221,23 +259,32 @@ class Catalog:
         keeps its last good version (left out if it never had one).
         """
         with _no_gc_pauses():
-            return self._scan(store, on_invalid)
+            return self._scan(store, on_invalid, {})
 
-    def _scan(self, store: ModelStore,
-              on_invalid: Callable[[ManifestError], None] | None) -> CatalogUpdate:
+    def _scan(self, store: ModelStore, on_invalid: Callable[[ManifestError], None] | None,
+              known: Mapping[str, tuple[int, Manifest]]) -> CatalogUpdate:
         before, generation = self._scanned, self._generation
         scanned: _Scanned = {}
         touched: set[str] = set()
-        parses = stamps = 0
+        parses = stamps = reused = 0
         shared = _Sharing()
         for location, stamp in store.manifest_stamps():
             stamps += 1
             old = before.get(location)
-            stamped = hash(stamp) if stamp else None
-            if old is not None and stamped is not None and old[0] == stamped:
+            stamped = stamp_digest(stamp) if stamp else None
+            if old is not None and stamped is not None and old.stamp == stamped:
                 scanned[location] = old
                 continue
+            kept = known.get(location) if stamped is not None else None
+            if kept is not None and kept[0] == stamped:
+                # Parsed and validated at this very stamp before: the file says the same.
+                reused += 1
+                scanned[location] = _Seen(stamped, kept[1], True)
+                if old is None or old.manifest != kept[1]:
+                    touched.add(model_of_location(location))
+                continue
             parses += 1
+            current = True
             try:
                 manifest: Manifest | None = shared(
                     _checked(location, store.read_manifest(location)))
@@ -245,17 +292,17 @@ class Catalog:
                 if on_invalid is None:
                     raise
                 on_invalid(exc)
-                manifest = old[1] if old is not None else None
-            scanned[location] = (stamped, manifest)
-            if old is None or old[1] != manifest:
+                manifest, current = (old.manifest if old is not None else None), False
+            scanned[location] = _Seen(stamped, manifest, current)
+            if old is None or old.manifest != manifest:
                 touched.add(model_of_location(location))
         touched.update(model_of_location(gone) for gone in before.keys() - scanned.keys()
-                       if before[gone][1] is not None)
+                       if before[gone].manifest is not None)
         if not touched:
             return CatalogUpdate(generation, scanned, None, None, None, parses=parses,
-                                 stamps=stamps)
+                                 stamps=stamps, reused=reused)
         versions: dict[str, list[Manifest]] = {}
-        for _, manifest in scanned.values():
+        for _, manifest, _ in scanned.values():
             if manifest is not None and manifest.name in touched:
                 versions.setdefault(manifest.name, []).append(manifest)
         entries = dict(self._entries)
@@ -278,7 +325,7 @@ class Catalog:
             else:
                 pinned.discard(model_id)
         return CatalogUpdate(generation, scanned, entries, ids, frozenset(pinned), added,
-                             removed, changed, parses, stamps)
+                             removed, changed, parses, stamps, reused)
 
     def apply(self, update: CatalogUpdate) -> CatalogChange:
         """Install a scan's result (one swap, on the loop) and tell the listeners."""
@@ -287,6 +334,7 @@ class Catalog:
                                "(one scan at a time)")
         self._scanned = update.scanned
         self.parses += update.parses
+        self.reused += update.reused
         if update.entries is None or not (update.added or update.removed or update.changed):
             return CatalogChange(self._generation)
         return self._install(update.entries, update.ids, update.pinned, update.added,

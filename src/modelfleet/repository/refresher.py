@@ -11,6 +11,11 @@ left out (or keeps its last good version); the others keep serving.
 version awaits it: the version is in the catalog when it returns); ``request`` asks for
 one without waiting (another process announced a change). Requests made while a scan
 runs are served together by the next one: one scan at a time, never a queue of them.
+
+Given the deployment's manifest cache (``parse_cache.ManifestCache``), a refresh that
+parsed manifests writes it afresh (in a thread, after the callers waiting on the scan
+were answered; its CPU counts in the refresh's cost), so that the next start parses
+only what changed after that.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import time
 
 from modelfleet.errors import ManifestError
 from modelfleet.repository.catalog import Catalog, CatalogChange
+from modelfleet.repository.parse_cache import ManifestCache
 from modelfleet.repository.store import ModelStore
 
 log = logging.getLogger("modelfleet")
@@ -31,9 +37,11 @@ COST_FACTOR = 50.0
 
 
 class CatalogRefresher:
-    def __init__(self, store: ModelStore, catalog: Catalog, interval_s: float) -> None:
+    def __init__(self, store: ModelStore, catalog: Catalog, interval_s: float,
+                 cache: ManifestCache | None = None) -> None:
         self._store = store
         self._catalog = catalog
+        self._cache = cache
         self._interval_s = interval_s
         self._wake = asyncio.Event()
         self._waiting: list[asyncio.Future[CatalogChange]] = []
@@ -59,7 +67,7 @@ class CatalogRefresher:
             self._wake.clear()
             waiting, self._waiting = self._waiting, []
             try:
-                change, cost_s = await self._refresh()
+                change, parses, cost_s = await self._refresh()
             except Exception as exc:  # e.g. the remote repository is unreachable a while
                 log.exception("repository: refresh failed; serving the catalog as it was")
                 for future in waiting:
@@ -69,9 +77,17 @@ class CatalogRefresher:
             for future in waiting:
                 if not future.done():
                     future.set_result(change)
+            if parses and self._cache is not None:
+                cost_s += await self._keep(self._cache)
             interval = max(self._interval_s, COST_FACTOR * cost_s)
 
-    async def _refresh(self) -> tuple[CatalogChange, float]:
+    async def _keep(self, cache: ManifestCache) -> float:
+        """Write the manifest cache (in a thread); its CPU seconds."""
+        started = time.process_time()
+        await asyncio.to_thread(lambda: cache.save(self._catalog.known()))
+        return time.process_time() - started
+
+    async def _refresh(self) -> tuple[CatalogChange, int, float]:
         started = time.process_time(), time.perf_counter()
         update = await asyncio.to_thread(self._catalog.scan, self._store, self._report)
         # process_time: this process's CPU (the loop's share of it is small), so a busy
@@ -85,7 +101,7 @@ class CatalogRefresher:
             log.info("repository: %s (generation %d; %d of %d manifests read, %.2fs)",
                      "; ".join(parts), change.generation, update.parses, update.stamps,
                      time.perf_counter() - started[1])
-        return change, cost_s
+        return change, update.parses, cost_s
 
     def _report(self, exc: ManifestError) -> None:
         if str(exc) not in self._seen_invalid:  # once per problem, not every refresh
