@@ -19,7 +19,7 @@ import asyncio
 import inspect
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import TypeVar, overload
 
 T = TypeVar("T")
 
@@ -28,6 +28,18 @@ def _failed(what: str, timeout_s: float, state: Callable[[], object] | None
             ) -> AssertionError:
     seen = "" if state is None else f"; at the last look: {state()}"
     return AssertionError(f"{what} did not hold within {timeout_s:g} s{seen}")
+
+
+@overload
+async def eventually(check: Callable[[], Awaitable[T]], timeout_s: float = 30.0, *,
+                     what: str = "the condition", every_s: float = 0.05,
+                     state: Callable[[], object] | None = None) -> T: ...
+
+
+@overload
+async def eventually(check: Callable[[], T], timeout_s: float = 30.0, *,
+                     what: str = "the condition", every_s: float = 0.05,
+                     state: Callable[[], object] | None = None) -> T: ...
 
 
 async def eventually(check: Callable[[], T | Awaitable[T]], timeout_s: float = 30.0, *,
