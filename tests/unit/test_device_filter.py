@@ -62,7 +62,7 @@ def repo(tmp_path: Path) -> Path:
 
 
 async def _fleet(repo: Path, gpus: int) -> AsyncIterator[Fleet]:
-    settings = Settings(repo=str(repo), worker={
+    settings = Settings(repo=str(repo), state_dir=repo.parent / f"state-{gpus}", worker={
         "worker_id": f"w-gpus-{gpus}", "gpus": gpus, "rescore_interval_s": 0.05,
         "state_interval_s": 0.05, "standby_keep_s": 0})
     async with in_process_fleet(settings, gateway=True) as fleet:
