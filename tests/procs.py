@@ -9,7 +9,6 @@ import socket
 import subprocess
 import sys
 import textwrap
-import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,6 +22,7 @@ from modelfleet.gateway.service import GatewayService
 from modelfleet.messages import now_ms
 from modelfleet.tenancy.access import CALLER
 from modelfleet.tenancy.keys import Role
+from tests.waiting import eventually_blocking
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples" / "models"
@@ -107,32 +107,34 @@ class Proc:
 
     def announced_port(self, timeout_s: float = 60) -> int:
         """The HTTP port the process bound and logged (it was started with port 0)."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            found = _ANNOUNCED_PORT.search(self.log())
-            if found:
-                return int(found.group(1))
-            if self.popen.poll() is not None:
-                raise AssertionError(f"{self.args[0]} exited with {self.popen.returncode}:\n"
-                                     f"{self.log()}")
-            time.sleep(0.05)
-        raise AssertionError(f"{self.args[0]} announced no port after {timeout_s}s:\n"
-                             f"{self.log()}")
+        def announced() -> re.Match[str] | None:
+            self._check_alive()
+            return _ANNOUNCED_PORT.search(self.log())
+
+        found = eventually_blocking(announced, timeout_s, every_s=0.05,
+                                    what=f"{self.args[0]} announcing its port",
+                                    state=lambda: f"its log:\n{self.log()}")
+        return int(found.group(1))
+
+    def _check_alive(self) -> None:
+        """Fail at once, with its log, once the process has exited."""
+        if self.popen.poll() is not None:
+            raise AssertionError(f"{self.args[0]} exited with {self.popen.returncode}:\n"
+                                 f"{self.log()}")
 
     def wait_ready(self, timeout_s: float = 60) -> None:
-        assert self.ready_url is not None
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.popen.poll() is not None:
-                raise AssertionError(f"{self.args[0]} exited with {self.popen.returncode}:\n"
-                                     f"{self.log()}")
+        ready_url = self.ready_url
+        assert ready_url is not None
+
+        def ready() -> bool:
+            self._check_alive()
             try:
-                if httpx.get(self.ready_url, timeout=1).status_code == 200:
-                    return
+                return httpx.get(ready_url, timeout=1).status_code == 200
             except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise AssertionError(f"{self.args[0]} not ready after {timeout_s}s:\n{self.log()}")
+                return False
+
+        eventually_blocking(ready, timeout_s, what=f"{self.args[0]} being ready",
+                            state=lambda: f"its log:\n{self.log()}")
 
     def descendants(self) -> list[psutil.Process]:
         try:

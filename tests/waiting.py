@@ -3,7 +3,9 @@
 ``eventually`` (in a coroutine) and ``eventually_blocking`` (in a plain test or a thread)
 call ``check`` until it returns something truthy and return that value, or fail with
 an AssertionError naming ``what`` once ``timeout_s`` has passed. ``check`` may be a
-plain function or, for ``eventually``, a coroutine function.
+plain function or, for ``eventually``, a coroutine function. ``state``, if given, is
+called when the wait fails and its answer added to the message: what the test saw at
+the last look (a queue's counts, a process's log).
 
 Poll only for what tells nobody when it happens: another process's log or state, a
 server's own timers (a queue expiring on RabbitMQ), a file. Where the code under test
@@ -17,28 +19,51 @@ import asyncio
 import inspect
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import TypeVar, overload
 
 T = TypeVar("T")
 
 
+def _failed(what: str, timeout_s: float, state: Callable[[], object] | None
+            ) -> AssertionError:
+    seen = "" if state is None else f"; at the last look: {state()}"
+    return AssertionError(f"{what} did not hold within {timeout_s:g} s{seen}")
+
+
+@overload
+async def eventually(check: Callable[[], Awaitable[T]], timeout_s: float = 30.0, *,
+                     what: str = "the condition", every_s: float = 0.05,
+                     state: Callable[[], object] | None = None) -> T: ...
+
+
+@overload
+async def eventually(check: Callable[[], T], timeout_s: float = 30.0, *,
+                     what: str = "the condition", every_s: float = 0.05,
+                     state: Callable[[], object] | None = None) -> T: ...
+
+
 async def eventually(check: Callable[[], T | Awaitable[T]], timeout_s: float = 30.0, *,
-                     what: str = "the condition", every_s: float = 0.05) -> T:
+                     what: str = "the condition", every_s: float = 0.05,
+                     state: Callable[[], object] | None = None) -> T:
     """Await until ``check()`` is truthy; returns its value."""
     deadline = time.monotonic() + timeout_s
     while True:
         value = check()
         if inspect.isawaitable(value):
-            value = await asyncio.wait_for(value, max(deadline - time.monotonic(), every_s))
+            try:
+                value = await asyncio.wait_for(value, max(deadline - time.monotonic(), every_s))
+            except TimeoutError as exc:  # a check still running at the deadline
+                raise _failed(what, timeout_s, state) from exc
         if value:
             return value  # type: ignore[return-value]
         if time.monotonic() >= deadline:
-            raise AssertionError(f"{what} did not hold within {timeout_s:g} s")
+            raise _failed(what, timeout_s, state)
         await asyncio.sleep(every_s)
 
 
 def eventually_blocking(check: Callable[[], T], timeout_s: float = 60.0, *,
-                        what: str = "the condition", every_s: float = 0.1) -> T:
+                        what: str = "the condition", every_s: float = 0.1,
+                        state: Callable[[], object] | None = None) -> T:
     """Block until ``check()`` is truthy; returns its value."""
     deadline = time.monotonic() + timeout_s
     while True:
@@ -46,5 +71,5 @@ def eventually_blocking(check: Callable[[], T], timeout_s: float = 60.0, *,
         if value:
             return value
         if time.monotonic() >= deadline:
-            raise AssertionError(f"{what} did not hold within {timeout_s:g} s")
+            raise _failed(what, timeout_s, state)
         time.sleep(every_s)

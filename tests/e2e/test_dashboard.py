@@ -14,7 +14,6 @@ import json
 import os
 import re
 import shutil
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from PIL import Image
 
 from tests.browser import dump_dom, screenshot
 from tests.procs import ROOT, Proc, serve
+from tests.waiting import eventually_blocking
 
 pytestmark = pytest.mark.timeout(240)
 SLOW_LOAD_S = 16  # the held-up load the backlog waits behind: the page is read meanwhile
@@ -49,15 +49,17 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Proc, str]
 
 def wait_for(base: str, check: Callable[[dict[str, Any]], bool], what: str,
              timeout_s: float = 90) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout_s
     summary: dict[str, Any] = {}
-    while time.monotonic() < deadline:
+
+    def seen() -> dict[str, Any] | None:
+        nonlocal summary
         summary = httpx.get(f"{base}/v1/fleet/summary", timeout=10).json()
-        if check(summary):
-            return summary
-        time.sleep(0.3)
-    last = {k: summary.get(k) for k in ("totals", "queues")}
-    raise AssertionError(f"never saw {what}; last summary: {last}")
+        return summary if check(summary) else None
+
+    found: dict[str, Any] = eventually_blocking(
+        seen, timeout_s, what=what, every_s=0.3,
+        state=lambda: {k: summary.get(k) for k in ("totals", "queues")})
+    return found
 
 
 def queue_row(rows: list[dict[str, Any]], model: str) -> list[str]:

@@ -13,6 +13,7 @@ import pytest
 from modelfleet.devtools.rabbit_node import RabbitNode
 from tests.conftest import rabbitmq_url, require_rabbitmq
 from tests.procs import ROOT, Proc, gateway, worker
+from tests.waiting import eventually_blocking
 
 pytestmark = pytest.mark.rabbitmq
 SEVEN = (ROOT / "examples" / "seven.png").read_bytes()
@@ -149,16 +150,12 @@ def test_rabbitmq_restart_is_survived(tmp_path: Path, env: dict[str, str],
         rabbitmqctl("start_app")
         rabbitmqctl("await_startup")
     # No modelfleet process was restarted: they reconnect and serve again.
-    deadline = time.monotonic() + 60
-    status = 0
-    while time.monotonic() < deadline:
-        response = httpx.post(f"{base}/v1/models/iris/infer",
-                              json={"features": [5.1, 3.5, 1.4, 0.2]}, timeout=30)
-        status = response.status_code
-        if status == 200:
-            break
-        time.sleep(0.5)
-    assert status == 200
+    def iris_status() -> int:
+        return httpx.post(f"{base}/v1/models/iris/infer",
+                          json={"features": [5.1, 3.5, 1.4, 0.2]}, timeout=30).status_code
+
+    eventually_blocking(lambda: iris_status() == 200, 60, what="iris served again",
+                        every_s=0.5, state=iris_status)
     assert all(p.popen.poll() is None for p in procs)
 
 
@@ -230,8 +227,8 @@ def test_rabbitmq_restart_under_load_answers_everyone_and_leaves_nothing_unacked
     assert not late, f"answers later than their deadline: {late}"
     assert statuses[-20:].count(200) == 20, "not serving again after the restart"
     prefix = env["MODELFLEET_BROKER__QUEUE_PREFIX"]
-    deadline = time.monotonic() + 30  # idle now: every delivery settles
-    while any(unacked for _, unacked in unsettled(private_rabbit, prefix).values()):
-        assert time.monotonic() < deadline, unsettled(private_rabbit, prefix)
-        time.sleep(0.5)
+    eventually_blocking(  # idle now: every delivery settles
+        lambda: not any(unacked for _, unacked in unsettled(private_rabbit, prefix).values()),
+        30, what="every delivery settled", every_s=0.5,
+        state=lambda: unsettled(private_rabbit, prefix))
     assert all(p.popen.poll() is None for p in procs)

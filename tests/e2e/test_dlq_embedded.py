@@ -7,12 +7,12 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 
 from tests.procs import ROOT, serve
+from tests.waiting import eventually_blocking
 
 
 def dlq(db: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -36,10 +36,8 @@ def test_serve_archives_its_dead_letters_and_they_replay_through_the_gateway(
         pill = httpx.post(f"{base}/v1/models/crasher/infer", content=b"CRASH",
                           headers={"content-type": "text/plain"}, timeout=90)
         assert pill.status_code == 500 and "dead-lettered" in pill.text
-        deadline = time.monotonic() + 20  # archived in the background, as it arrives
-        while not (records := archived(db)):
-            assert time.monotonic() < deadline, "serve did not archive its dead letter"
-            time.sleep(0.2)
+        records = eventually_blocking(  # archived in the background, as it arrives
+            lambda: archived(db), 20, what="serve archiving its dead letter", every_s=0.2)
         [record] = records
         assert record["model_id"] == "crasher" and record["failure_class"] == "deterministic"
         request_id = str(record["request_id"])

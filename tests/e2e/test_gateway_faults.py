@@ -25,7 +25,7 @@ import pytest
 
 from tests.conftest import rabbitmq_url, require_rabbitmq
 from tests.procs import ROOT, Proc, gateway, metric_sum, serve, worker
-from tests.waiting import eventually_blocking
+from tests.waiting import eventually, eventually_blocking
 
 SEVEN = (ROOT / "examples" / "seven.png").read_bytes()
 
@@ -589,10 +589,9 @@ def test_a_caller_hanging_up_publishes_a_cancel_event(tmp_path: Path) -> None:
             writer.write(b"POST /v1/models/slowload/infer HTTP/1.1\r\nHost: x\r\n"
                          b"Content-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
             await writer.drain()
-            for _ in range(300):
-                if metric_sum(base, "modelfleet_gateway_parked_requests") >= 1:
-                    break
-                await asyncio.sleep(0.1)
+            await eventually(
+                lambda: metric_sum(base, "modelfleet_gateway_parked_requests") >= 1, 30,
+                what="the request parked", every_s=0.1)
             writer.close()
             async with asyncio.timeout(30):
                 event = await anext(events)

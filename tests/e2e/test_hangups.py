@@ -13,14 +13,13 @@ from pathlib import Path
 import httpx
 
 from tests.procs import metric_sum, serve, write_package
+from tests.waiting import eventually_blocking
 
 
-def wait_for_metric(base: str, name: str, at_least: float, **labels: str) -> float:
-    deadline = time.monotonic() + 20
-    while (value := metric_sum(base, name, **labels)) < at_least:
-        assert time.monotonic() < deadline, f"{name}{labels} stayed at {value}"
-        time.sleep(0.1)
-    return value
+def wait_for_metric(base: str, name: str, at_least: float, **labels: str) -> None:
+    eventually_blocking(lambda: metric_sum(base, name, **labels) >= at_least, 20,
+                        what=f"{name}{labels} at {at_least:g} or more",
+                        state=lambda: f"it stayed at {metric_sum(base, name, **labels)}")
 
 
 def test_a_caller_that_hangs_up_cancels_its_queued_task(tmp_path: Path) -> None:

@@ -13,7 +13,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
@@ -21,6 +20,7 @@ import httpx
 import pytest
 
 from tests.procs import EXAMPLES, ROOT, free_port
+from tests.waiting import eventually_blocking
 
 IMAGE = "localhost/modelfleet:test"
 
@@ -76,15 +76,14 @@ def test_the_image_builds_and_serves_a_request_as_non_root() -> None:
             assert started.returncode == 0, started.stderr
             run_inside = ["podman", "exec", name]
             health_cmd = []
-        deadline = time.monotonic() + 90
-        while True:
+        def ready() -> bool:
             try:
-                if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
-                    break
+                return httpx.get(f"{base}/readyz", timeout=1).status_code == 200
             except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, podman("logs", name).stdout
-            time.sleep(0.5)
+                return False
+
+        eventually_blocking(ready, 90, what="the container ready", every_s=0.5,
+                            state=lambda: podman("logs", name).stdout)
         answer = httpx.post(f"{base}/v1/models/banner/infer", content=b"from the image",
                             headers={"content-type": "text/plain"}, timeout=30)
         assert answer.status_code == 200, answer.text

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import httpx
 
 from tests.procs import metric_sum, serve
+from tests.waiting import eventually_blocking
 
 
 def test_conflicting_pins_serve_side_by_side(tmp_path: Path) -> None:
@@ -93,10 +93,8 @@ def test_an_idle_isolated_runtime_is_stopped_and_comes_back(tmp_path: Path) -> N
                      httpx.get(f"{base}/v1/fleet").json()["workers"][0]["runtimes"]}
             return "model-memhog" not in names and len(proc.runtimes()) == 1
 
-        deadline = time.monotonic() + 30
-        while not memhog_runtime_gone():
-            assert time.monotonic() < deadline, "the idle runtime was never stopped"
-            time.sleep(0.2)
+        eventually_blocking(memhog_runtime_gone, 30, what="the idle runtime stopped",
+                            every_s=0.2)
         again = httpx.post(f"{base}/v1/models/memhog/infer", json={}, timeout=60)
         assert again.status_code == 200 and again.json() == first.json()
     finally:

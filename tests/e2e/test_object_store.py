@@ -7,7 +7,6 @@ standard ``AWS_ENDPOINT_URL_S3`` variable that botocore (under s3fs) reads itsel
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import s3fs
 from moto import server as moto_server
 
 from tests.procs import EXAMPLES, serve
+from tests.waiting import eventually_blocking
 
 BUCKET = "fleet-models"
 
@@ -76,11 +76,13 @@ def test_serves_from_s3_picks_up_a_new_version_and_bounds_the_disk_cache(
         (v2 / "handler.py").write_text((EXAMPLES / "banner" / "1" / "handler.py").read_text()
                                        .replace("[o_o]", "[^_^]"))
         _upload(v2, f"{BUCKET}/models/banner/2")
-        deadline = time.monotonic() + 30
-        while "[^_^]" not in (answer := _banner(base)).text:
+        def version_2() -> httpx.Response | None:
+            answer = _banner(base)
             assert answer.status_code == 200, answer.text
-            assert time.monotonic() < deadline, f"version 2 never served:\n{proc.log()}"
-            time.sleep(0.3)
+            return answer if "[^_^]" in answer.text else None
+
+        answer = eventually_blocking(version_2, 30, what="version 2 served", every_s=0.3,
+                                     state=lambda: f"the log:\n{proc.log()}")
         assert answer.status_code == 200
         assert "< from the bucket >" in answer.text
         # The disk cache holds what its byte budget allows: version 1 went for version 2.

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import subprocess
 import textwrap
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +24,7 @@ from moto import server as moto_server
 from modelfleet.publishing.package import sign
 from tests.conftest import rabbitmq_url, require_rabbitmq
 from tests.procs import EXAMPLES, MODELFLEET, ROOT, Proc, gateway, worker
+from tests.waiting import eventually_blocking
 
 pytestmark = pytest.mark.rabbitmq
 BUCKET = "published-models"
@@ -137,13 +137,15 @@ def test_a_pushed_model_is_served_by_every_gateway_from_s3_without_a_refresh(
 def _served(base: str, *procs: Proc) -> httpx.Response:
     """The first answer that is not a 404: the other processes heard of the model from
     the broker, not from a refresh (an hour away), so this takes a moment at most."""
-    deadline = time.monotonic() + 60  # far less than the hour a refresh would take
-    while True:
+    def answered() -> httpx.Response | None:
         answer = httpx.post(f"{base}/v1/models/greeter/infer", content=b"fleet",
                             headers={"content-type": "text/plain"}, timeout=60)
-        if answer.status_code != 404:
-            assert answer.status_code == 200, answer.text
-            return answer
-        logs = "\n".join(p.log()[-3000:] for p in procs)
-        assert time.monotonic() < deadline, f"never served at {base}:\n{logs}"
-        time.sleep(0.2)
+        if answer.status_code == 404:
+            return None
+        assert answer.status_code == 200, answer.text
+        return answer
+
+    found: httpx.Response = eventually_blocking(  # far less than the hour a refresh takes
+        answered, 60, what=f"greeter served at {base}", every_s=0.2,
+        state=lambda: "the logs:\n" + "\n".join(p.log()[-3000:] for p in procs))
+    return found

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -17,6 +16,7 @@ from modelfleet.broker.rabbitmq.broker import AmqpBroker
 from modelfleet.settings import BrokerSettings
 from tests.conftest import rabbitmq_url, require_rabbitmq
 from tests.procs import Proc, gateway, worker, write_package
+from tests.waiting import eventually_blocking
 
 pytestmark = pytest.mark.rabbitmq
 MODELS = [f"m{i}" for i in range(6)]
@@ -98,15 +98,13 @@ def test_hot_models_stay_within_their_cap_and_nothing_is_left(
         assert response.json() == {"model": model_id, "n": i}
     # Workers decide alone, so two may take a queue in the same instant; the one over
     # the cap steps back. What must hold is where the fleet ends up.
-    deadline = time.monotonic() + 20
-    while True:
+    def over_cap() -> dict[str, int]:
         workers = httpx.get(f"{base}/v1/fleet").json()["workers"]
         consumers = Counter(m for w in workers for m in w["subscriptions"])
-        over = {m: n for m, n in consumers.items() if n > CAP[m]}
-        if not over or time.monotonic() > deadline:
-            break
-        time.sleep(0.25)
-    assert not over, f"fan-out cap exceeded at the end: {over}"
+        return {m: n for m, n in consumers.items() if n > CAP[m]}
+
+    eventually_blocking(lambda: not over_cap(), 20, what="every fan-out cap kept at the end",
+                        every_s=0.25, state=lambda: f"exceeded: {over_cap()}")
 
     async def leftovers() -> dict[str, int]:
         broker = AmqpBroker(BrokerSettings(url=rabbitmq_url(), queue_prefix=prefix))

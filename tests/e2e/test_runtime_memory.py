@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -23,7 +22,7 @@ from modelfleet.ipc.socket_runtime import SocketRuntime
 from modelfleet.settings import MiB, Settings
 from modelfleet.worker.process_launcher import ProcessLauncher
 from tests.procs import free_port, metric_sum, running, write_package
-from tests.waiting import eventually
+from tests.waiting import eventually, eventually_blocking
 
 SIZES_MB = {"m5": 5, "m30": 30, "m12": 12, "m25": 25, "m8": 8, "m20": 20, "m15": 15, "m28": 28}
 # 20 loads through a 60 MB budget: most of them evict something.
@@ -162,10 +161,8 @@ def test_each_runtime_reports_its_rss_next_to_its_budget(tmp_path: Path) -> None
                  f"{base}/readyz", env):
         response = httpx.post(f"{base}/v1/models/m12/infer", json={}, timeout=60)
         assert response.status_code == 200, response.text
-        deadline = time.monotonic() + 20
-        while metric_sum(base, "modelfleet_runtime_rss_bytes") == 0:
-            assert time.monotonic() < deadline, "no runtime RSS on /metrics"
-            time.sleep(0.2)
+        eventually_blocking(lambda: metric_sum(base, "modelfleet_runtime_rss_bytes") != 0, 20,
+                            what="a runtime's RSS on /metrics", every_s=0.2)
         text = httpx.get(f"{base}/metrics").text
         runtimes = {line.split('runtime="')[1].split('"')[0] for line in text.splitlines()
                     if line.startswith("modelfleet_runtime_rss_bytes{")}
@@ -222,10 +219,9 @@ def test_a_load_refused_by_one_runtimes_memory_guard_is_served_by_another(
                  f"{base}/readyz", env):
         answer = httpx.post(f"{base}/v1/models/leaker/infer", json={}, timeout=60)
         assert answer.status_code == 200, answer.text
-        deadline = time.monotonic() + 30
-        while metric_sum(base, "modelfleet_runtime_over_memory_budget") < 1:
-            assert time.monotonic() < deadline, "the leaker's runtime never went over its line"
-            time.sleep(0.2)
+        eventually_blocking(
+            lambda: metric_sum(base, "modelfleet_runtime_over_memory_budget") >= 1, 30,
+            what="the leaker's runtime going over its line", every_s=0.2)
         # The leaker's runtime shed what it could and holds nothing now, so the next
         # misses are placed there: each is refused, and moves to the other runtime.
         answer = httpx.post(f"{base}/v1/models/filler/infer", json={}, timeout=60)

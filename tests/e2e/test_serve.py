@@ -9,7 +9,6 @@ import shutil
 import signal
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import pytest
 
 from modelfleet.oip import OIP_CONTENT_TYPE
 from tests.procs import ROOT, Proc, metric_sum, serve
+from tests.waiting import eventually_blocking
 
 DIGITS = ROOT / "tests" / "fixtures" / "digits"
 
@@ -197,11 +197,10 @@ def test_model_that_fails_to_load_is_500_and_retried(server: str) -> None:
         assert "broken" in error["message"]
         assert "format" in error["message"]  # the cause, from the handler's exception
     # Load failures are counted when the worker next reads its runtime's stats.
-    for _ in range(50):
-        if metric_sum(server, "modelfleet_model_load_failures_total") >= before + 2:
-            break
-        asyncio.run(asyncio.sleep(0.1))
-    assert metric_sum(server, "modelfleet_model_load_failures_total") >= before + 2
+    eventually_blocking(
+        lambda: metric_sum(server, "modelfleet_model_load_failures_total") >= before + 2, 5,
+        what="both load failures counted",
+        state=lambda: metric_sum(server, "modelfleet_model_load_failures_total") - before)
 
 
 def test_catalog(server: str) -> None:
@@ -214,11 +213,9 @@ def test_catalog(server: str) -> None:
     assert models["digits"]["versions"] == ["1"]
     assert models["digits"]["size_estimate_bytes"] > 0
     assert models["iris"]["device"] == "cpu"
-    for _ in range(50):  # warmth comes from the worker's next state event
-        if httpx.get(f"{server}/v1/models/iris").json()["warm"]:
-            break
-        asyncio.run(asyncio.sleep(0.1))
-    assert httpx.get(f"{server}/v1/models/iris").json()["warm"] is True
+    eventually_blocking(  # warmth comes from the worker's next state event
+        lambda: httpx.get(f"{server}/v1/models/iris").json()["warm"] is True, 5,
+        what="iris listed warm")
 
 
 def test_probes_and_metrics(server: str) -> None:
@@ -240,10 +237,8 @@ def test_bytes_loaded_are_counted_by_source(server: str) -> None:
     response = httpx.post(f"{server}/v1/models/iris/infer",
                           json={"features": [5.1, 3.5, 1.4, 0.2]}, timeout=60)
     assert response.status_code == 200, response.text
-    deadline = time.monotonic() + 30
-    while metric_sum(server, "modelfleet_model_loads_total") == 0:  # counted at a re-score
-        assert time.monotonic() < deadline, "no load on /metrics"
-        time.sleep(0.2)
+    eventually_blocking(lambda: metric_sum(server, "modelfleet_model_loads_total") > 0, 30,
+                        what="a load on /metrics", every_s=0.2)  # counted at a re-score
     loads = {source: metric_sum(server, "modelfleet_model_loads_total", source=source)
              for source in ("repository", "disk", "host")}
     loaded = {source: metric_sum(server, "modelfleet_model_load_bytes_total", source=source)
@@ -473,25 +468,26 @@ def test_models_added_to_the_repository_are_served_without_a_restart(tmp_path: P
         bad = repo / "typo" / "1"
         bad.mkdir(parents=True)
         (bad / "model.toml").write_text('name = "typo"\nentrypoint = "h:M"\nacepts = []\n')
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            names = [m["name"] for m in httpx.get(f"{base}/v1/models").json()["models"]]
-            if "iris" in names:
-                break
-            time.sleep(0.2)
+        def listed() -> list[str]:
+            return [m["name"] for m in httpx.get(f"{base}/v1/models").json()["models"]]
+
+        def with_iris() -> list[str] | None:
+            names = listed()
+            return names if "iris" in names else None
+
+        names = eventually_blocking(with_iris, 30, what="iris listed", every_s=0.2,
+                                    state=listed)
         assert names == ["banner", "iris"]  # the invalid one is left out, the rest serve
         iris = httpx.post(f"{base}/v1/models/iris/infer",
                           json={"features": [5.1, 3.5, 1.4, 0.2]}, timeout=30)
         assert iris.status_code == 200 and iris.json()["class"] == "setosa"
         assert "acepts" in proc.log()  # the bad manifest was reported, naming the field
         shutil.rmtree(repo / "banner")
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            gone = httpx.post(f"{base}/v1/models/banner/infer", content=b"x",
-                              headers={"content-type": "text/plain"}, timeout=30)
-            if gone.status_code == 404:
-                break
-            time.sleep(0.2)
-        assert gone.status_code == 404
+        def banner_status() -> int:
+            return httpx.post(f"{base}/v1/models/banner/infer", content=b"x",
+                              headers={"content-type": "text/plain"}, timeout=30).status_code
+
+        eventually_blocking(lambda: banner_status() == 404, 30, every_s=0.2,
+                            what="banner answered 404 once removed", state=banner_status)
     finally:
         proc.stop()

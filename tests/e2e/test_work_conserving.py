@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 
 from tests.procs import metric_sum, serve, write_package
+from tests.waiting import eventually_blocking
 
 MODELS = [f"tail-{i:02d}" for i in range(24)]
 
@@ -104,9 +105,7 @@ def test_backlog_gauge_of_a_queue_no_longer_considered_is_removed(tmp_path: Path
         response = httpx.post(f"{base}/v1/models/fails/infer", json={"x": 1}, timeout=20)
         assert response.status_code == 500 and "no weights" in response.text
         assert gauge in httpx.get(f"{base}/metrics").text  # in demand: considered
-        deadline = time.monotonic() + 10
-        while gauge in httpx.get(f"{base}/metrics").text:
-            assert time.monotonic() < deadline, "the gauge outlived the queue's demand"
-            time.sleep(0.1)
+        eventually_blocking(lambda: gauge not in httpx.get(f"{base}/metrics").text, 10,
+                            what="the gauge gone with the queue's demand")
     finally:
         proc.stop()

@@ -24,12 +24,12 @@ from modelfleet.errors import DeadlineExceeded
 from modelfleet.gateway.service import GatewayService
 from modelfleet.launch import open_repository
 from modelfleet.messages import PayloadRef, Task, now_ms
-from modelfleet.runtime.inprocess import InProcessLauncher
 from modelfleet.settings import Settings
 from modelfleet.worker.announced import AnnouncedCounts
 from modelfleet.worker.coordinator import Coordinator
-from modelfleet.worker.supervisor import RuntimeSupervisor
+from tests.fleet import in_process_fleet
 from tests.procs import EXAMPLES, ask, write_package
+from tests.waiting import eventually
 
 MODEL = '''
     from modelfleet import Model
@@ -139,21 +139,9 @@ async def fleet(tmp_path: Path) -> AsyncIterator[Fleet]:
                       'entrypoint = "handler:Echo"\naccepts = ["text/plain"]\n', MODEL)
     settings = Settings(repo=str(repo), state_dir=tmp_path / "state", broker={"url": "memory"},
                         worker={"worker_id": "w-me", "permits": 4})
-    broker = CountingBroker(settings.broker)
-    await broker.connect()
-    store, catalog = open_repository(settings)
-    launcher = InProcessLauncher()
-    supervisor = RuntimeSupervisor(settings, catalog, store, launcher=launcher)
-    await supervisor.start()
-    coordinator = Coordinator(settings, broker, catalog, supervisor)
-    inbox = await broker.open_inbox()
-    try:
-        yield Fleet(broker, coordinator, inbox.address)
-    finally:
-        await coordinator.stop()
-        await inbox.close()
-        await launcher.close()
-        await broker.close()
+    async with in_process_fleet(settings, start="runtimes", broker_type=CountingBroker) as rig:
+        assert isinstance(rig.broker, CountingBroker)
+        yield Fleet(rig.broker, rig.coordinator, rig.inbox_address)
 
 
 def hear(fleet: Fleet, event: dict[str, object]) -> None:
@@ -209,8 +197,14 @@ async def test_requests_in_the_cold_lane_are_not_announced_as_waiting(tmp_path: 
     async with gateway_hearing_events(tmp_path) as (service, broker, events):
         calls = [asyncio.create_task(ask(service, "banner", None, b"hi", "text/plain",
                                                    now_ms() + 400, {})) for _ in range(3)]
-        await asyncio.sleep(0.2)
-        stats = await broker.queue_stats(["banner", cold_lane(0)])
+
+        async def all_queued() -> dict[str, QueueStats] | None:
+            stats = await broker.queue_stats(["banner", cold_lane(0)])
+            queued = sum(s.backlog for s in stats.values())
+            return stats if queued == 3 else None
+
+        stats = await eventually(all_queued, 5, what="the three requests queued",
+                                 every_s=0.01)
         assert stats[cold_lane(0)].backlog == 2 and stats["banner"].backlog == 1
         for outcome in await asyncio.gather(*calls, return_exceptions=True):
             assert isinstance(outcome, DeadlineExceeded)

@@ -18,6 +18,7 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client import REGISTRY
@@ -25,13 +26,12 @@ from prometheus_client import REGISTRY
 from modelfleet.broker import cold_lane
 from modelfleet.broker.embedded import MemoryBroker
 from modelfleet.errors import DeadlineExceeded, InvalidInput
-from modelfleet.gateway.service import GatewayService
-from modelfleet.launch import open_repository
 from modelfleet.messages import PayloadRef, Reply, Task, now_ms
 from modelfleet.runtime.inprocess import InProcessLauncher
 from modelfleet.settings import Settings
 from modelfleet.worker.coordinator import Coordinator
 from modelfleet.worker.supervisor import RuntimeSupervisor
+from tests.fleet import in_process_fleet
 from tests.procs import EXAMPLES, ask, write_package
 from tests.waiting import eventually
 
@@ -87,6 +87,7 @@ class Worker:
     inbox_address: str
     replies: asyncio.Queue[Reply]
     calls_log: Path
+    events: list[dict[str, Any]]  # every event on the broker since the worker started
 
     def task(self, text: str, deadline_s: float = 10, model: str = "timed") -> Task:
         body = text.encode()
@@ -113,10 +114,9 @@ class Worker:
 
     async def started(self, text: str, count: int = 1, timeout_s: float = 20) -> None:
         """Wait until predict has started on ``text`` ``count`` times."""
-        deadline = time.monotonic() + timeout_s
-        while sum(1 for kind, t, _ in self.calls() if kind == "start" and t == text) < count:
-            assert time.monotonic() < deadline, f"predict never started on {text!r}"
-            await asyncio.sleep(0.02)
+        await eventually(
+            lambda: sum(1 for kind, t, _ in self.calls() if kind == "start" and t == text)
+            >= count, timeout_s, what=f"predict starting on {text!r} ({count}x)")
 
     async def kill_runtime(self, name: str = "runtime-0") -> None:
         """Kill the process of runtime ``name`` (the shared one, or ``quarantine``)."""
@@ -138,43 +138,23 @@ async def worker(tmp_path: Path) -> AsyncIterator[Worker]:
         "worker_id": "w-test", "permits": 4, "rescore_interval_s": 0.1,
         "state_interval_s": 0.2, "standby_keep_s": 0, "restart_backoff_max_s": 0.2},
         runtime={"ping_interval_s": 0.1})
-    broker = MemoryBroker(settings.broker)
-    await broker.connect()
-    store, catalog = open_repository(settings)
-    launcher = InProcessLauncher()
-    supervisor = RuntimeSupervisor(settings, catalog, store, launcher=launcher)
-    coordinator = Coordinator(settings, broker, catalog, supervisor)
-    inbox = await broker.open_inbox()
-    replies: asyncio.Queue[Reply] = asyncio.Queue()
-
-    async def collect() -> None:
-        async for reply in inbox:
-            replies.put_nowait(reply)
-
-    collector = asyncio.create_task(collect())
-    await coordinator.start()
-    try:
-        yield Worker(broker, coordinator, supervisor, launcher, inbox.address, replies,
-                     repo / "calls.log")
-    finally:
-        await coordinator.stop()
-        await launcher.close()
-        await inbox.close()
-        await collector
-        await broker.close()
+    async with in_process_fleet(settings, hear_events=True) as fleet:
+        yield Worker(fleet.broker, fleet.coordinator, fleet.supervisor, fleet.launcher,
+                     fleet.inbox_address, fleet.replies, repo / "calls.log", fleet.events)
 
 
 async def settled(broker: MemoryBroker, model: str, timeout_s: float = 10) -> None:
     """Wait until the model's queue has nothing ready and nothing unacked."""
-    deadline = time.monotonic() + timeout_s
-    while True:
+    seen = [""]  # what the queue held at the last look, for the failure
+
+    async def empty() -> bool:
         stats = await broker.queue_stats([model])
         queue = broker._queues.get(f"model.{model}")
         unacked = queue.unacked if queue is not None else 0
-        if (model not in stats or stats[model].backlog == 0) and unacked == 0:
-            return
-        assert time.monotonic() < deadline, f"{model}: {stats}, {unacked} unacked"
-        await asyncio.sleep(0.02)
+        seen[:] = [f"{model}: {stats}, {unacked} unacked"]
+        return (model not in stats or stats[model].backlog == 0) and unacked == 0
+
+    await eventually(empty, timeout_s, what=f"{model}'s queue settling", state=lambda: seen[0])
 
 
 async def test_a_task_is_answered_stamped_by_the_worker_and_acked(worker: Worker) -> None:
@@ -208,6 +188,9 @@ async def test_a_deadline_that_passes_mid_predict_drops_the_task(worker: Worker)
     await worker.publish(worker.task("slow 1.0", deadline_s=0.5))
     await worker.started("slow 1.0")
     await settled(worker.broker, "timed")  # acked at the deadline: it does not come back
+    # Predict has finished: a reply, were one sent, would be on its way from here.
+    await eventually(lambda: ("end", "slow 1.0") in {(k, t) for k, t, _ in worker.calls()},
+                     20, what="predict ending on 'slow 1.0'")
     await asyncio.sleep(1.0)
     assert worker.replies.empty()
     assert [k for k, t, _ in worker.calls() if t == "slow 1.0"].count("start") == 1
@@ -288,10 +271,10 @@ async def test_pinned_models_are_preloaded_and_come_back_after_a_crash(worker: W
                      and worker.supervisor.shared[0].ready)
     restarted = worker.supervisor.shared[0].runtime  # the new runtime came back empty...
     assert restarted is not None and restarted is not worker.launcher.started[0].runtime
-    deadline = time.monotonic() + 20
-    while "pinned" not in (await restarted.stats()).pinned:  # ...and got the pin back
-        assert time.monotonic() < deadline, "the pin never came back"
-        await asyncio.sleep(0.05)
+    async def pin_back() -> bool:
+        return "pinned" in (await restarted.stats()).pinned
+
+    await eventually(pin_back, 20, what="the pin coming back")  # ...and got the pin back
     await eventually(pinned_resident)
     assert worker.calls() == []  # all of it unasked
     state = worker.coordinator.state()
@@ -304,16 +287,8 @@ async def test_pinned_models_are_preloaded_and_come_back_after_a_crash(worker: W
 async def test_a_gateway_and_a_worker_in_one_process_answer_and_refuse(tmp_path: Path) -> None:
     """GatewayService, Coordinator and a runtime on one event loop: the whole request path."""
     settings = Settings(repo=str(EXAMPLES), state_dir=tmp_path, worker={"worker_id": "w1"})
-    broker = MemoryBroker(settings.broker)
-    await broker.connect()
-    store, catalog = open_repository(settings)
-    launcher = InProcessLauncher()
-    service = GatewayService(settings, broker, catalog, runtimes_local=True)
-    coordinator = Coordinator(settings, broker, catalog,
-                              RuntimeSupervisor(settings, catalog, store, launcher=launcher))
-    await service.start()
-    await coordinator.start()
-    try:
+    async with in_process_fleet(settings, gateway=True) as fleet:
+        service = fleet.service
         answer = await ask(service, "iris", None, b'{"features": [5.1, 3.5, 1.4, 0.2]}',
                                      "application/json", now_ms() + 30_000, {})
         assert json.loads(answer.body)["class"] == "setosa"
@@ -324,11 +299,6 @@ async def test_a_gateway_and_a_worker_in_one_process_answer_and_refuse(tmp_path:
         with pytest.raises(DeadlineExceeded):
             await ask(service, "slowload", None, b'{"n": 1}', "application/json",
                                 now_ms() + 300, {})
-    finally:
-        await coordinator.stop()
-        await launcher.close()
-        await service.stop()
-        await broker.close()
 
 
 async def test_a_task_in_the_cold_lane_is_run_without_a_subscription(worker: Worker) -> None:
@@ -349,24 +319,11 @@ async def test_a_cold_lane_task_this_worker_cannot_run_goes_to_its_models_queue(
     """A model this worker's catalog does not know (published a moment ago, say) is not
     failed here: the task moves to its model's own queue, announced, for a worker that
     knows it."""
-    events: list[dict[str, object]] = []
-
-    async def listen() -> None:
-        async for event in worker.broker.events():
-            events.append(event)
-
-    listener = asyncio.create_task(listen())
-    await asyncio.sleep(0.05)
-    try:
-        task = worker.task("ghost", model="newmodel")
-        await worker.broker.publish_task(task, cold_lane(0))
-        deadline = time.monotonic() + 10
-        while not any(e.get("kind") == "demand" and e.get("model_id") == "newmodel"
-                      for e in events):  # announced once moved
-            assert time.monotonic() < deadline, "the task's model was never announced"
-            await asyncio.sleep(0.02)
-        stats = await worker.broker.queue_stats(["newmodel", cold_lane(0)])
-        assert stats["newmodel"].backlog == 1 and stats[cold_lane(0)].backlog == 0
-        assert worker.replies.empty()  # not failed: nobody was told anything
-    finally:
-        listener.cancel()
+    task = worker.task("ghost", model="newmodel")
+    await worker.broker.publish_task(task, cold_lane(0))
+    await eventually(lambda: any(e.get("kind") == "demand" and e.get("model_id") == "newmodel"
+                                 for e in worker.events),
+                     10, what="the task's model announced once moved")
+    stats = await worker.broker.queue_stats(["newmodel", cold_lane(0)])
+    assert stats["newmodel"].backlog == 1 and stats[cold_lane(0)].backlog == 0
+    assert worker.replies.empty()  # not failed: nobody was told anything

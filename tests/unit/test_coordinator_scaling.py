@@ -24,14 +24,14 @@ from modelfleet.broker.embedded import MemoryBroker
 from modelfleet.control import Command, ControlState, Revision
 from modelfleet.control.pins import PinnedIndex
 from modelfleet.launch import open_repository
-from modelfleet.messages import PayloadRef, Reply, Task, now_ms
+from modelfleet.messages import PayloadRef, Task, now_ms
 from modelfleet.repository import Catalog, CatalogEntry
 from modelfleet.repository.manifest import Fanout, Manifest
-from modelfleet.runtime.inprocess import InProcessLauncher
 from modelfleet.settings import Settings
 from modelfleet.worker.coordinator import Coordinator
-from modelfleet.worker.supervisor import RuntimeSupervisor
+from tests.fleet import in_process_fleet
 from tests.procs import write_package
+from tests.waiting import eventually
 
 MODEL = '''
     from modelfleet import Model, Request
@@ -120,48 +120,36 @@ async def settled(tmp_path: Path, catalog_size: int
     catalog = CountingCatalog({**filler(catalog_size - len(real)),
                                **{e.model_id: e for e in real}})
     assert len(catalog) == catalog_size
-    broker = CountingBroker(settings.broker)
-    await broker.connect()
-    launcher = InProcessLauncher()
-    supervisor = RuntimeSupervisor(settings, catalog, store, launcher=launcher)
-    await supervisor.start()
-    coordinator = Coordinator(settings, broker, catalog, supervisor)
-    inbox = await broker.open_inbox()
-    replies: asyncio.Queue[Reply] = asyncio.Queue()
-
-    async def collect() -> None:
-        async for reply in inbox:
-            replies.put_nowait(reply)
-
-    collector = asyncio.create_task(collect())
-    try:
+    async with in_process_fleet(settings, start="runtimes", store=store, catalog=catalog,
+                                broker_type=CountingBroker) as fleet:
+        broker, coordinator, replies = fleet.broker, fleet.coordinator, fleet.replies
+        assert isinstance(broker, CountingBroker)
         sent = {}
         for name in SERVED:
-            sent[(published := task(name, inbox.address)).request_id] = name
+            sent[(published := task(name, fleet.inbox_address)).request_id] = name
             await broker.publish_task(published)
         for name in (*SERVED, *ANNOUNCED):
             coordinator._note_demand(name)
         await coordinator._pins.keep()  # what start() does: the pinned model goes on
         answered: set[str] = set()
-        deadline = time.monotonic() + 20
-        while answered != set(SERVED):  # re-score as its loop would, until all are answered
+
+        async def rescored_and_answered() -> bool:
+            """Re-score as its loop would, and take the replies that came meanwhile."""
             await coordinator._rescore(full=True)
             with contextlib.suppress(TimeoutError):
                 reply = await asyncio.wait_for(replies.get(), 0.1)
                 assert reply.status == "ok", reply
                 answered.add(sent[reply.request_id])
-            assert time.monotonic() < deadline, f"answered only {answered}"
+            return answered == set(SERVED)
+
+        await eventually(rescored_and_answered, 20, every_s=0,
+                         what=f"all of {SERVED} answered",
+                         state=lambda: f"answered only {answered}")
         await coordinator._rescore(full=True)  # settles on the state after the tasks
         catalog.touches.clear()
         broker.counted = 0
         broker.asked.clear()
         yield coordinator, broker, catalog
-    finally:
-        await coordinator.stop()
-        await inbox.close()
-        await collector
-        await launcher.close()
-        await broker.close()
 
 
 async def one_rescore(tmp_path: Path, catalog_size: int) -> tuple[Counter[str], int, set[str]]:
@@ -206,13 +194,18 @@ async def test_a_queue_found_missing_is_asked_for_again_once_a_task_is_announced
             inbox = await broker.open_inbox()
             published = task("pinned", inbox.address)
             await broker.publish_task(published)
-            deadline = time.monotonic() + 10
-            while broker.asked["pinned"] == 0:
-                assert time.monotonic() < deadline, "the announced queue was never counted"
+            async def announced_and_counted() -> bool:
+                """Announce as a gateway does each interval; re-score as woken."""
+                if broker.asked["pinned"]:
+                    return True
                 await broker.publish_event({"kind": "demand", "model_id": "pinned",
                                             "at": time.time()})
                 await asyncio.sleep(0.05)
                 await coordinator._rescore(full=False)
+                return False
+
+            await eventually(announced_and_counted, 10, every_s=0,
+                             what="the announced queue being counted")
             async for reply in inbox:  # and it is served, on its queue
                 assert (reply.request_id, reply.status) == (published.request_id, "ok")
                 break

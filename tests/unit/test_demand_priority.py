@@ -18,16 +18,15 @@ from modelfleet.errors import DeadlineExceeded
 from modelfleet.gateway.service import GatewayService
 from modelfleet.launch import open_repository
 from modelfleet.messages import PayloadRef, Task, now_ms
-from modelfleet.runtime.inprocess import InProcessLauncher
 from modelfleet.scheduling import QueueView, ScoringSettings, WorkerView, choose_queues
 from modelfleet.scheduling.demand import DemandPriority
 from modelfleet.settings import Settings
 from modelfleet.tenancy.access import CALLER, Principal
 from modelfleet.tenancy.plans import BUILTIN
 from modelfleet.tenancy.store import Tenant
-from modelfleet.worker.coordinator import Coordinator
-from modelfleet.worker.supervisor import RuntimeSupervisor
+from tests.fleet import in_process_fleet
 from tests.procs import EXAMPLES, ask, write_package
+from tests.waiting import eventually
 
 
 def test_the_highest_priority_within_the_window_counts() -> None:
@@ -120,35 +119,26 @@ async def test_one_load_slot_goes_to_the_queue_whose_callers_have_the_higher_pla
         "rescore_jitter_s": 0.3},  # both announcements land before the first decision
         runtime={"max_concurrent_loads": 1},
         scheduling={"noise_amplitude": 0, "max_loads_for_cold": 1})
-    broker = MemoryBroker(settings.broker)
-    await broker.connect()
-    store, catalog = open_repository(settings)
-    launcher = InProcessLauncher()
-    coordinator = Coordinator(settings, broker, catalog,
-                              RuntimeSupervisor(settings, catalog, store, launcher=launcher))
-    inbox = await broker.open_inbox()
-    await coordinator.start()
-    try:
+    async with in_process_fleet(settings) as fleet:
+        broker = fleet.broker
         await asyncio.sleep(0.3)  # its first (empty) decision is behind it
         for model in ("a-free", "b-enterprise"):
             await broker.publish_task(Task(uuid.uuid4().hex, model, "1", now_ms() + 20_000,
-                                           inbox.address, PayloadRef("inline", b"x", "", 1),
-                                           "text/plain", now_ms()))
+                                           fleet.inbox_address,
+                                           PayloadRef("inline", b"x", "", 1), "text/plain",
+                                           now_ms()))
         for model, priority in (("a-free", 0), ("b-enterprise", 2)):
             await broker.publish_event({"kind": "demand", "model_id": model,
                                         "at": time.time(), "priority": priority})
         log = repo / "calls.log"
-        deadline = time.monotonic() + 20
-        while len(log.read_text().splitlines() if log.exists() else []) < 2:
-            assert time.monotonic() < deadline, "both tasks were not served"
-            await asyncio.sleep(0.05)
+
+        def served() -> list[str]:
+            return log.read_text().splitlines() if log.exists() else []
+
+        await eventually(lambda: len(served()) >= 2, 20,
+                         what="both tasks served", state=served)
         order = [line.split()[0] for line in log.read_text().splitlines()]
         assert order == ["b-enterprise", "a-free"]
-    finally:
-        await coordinator.stop()
-        await launcher.close()
-        await inbox.close()
-        await broker.close()
 
 
 async def test_a_cold_request_takes_the_cold_lane_of_its_callers_priority(tmp_path: Path

@@ -20,13 +20,12 @@ import pytest
 from modelfleet.broker.embedded import MemoryBroker
 from modelfleet.errors import NoCapacity
 from modelfleet.gateway.service import GatewayService
-from modelfleet.launch import open_repository
 from modelfleet.messages import PayloadRef, Task, now_ms
-from modelfleet.runtime.inprocess import InProcessLauncher
 from modelfleet.settings import Settings
 from modelfleet.worker.coordinator import Coordinator
-from modelfleet.worker.supervisor import RuntimeSupervisor
+from tests.fleet import in_process_fleet
 from tests.procs import ask, write_package
+from tests.waiting import eventually
 
 ECHO = '''
     from modelfleet import Model, Request
@@ -63,29 +62,12 @@ def repo(tmp_path: Path) -> Path:
 
 
 async def _fleet(repo: Path, gpus: int) -> AsyncIterator[Fleet]:
-    settings = Settings(repo=str(repo), worker={
+    settings = Settings(repo=str(repo), state_dir=repo.parent / f"state-{gpus}", worker={
         "worker_id": f"w-gpus-{gpus}", "gpus": gpus, "rescore_interval_s": 0.05,
         "state_interval_s": 0.05, "standby_keep_s": 0})
-    broker = MemoryBroker(settings.broker)
-    await broker.connect()
-    store, catalog = open_repository(settings)
-    launcher = InProcessLauncher()
-    gateway = GatewayService(settings, broker, catalog, runtimes_local=True)
-    coordinator = Coordinator(settings, broker, catalog,
-                              RuntimeSupervisor(settings, catalog, store, launcher=launcher))
-    await gateway.start()
-    await coordinator.start()
-    try:
-        deadline = time.monotonic() + 10
-        while not gateway.fleet.workers():  # the worker's first state event
-            assert time.monotonic() < deadline, "the gateway never heard of the worker"
-            await asyncio.sleep(0.02)
-        yield Fleet(broker, gateway, coordinator)
-    finally:
-        await coordinator.stop()
-        await launcher.close()
-        await gateway.stop()
-        await broker.close()
+    async with in_process_fleet(settings, gateway=True) as fleet:
+        await fleet.gateway_heard_of_the_worker()
+        yield Fleet(fleet.broker, fleet.service, fleet.coordinator)
 
 
 @pytest.fixture
@@ -115,6 +97,9 @@ async def test_a_cpu_worker_never_subscribes_to_a_cuda_model(cpu_fleet: Fleet) -
             PayloadRef("inline", data=b"x", size_bytes=1), "text/plain", now_ms()))
         await cpu_fleet.broker.publish_event({"kind": "demand", "model_id": "on-gpu",
                                               "at": time.time()})
+    # Heard first (it wakes a re-score), so that what follows is re-scores that knew of it.
+    await eventually(lambda: "on-gpu" in cpu_fleet.coordinator._demand, 10,
+                     what="the CUDA model's demand reaching the worker")
     for _ in range(20):  # many re-scores (every 0.05 s)
         await asyncio.sleep(0.05)
         assert "on-gpu" not in cpu_fleet.coordinator.state()["subscriptions"]

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -27,13 +26,11 @@ from modelfleet.gateway.app import create_app
 from modelfleet.gateway.service import GatewayService
 from modelfleet.launch import open_repository
 from modelfleet.repository import Catalog, CatalogEntry
-from modelfleet.runtime.inprocess import InProcessLauncher
 from modelfleet.settings import Settings
 from modelfleet.tenancy.access import Principal
 from modelfleet.tenancy.plans import BUILTIN
 from modelfleet.tenancy.store import Tenant
-from modelfleet.worker.coordinator import Coordinator
-from modelfleet.worker.supervisor import RuntimeSupervisor
+from tests.fleet import in_process_fleet
 from tests.procs import EXAMPLES
 
 ECHO = '''
@@ -108,32 +105,15 @@ async def rig(tmp_path: Path, origin: str) -> AsyncIterator[Rig]:
                         state_dir=tmp_path / "state",
                         worker={"worker_id": "w1", "state_interval_s": 0.05},
                         runtime={"url_fetch_allow": [f"127.0.0.0/8:{port}"]})
-    broker = MemoryBroker(settings.broker)
-    await broker.connect()
-    store, worker_catalog = open_repository(settings)
-    catalog = CountingCatalog.from_store(store)
-    assert isinstance(catalog, CountingCatalog)
-    launcher = InProcessLauncher()
-    gateway = GatewayService(settings, broker, catalog, runtimes_local=True)
-    coordinator = Coordinator(settings, broker, worker_catalog,
-                              RuntimeSupervisor(settings, worker_catalog, store,
-                                                launcher=launcher))
-    await gateway.start()
-    await coordinator.start()
-    transport = httpx.ASGITransport(app=create_app(gateway))
-    try:
-        deadline = time.monotonic() + 10
-        while not gateway.fleet.workers():  # the worker's first state event
-            assert time.monotonic() < deadline, "the gateway never heard of the worker"
-            await asyncio.sleep(0.02)
+    async with in_process_fleet(settings, gateway=True, gateway_catalog=lambda store, _:
+                                CountingCatalog.from_store(store)) as fleet:
+        catalog = fleet.service.catalog
+        assert isinstance(catalog, CountingCatalog)
+        await fleet.gateway_heard_of_the_worker()
+        transport = httpx.ASGITransport(app=create_app(fleet.service))
         async with httpx.AsyncClient(transport=transport, base_url="http://gw",
                                      timeout=30) as client:
-            yield Rig(client, gateway, catalog)
-    finally:
-        await coordinator.stop()
-        await launcher.close()
-        await gateway.stop()
-        await broker.close()
+            yield Rig(client, fleet.service, catalog)
 
 
 async def _serve_text(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 from modelfleet.model.importer import import_handler
 from modelfleet.repository.manifest import load_manifest
 from tests.procs import write_package
+from tests.waiting import eventually_blocking
 
 MANIFEST = '''
     name = "{name}"
@@ -54,8 +55,8 @@ def test_a_light_handler_imports_while_a_heavy_ones_framework_is_importing(
 
         slow = threading.Thread(target=load, args=(heavy,))
         slow.start()
-        while not started.exists():  # the framework's import is under way
-            time.sleep(0.01)
+        eventually_blocking(started.exists, 30, every_s=0.01,  # its import is under way
+                            what="the framework's import started")
         load(light)
         slow.join()
         assert done["light"] < done["heavy"]  # it did not wait for the framework

@@ -23,6 +23,7 @@ from modelfleet.messages import PayloadRef, Task, decode_reply, encode_task, now
 from modelfleet.runtime.server import RuntimeService, SocketServer
 from modelfleet.settings import Settings
 from tests.procs import EXAMPLES
+from tests.waiting import eventually
 
 
 def reader_of(data: bytes) -> asyncio.StreamReader:
@@ -62,10 +63,8 @@ async def served() -> AsyncIterator[tuple[SocketRuntime, RuntimeService, asyncio
         path = str(Path(folder) / "rt.sock")
         service = RuntimeService(Settings(repo=str(EXAMPLES), state_dir=Path(folder)))
         server = asyncio.create_task(SocketServer(service, "rt").serve(path))
-        for _ in range(200):
-            if os.path.exists(path):  # noqa: ASYNC240 -- a test's wait for the socket
-                break
-            await asyncio.sleep(0.01)
+        await eventually(lambda: os.path.exists(path),
+                         2, what="the runtime's socket made", every_s=0.01)
         runtime = await SocketRuntime.connect(path, "rt")
         try:
             yield runtime, service, server

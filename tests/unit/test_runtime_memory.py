@@ -23,6 +23,7 @@ from modelfleet.runtime.memory import MemoryGuard, configure_allocator, rss_byte
 from modelfleet.runtime.server import RuntimeService
 from modelfleet.settings import RuntimeSettings, Settings
 from tests.procs import write_package
+from tests.waiting import eventually
 
 MB = 1_000_000
 
@@ -182,10 +183,8 @@ def blob_host(root: Path, extra: list[int]) -> ModelHost:
 
 
 async def until_shed(host: ModelHost) -> None:
-    for _ in range(200):
-        if host.memory is not None and not host.memory.over:
-            return
-        await asyncio.sleep(0.01)
+    await eventually(lambda: host.memory is not None and not host.memory.over, 2,
+                     what="the host shedding back under its line", every_s=0.01)
 
 
 async def test_a_host_over_its_line_refuses_loads_and_sheds_back_under(tmp_path: Path) -> None:

@@ -16,17 +16,13 @@ import zlib
 from dataclasses import replace
 from pathlib import Path
 
-from modelfleet.broker.embedded import MemoryBroker
-from modelfleet.launch import open_repository
 from modelfleet.messages import PayloadRef, Task, now_ms
-from modelfleet.runtime.inprocess import InProcessLauncher
 from modelfleet.scheduling import ScoringSettings, Snapshot, actions_for, decide, snapshot_of
 from modelfleet.settings import Settings
 from modelfleet.sim.engine import Simulation
 from modelfleet.sim.pull import Consumer, PullAffinity
 from modelfleet.sim.scenario import ScenarioConfig, build_catalog, build_trace
-from modelfleet.worker.coordinator import Coordinator
-from modelfleet.worker.supervisor import RuntimeSupervisor
+from tests.fleet import in_process_fleet
 from tests.procs import write_package
 
 NOW = 1_000.0
@@ -71,31 +67,23 @@ async def coordinator_snapshot(tmp_path: Path, scoring: ScoringSettings
     settings = Settings(repo=str(repo), state_dir=tmp_path / "state", broker={"url": "memory"},
                         worker={"worker_id": WORKER, "permits": 4},
                         runtime={"max_concurrent_loads": 1}, scheduling=scoring)
-    broker = MemoryBroker(settings.broker)
-    await broker.connect()
-    store, catalog = open_repository(settings)
-    launcher = InProcessLauncher()
-    supervisor = RuntimeSupervisor(settings, catalog, store, launcher=launcher)
-    await supervisor.start()
-    coordinator = Coordinator(settings, broker, catalog, supervisor, clock=lambda: NOW)
-    elsewhere = []
-    try:
-        for name, (_, waiting, consumers, heard) in STATE.items():
-            for _ in range(waiting + consumers):  # a consumer elsewhere holds one each
-                await broker.publish_task(task(name))
-            for _ in range(consumers):
-                elsewhere.append(await broker.subscribe(name, 1))
-            if heard:
-                coordinator._note_demand(name)
-        snapshot = await coordinator._observe(full=True)
-        assert snapshot is not None
-        return snapshot, zlib.crc32(WORKER.encode())
-    finally:
-        for sub in elsewhere:
-            await sub.cancel()
-        await supervisor.stop()
-        await launcher.close()
-        await broker.close()
+    async with in_process_fleet(settings, start="runtimes", clock=lambda: NOW) as fleet:
+        broker, coordinator = fleet.broker, fleet.coordinator
+        elsewhere = []
+        try:
+            for name, (_, waiting, consumers, heard) in STATE.items():
+                for _ in range(waiting + consumers):  # a consumer elsewhere holds one each
+                    await broker.publish_task(task(name))
+                for _ in range(consumers):
+                    elsewhere.append(await broker.subscribe(name, 1))
+                if heard:
+                    coordinator._note_demand(name)
+            snapshot = await coordinator._observe(full=True)
+            assert snapshot is not None
+            return snapshot, zlib.crc32(WORKER.encode())
+        finally:
+            for sub in elsewhere:
+                await sub.cancel()
 
 
 def simulator_snapshot(scoring: ScoringSettings, seed: int) -> Snapshot:

@@ -11,6 +11,7 @@ channel, as gateway/control_plane.py does.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import textwrap
 import time
 import uuid
@@ -30,10 +31,10 @@ from modelfleet.launch import open_repository
 from modelfleet.messages import PayloadRef, Reply, Task, now_ms
 from modelfleet.repository import Catalog, ModelStore
 from modelfleet.repository.refresher import CatalogRefresher
-from modelfleet.runtime.inprocess import InProcessLauncher
 from modelfleet.settings import Settings
 from modelfleet.worker.coordinator import Coordinator
 from modelfleet.worker.supervisor import RuntimeSupervisor
+from tests.fleet import in_process_fleet
 from tests.waiting import eventually
 
 HANDLER = '''\
@@ -117,44 +118,21 @@ async def worker(tmp_path: Path, repo: Path, request: pytest.FixtureRequest
                                 "state_interval_s": 0.2, "standby_keep_s": 0},
                         runtime={"ping_interval_s": 0.1},
                         control={"announce_interval_s": 0.1, "drain_s": 0.5})
-    broker = MemoryBroker(settings.broker)
-    await broker.connect()
     store, catalog = open_repository(settings)
-    launcher = InProcessLauncher()
-    supervisor = RuntimeSupervisor(settings, catalog, store, launcher=launcher)
     # indirect=True with True: the worker scans its repository when asked, as launch wires it
     refresher = CatalogRefresher(store, catalog, 3600) if getattr(request, "param", False) \
         else None
-    coordinator = Coordinator(settings, broker, catalog, supervisor, refresh_catalog=None
-                              if refresher is None else refresher.refresh_now)
-    inbox = await broker.open_inbox()
-    events: list[dict[str, Any]] = []
-    replies: asyncio.Queue[Reply] = asyncio.Queue()
-
-    async def listen() -> None:
-        async for event in broker.events():
-            events.append(event)
-
-    async def collect() -> None:
-        async for reply in inbox:
-            replies.put_nowait(reply)
-
-    loops = [asyncio.create_task(listen()), asyncio.create_task(collect())]
-    if refresher is not None:
-        loops.append(asyncio.create_task(refresher.run()))
-    await asyncio.sleep(0)
-    await coordinator.start()
-    try:
-        yield Worker(broker, coordinator, supervisor, catalog, store, repo, events, replies,
-                     inbox.address)
-    finally:
-        await coordinator.stop()
-        await launcher.close()
-        await inbox.close()
-        for loop in loops:
-            loop.cancel()
-        await asyncio.gather(*loops, return_exceptions=True)
-        await broker.close()
+    async with in_process_fleet(settings, store=store, catalog=catalog, hear_events=True,
+                                refresh_catalog=None if refresher is None
+                                else refresher.refresh_now) as fleet:
+        refreshing = None if refresher is None else asyncio.create_task(refresher.run())
+        try:
+            yield Worker(fleet.broker, fleet.coordinator, fleet.supervisor, catalog, store,
+                         repo, fleet.events, fleet.replies, fleet.inbox_address)
+        finally:
+            if refreshing is not None:
+                refreshing.cancel()
+                await asyncio.gather(refreshing, return_exceptions=True)
 
 
 @pytest.mark.parametrize("worker", [True], indirect=True)
@@ -283,35 +261,30 @@ async def test_an_operators_pin_lifts_the_fan_out_cap_like_a_manifest_pin(
     manifest.write_text(manifest.read_text() + "max_workers = 1\n")  # under [fanout]
     broker = MemoryBroker(Settings().broker)
     await broker.connect()
-    coordinators, launchers = [], []
-    for name in ("w1", "w2"):
-        settings = Settings(repo=str(repo), state_dir=tmp_path / name,
-                            broker={"url": "memory"},
-                            worker={"worker_id": name, "rescore_interval_s": 0.1,
-                                    "state_interval_s": 0.2, "standby_keep_s": 0},
-                            control={"announce_interval_s": 0.1})
-        store, catalog = open_repository(settings)
-        launchers.append(InProcessLauncher())
-        coordinator = Coordinator(settings, broker, catalog, RuntimeSupervisor(
-            settings, catalog, store, launcher=launchers[-1]))
-        await coordinator.start()
-        coordinators.append(coordinator)
     try:
-        pin = Command(uuid.uuid4().hex, "p", "pin", Revision(time.time(), "gw"), "",
-                      ("w1", "w2"))
-        await broker.publish_event(pin.event())
-        inbox = await broker.open_inbox()
-        for _ in range(3):  # the queue exists once a gateway publishes to it
-            await broker.publish_task(Task(
-                uuid.uuid4().hex, "p", "1", now_ms() + 10_000, inbox.address,
-                PayloadRef("inline", data=b"{}", size_bytes=2), "application/json", now_ms()))
-            await broker.publish_event({"kind": "demand", "model_id": "p", "at": time.time()})
-        await eventually(lambda: all("p" in c.state()["subscriptions"] for c in coordinators))
+        async with contextlib.AsyncExitStack() as stack:
+            fleets = []
+            for name in ("w1", "w2"):
+                settings = Settings(repo=str(repo), state_dir=tmp_path / name,
+                                    broker={"url": "memory"},
+                                    worker={"worker_id": name, "rescore_interval_s": 0.1,
+                                            "state_interval_s": 0.2, "standby_keep_s": 0},
+                                    control={"announce_interval_s": 0.1})
+                fleets.append(await stack.enter_async_context(
+                    in_process_fleet(settings, broker=broker)))
+            pin = Command(uuid.uuid4().hex, "p", "pin", Revision(time.time(), "gw"), "",
+                          ("w1", "w2"))
+            await broker.publish_event(pin.event())
+            for _ in range(3):  # the queue exists once a gateway publishes to it
+                await broker.publish_task(Task(
+                    uuid.uuid4().hex, "p", "1", now_ms() + 10_000, fleets[0].inbox_address,
+                    PayloadRef("inline", data=b"{}", size_bytes=2), "application/json",
+                    now_ms()))
+                await broker.publish_event({"kind": "demand", "model_id": "p",
+                                            "at": time.time()})
+            await eventually(lambda: all("p" in f.coordinator.state()["subscriptions"]
+                                         for f in fleets))
     finally:
-        for coordinator in coordinators:
-            await coordinator.stop()
-        for launcher in launchers:
-            await launcher.close()
         await broker.close()
 
 

@@ -22,12 +22,10 @@ from prometheus_client import REGISTRY
 
 from modelfleet.broker.embedded import MemoryBroker
 from modelfleet.ipc.protocol import DeviceBudget
-from modelfleet.launch import open_repository
 from modelfleet.messages import PayloadRef, Reply, Task, now_ms
-from modelfleet.runtime.inprocess import InProcessLauncher
 from modelfleet.settings import Settings
-from modelfleet.worker.coordinator import Coordinator
 from modelfleet.worker.supervisor import RuntimeSupervisor
+from tests.fleet import in_process_fleet
 from tests.procs import write_package
 from tests.waiting import eventually
 
@@ -111,29 +109,8 @@ async def start_worker(tmp_path: Path, models: dict[str, int],
                                 "rescore_interval_s": 0.1, "state_interval_s": 0.2,
                                 "standby_keep_s": 0, **worker},
                         runtime={"ping_interval_s": 0.1, "host_budget_bytes": 0})
-    broker = MemoryBroker(settings.broker)
-    await broker.connect()
-    store, catalog = open_repository(settings)
-    launcher = InProcessLauncher()
-    supervisor = RuntimeSupervisor(settings, catalog, store, launcher=launcher)
-    coordinator = Coordinator(settings, broker, catalog, supervisor)
-    inbox = await broker.open_inbox()
-    replies: asyncio.Queue[Reply] = asyncio.Queue()
-
-    async def collect() -> None:
-        async for reply in inbox:
-            replies.put_nowait(reply)
-
-    collector = asyncio.create_task(collect())
-    await coordinator.start()
-    try:
-        yield Worker(broker, supervisor, inbox.address, replies)
-    finally:
-        await coordinator.stop()
-        await launcher.close()
-        await inbox.close()
-        await collector
-        await broker.close()
+    async with in_process_fleet(settings) as fleet:
+        yield Worker(fleet.broker, fleet.supervisor, fleet.inbox_address, fleet.replies)
 
 
 @pytest.fixture
