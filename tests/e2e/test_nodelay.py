@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import os
 import socket
+import uuid
 from pathlib import Path
 
 import pytest
@@ -95,7 +96,10 @@ def test_serve_sets_nodelay_on_accepted_connections(tmp_path: Path) -> None:
 @pytest.mark.rabbitmq
 def test_gateway_sets_nodelay_on_accepted_connections(tmp_path: Path) -> None:
     require_rabbitmq()
-    proc, base = gateway(tmp_path, rabbitmq_url(), {}, "gateway")
+    # Queues and events of its own: the shared broker serves the other test process too.
+    proc, base = gateway(tmp_path, rabbitmq_url(),
+                         {"MODELFLEET_BROKER__QUEUE_PREFIX": f"nodelay{uuid.uuid4().hex[:8]}."},
+                         "gateway")
     try:
         _check(proc.pid, base)
     finally:

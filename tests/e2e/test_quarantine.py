@@ -24,7 +24,7 @@ import httpx
 
 from tests.e2e.test_chaos import IRIS, broker  # noqa: F401  (fixture)
 from tests.procs import metric_sum, serve
-from tests.waiting import eventually_blocking
+from tests.waiting import eventually, eventually_blocking
 
 PILLS = 3
 INNOCENTS = 6  # crasher requests that are not pills, sent with them
@@ -83,7 +83,14 @@ def test_pills_crash_the_quarantine_runtime_and_bystanders_keep_their_deadlines(
                 innocents = asyncio.gather(*(innocent() for _ in range(INNOCENTS)))
                 pills = await asyncio.gather(*(pill() for _ in range(PILLS)))
                 answered = time.monotonic()
-                await asyncio.sleep(6)  # bystanders after the pills, too
+                # Bystanders after the pills, too: 6 s of them, and at least three sent
+                # and answered per model (an iris caller caught in the shared crash may
+                # wait out iris's reload first, most of 10 s with both cores busy).
+                await asyncio.sleep(6)
+                await eventually(lambda: all(
+                    sum(1 for m, at, _ in bystanders if m == model and at >= answered) >= 3
+                    for model in ("iris", "banner")), 40,
+                    what="three bystanders of each model sent after the pills")
                 stop.set()
                 await asyncio.gather(*loops)
                 return ([p for p, _ in pills], [t for _, t in pills], bystanders, answered,
