@@ -19,10 +19,11 @@ Three parties, each modelled on the code it stands for:
   ``permits``), starts the task, takes the next. The re-score loop re-scores every
   ``rescore_s`` x uniform(0.75, 1.25) with exact counts for every candidate queue,
   and at once (after a pause uniform(0, ``rescore_jitter_s``)) when woken: by an
-  announcement for a model it does not consume while a permit is free, or by a task
-  finishing while its last snapshot saw work waiting; a woken re-score counts afresh
-  only the queues announced since (the others keep their last counts, as in the
-  coordinator). The periodic timeout restarts after every re-score, woken or not.
+  announcement for a model it does not consume while a permit is free (once per model
+  until it is counted, and not for a queue last counted at its fan-out cap, as the
+  coordinator's event listener takes them), or by a task finishing while its last
+  snapshot saw work waiting; a woken re-score counts afresh only the queues announced
+  since (the others keep their last counts, as in the coordinator). The periodic timeout restarts after every re-score, woken or not.
   A re-score costs time: one stats round trip per runtime (``stats_s``), one count
   per queue counted (the broker's ``count_s``), the decision's CPU
   (``decide_cpu_s`` + ``decide_cpu_per_queue_s`` per queue), then acting: a cold
@@ -44,6 +45,7 @@ from __future__ import annotations
 import heapq
 import math
 import random
+import sys
 import zlib
 from collections import deque
 from dataclasses import dataclass, field
@@ -96,6 +98,7 @@ class Coordinator:
     counts: dict[int, tuple[int, int]] = field(default_factory=dict)  # as last counted
     backlogged: set[int] = field(default_factory=set)  # those of counts with a backlog
     starved: set[int] = field(default_factory=set)  # ... and no consumer anywhere
+    at_cap: set[int] = field(default_factory=set)  # those of counts at their fan-out cap
     dirty: set[int] = field(default_factory=set)
     heard_upto: int = 0  # announcements (PullAffinity._heard_log) folded into dirty so far
     held_backlog: set[int] = field(default_factory=set)  # held queues last seen with backlog
@@ -154,8 +157,10 @@ class PullAffinity:
         self._demand_log: deque[tuple[float, int]] = deque()
         self._demand_version = 0  # bumped when a model enters or leaves _demand
         self._heard_log: list[int] = []  # every announcement heard, in order
+        self._heard_at: dict[int, int] = {}  # model -> its last entry in _heard_log
         self._names: tuple[str, ...] = ()
         self._facts: list[QueueFacts] = []  # per model: what its queue view carries
+        self._cap: list[int] = []  # per model: consumers at its fan-out cap (_heard)
         # Per model, what a count of its queue says now: (ready, consumers), kept by
         # _dispatch, which every change of a queue or of its consumers goes through.
         self._qstate: list[tuple[int, int]] = []
@@ -191,6 +196,11 @@ class PullAffinity:
         # gives it its plan's priority (ScoringSettings.plan_priority), as on a worker.
         self._facts = [QueueFacts(cat.fanout_max_workers[m], cat.plans[m], m in cat.pinned,
                                   batch, f"runtime-{cat.runtime[m]}") for m in range(models)]
+        # Per model, the consumers a count must show for an announcement not to wake a
+        # worker (the coordinator's _at_cap): its fan-out cap; a pinned model has none.
+        self._cap = [sys.maxsize if f.pinned else
+                     self.settings.fanout_cap(f.fanout_max_workers, f.plan)
+                     for f in self._facts]
         for worker in sim.workers:
             rng = random.Random(zlib.crc32(f"{self.rng_seed}/{worker.name}".encode()))
             coord = Coordinator(worker, rng, meter_since=cfg.warmup_s, meter_free=worker.permits)
@@ -239,30 +249,53 @@ class PullAffinity:
             sim.after(sim.config.announce_interval_s, self._announce_waiting)
 
     def _heard(self, model: int) -> None:
-        """Every worker's event listener gets a demand announcement: a model it does not
-        pull is counted afresh at its next re-score (folded into ``dirty`` from the log
-        when that starts), and wakes it if a permit is free."""
+        """Every worker's event listener gets a demand announcement, and takes it as the
+        coordinator's ``_listen_events`` does: a model it does not pull, not already to be
+        counted (``dirty``) and not last counted at its fan-out cap is to be counted
+        afresh at the next re-score, and wakes it if a permit is free. Once per model
+        until it is counted: gateways re-announce every model with a request waiting,
+        and in a fleet most of them are other workers' to serve.
+
+        A worker folds what it heard into ``dirty`` from the log when it next needs it
+        (``_fold_heard``). Whether ``model`` is dirty already needs no fold: it is if it
+        is in ``dirty``, or if it was heard since the worker's last fold and passed then,
+        which it did if it passes now (nothing the test reads changed since that fold)."""
         now = self.sim.now
         if model not in self._demand:
             self._demand_version += 1
         self._demand[model] = now
         self._demand_log.append((now, model))
-        self._heard_log.append(model)
-        if not self.sim.config.event_rescores:
-            return
-        coords = self._coords
-        for index in sorted(self._free):  # those with a free permit, in worker order
-            coord = coords[index]
-            if coord.state != PAUSING and model not in coord.consumers:
+        log = self._heard_log
+        if self.sim.config.event_rescores:
+            coords = self._coords
+            before = self._heard_at.get(model, -1)  # its previous entry in the log
+            for index in sorted(self._free):  # those with a free permit, in worker order
+                coord = coords[index]
+                if coord.state == PAUSING or model in coord.consumers:
+                    continue  # a paused re-score is coming anyway; a held queue is counted
+                if model in coord.dirty or before >= coord.heard_upto \
+                        or model in coord.at_cap:
+                    continue  # to be counted already (if it passes now, it passed then)
                 self._wake(coord)
+        self._heard_at[model] = len(log)
+        log.append(model)
 
     def _fold_heard(self, coord: Coordinator) -> None:
-        """Announcements heard since the last fold: those of models not pulled are dirty."""
+        """Announcements heard since the last fold, each taken as ``_heard`` describes:
+        those of models not pulled here and not last counted at their fan-out cap are
+        dirty. Exact, not an approximation of taking each when heard: everything this
+        reads (the consumers, the counts) is folded before it changes (``_subscribed``,
+        ``_unsubscribe``, ``_set_count``, ``_count``), so it reads what was there when
+        each was heard."""
         log = self._heard_log
-        heard = set(log[coord.heard_upto:])
-        heard -= coord.consumers.keys()
-        coord.dirty |= heard
+        upto = coord.heard_upto
+        if upto == len(log):
+            return
+        heard = set(log[upto:])
         coord.heard_upto = len(log)
+        heard -= coord.consumers.keys()
+        heard -= coord.at_cap
+        coord.dirty |= heard
 
     # --- the broker -------------------------------------------------------------------------
 
@@ -527,10 +560,15 @@ class PullAffinity:
 
     def _set_count(self, coord: Coordinator, model: int) -> tuple[int, int]:
         """Count ``model``'s queue now (the broker's answer) and keep it as last counted."""
+        self._fold_heard(coord)  # what was heard before, with the counts it was heard by
         count = (len(self._queues[model]), len(self._consumers[model]))
         if coord.counts.get(model) != count:
             coord.version += 1
         coord.counts[model] = count
+        if count[1] >= self._cap[model]:
+            coord.at_cap.add(model)
+        else:
+            coord.at_cap.discard(model)
         if count[0] > 0:
             coord.backlogged.add(model)
             if count[1] == 0:
@@ -551,11 +589,17 @@ class PullAffinity:
         device, host, _ = coord.residency
         demand = self._demand
         if full:
+            # Every candidate is counted now: what was folded into dirty before this
+            # re-score began is forgotten, what was heard since is dirty (by the counts
+            # it was heard with, so folded before they are replaced).
+            coord.dirty.clear()
+            self._fold_heard(coord)
             old = coord.counts
             version = coord.version
             coord.counts = {}
             coord.backlogged = set()
             coord.starved = set()
+            coord.at_cap = set()
             for model in candidates((), coord.consumers, device, host, self.sim.catalog.pinned):
                 self._set_count(coord, model)
             for model in self._nonempty:
@@ -563,7 +607,6 @@ class PullAffinity:
                     self._set_count(coord, model)
             # backlogged and starved follow from the counts: equal counts, nothing changed.
             coord.version = version if coord.counts == old else version + 1
-            coord.dirty.clear()
             return
         self._fold_heard(coord)  # what was heard while the stats were asked, too
         # What _set_count does, over a set at once: this runs per worker per announcement.
@@ -574,6 +617,10 @@ class PullAffinity:
         if fresh != list(map(coord.counts.get, models)):
             coord.version += 1
         coord.counts.update(zip(models, fresh, strict=True))
+        cap = self._cap
+        coord.at_cap -= counted
+        coord.at_cap.update(m for m, (_, consumers) in zip(models, fresh, strict=True)
+                            if consumers >= cap[m])
         waiting = counted & self._nonempty  # _nonempty: the queues not empty
         coord.backlogged -= counted
         coord.backlogged |= waiting
@@ -747,6 +794,7 @@ class PullAffinity:
     def _subscribed(self, coord: Coordinator, model: int, window: int,
                     steps: deque[Action]) -> None:
         if model not in coord.consumers:
+            self._fold_heard(coord)  # heard while not held here: by the consumers then
             coord.version += 1
             consumer = Consumer(model, max(1, window), coord.worker.index)
             coord.consumers[model] = consumer
@@ -756,9 +804,10 @@ class PullAffinity:
         self._act(coord, steps)
 
     def _unsubscribe(self, coord: Coordinator, model: int) -> None:
-        consumer = coord.consumers.pop(model, None)
-        if consumer is None:
+        if model not in coord.consumers:
             return
+        self._fold_heard(coord)  # heard while held here: by the consumers then
+        consumer = coord.consumers.pop(model)
         coord.version += 1
         coord.worker.subscriptions = coord.worker.subscriptions - {self._names[model]}
         consumer.cancelled = True
