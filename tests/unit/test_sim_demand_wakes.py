@@ -60,8 +60,9 @@ class EagerCheck(pull.PullAffinity):
                 self.skipped_dirty += 1
             elif model not in coord.consumers and not taken:
                 self.skipped_cap += 1
-            if (taken and model not in dirty and index in self._free
-                    and coord.state != pull.PAUSING):
+            free = coord.worker.in_flight < coord.worker.permits
+            if taken and model not in dirty and free and coord.state != pull.PAUSING \
+                    and not (coord.state == pull.RESCORING and coord.changed):
                 expected.append(index)
             self.passes[index][position] = taken
         self.woken = []
@@ -102,8 +103,7 @@ def test_an_announcement_wakes_a_worker_once_until_counted_and_not_at_the_cap() 
     router._count(coord, full=True)
     woken: list[int] = []
     router._wake = lambda c: woken.append(c.worker.index)  # type: ignore[method-assign]
-    free = {0}
-    router._free = free
+    router._wakeable = {0}
     model = next(m for m in range(config.models) if not router._facts[m].pinned)
     router._heard(model)
     assert woken == [0]  # heard, not held, never counted: wake

@@ -23,7 +23,8 @@ Three parties, each modelled on the code it stands for:
   until it is counted, and not for a queue last counted at its fan-out cap, as the
   coordinator's event listener takes them), or by a task finishing while its last
   snapshot saw work waiting; a woken re-score counts afresh only the queues announced
-  since (the others keep their last counts, as in the coordinator). The periodic timeout restarts after every re-score, woken or not.
+  since (the others keep their last counts, as in the coordinator). The periodic
+  timeout restarts after every re-score, woken or not.
   A re-score costs time: one stats round trip per runtime (``stats_s``), one count
   per queue counted (the broker's ``count_s``), the decision's CPU
   (``decide_cpu_s`` + ``decide_cpu_per_queue_s`` per queue), then acting: a cold
@@ -57,7 +58,6 @@ from modelfleet.scheduling import (
     Observation,
     QueueFacts,
     QueueScorer,
-    QueueView,
     ScoringSettings,
     Snapshot,
     WorkerView,
@@ -122,6 +122,7 @@ class Coordinator:
     rank_bucket: int | None = None
     rank_scorer: QueueScorer | None = None
     rank_memo: dict[tuple[int, int], tuple[int, float, str, int]] = field(default_factory=dict)
+    rank_noise: dict[int, float] = field(default_factory=dict)  # model -> its noise term
     own: set[int] = field(default_factory=set)  # its own candidates, as last gathered
     # Bumped by every change of what _gather and _observed_key read of this worker (its
     # counts, tasks, consumers and windows, residency, cold subscriptions): with the
@@ -161,11 +162,15 @@ class PullAffinity:
         self._names: tuple[str, ...] = ()
         self._facts: list[QueueFacts] = []  # per model: what its queue view carries
         self._cap: list[int] = []  # per model: consumers at its fan-out cap (_heard)
+        self._rank_priority: list[int] = []  # per model: snapshot_of's rank by priority
         # Per model, what a count of its queue says now: (ready, consumers), kept by
         # _dispatch, which every change of a queue or of its consumers goes through.
         self._qstate: list[tuple[int, int]] = []
         self._consumed: set[int] = set()  # models with a consumer
-        self._free: set[int] = set()  # workers (by index) with a free permit
+        self._capped: set[int] = set()  # ... as many as its fan-out cap (_cap)
+        # Workers (by index) an announcement can wake: a permit free, and neither paused
+        # before a re-score nor already due to re-score again when this one ends.
+        self._wakeable: set[int] = set()
         self._announce_interval_s = 0.0
         self._announce_s = 0.0
 
@@ -198,6 +203,8 @@ class PullAffinity:
                                   batch, f"runtime-{cat.runtime[m]}") for m in range(models)]
         # Per model, the consumers a count must show for an announcement not to wake a
         # worker (the coordinator's _at_cap): its fan-out cap; a pinned model has none.
+        self._rank_priority = [-max(self.settings.priority(f.plan), f.priority)
+                               for f in self._facts]
         self._cap = [sys.maxsize if f.pinned else
                      self.settings.fanout_cap(f.fanout_max_workers, f.plan)
                      for f in self._facts]
@@ -205,7 +212,7 @@ class PullAffinity:
             rng = random.Random(zlib.crc32(f"{self.rng_seed}/{worker.name}".encode()))
             coord = Coordinator(worker, rng, meter_since=cfg.warmup_s, meter_free=worker.permits)
             self._coords.append(coord)
-            self._note_free(coord)
+            self._note_wakeable(coord)
             # Workers started together: each first re-score somewhere in the first period.
             coord.generation += 1
             generation = coord.generation
@@ -269,10 +276,12 @@ class PullAffinity:
         if self.sim.config.event_rescores:
             coords = self._coords
             before = self._heard_at.get(model, -1)  # its previous entry in the log
-            for index in sorted(self._free):  # those with a free permit, in worker order
+            # Those with a free permit, in worker order; one paused before a re-score, or
+            # re-scoring and due to again, would not change (_wake): not asked.
+            for index in sorted(self._wakeable):
                 coord = coords[index]
-                if coord.state == PAUSING or model in coord.consumers:
-                    continue  # a paused re-score is coming anyway; a held queue is counted
+                if model in coord.consumers:
+                    continue  # a held queue is counted anyway
                 if model in coord.dirty or before >= coord.heard_upto \
                         or model in coord.at_cap:
                     continue  # to be counted already (if it passes now, it passed then)
@@ -317,6 +326,10 @@ class PullAffinity:
         if not queue:
             self._nonempty.discard(model)
         self._qstate[model] = (len(queue), len(consumers))
+        if len(consumers) >= self._cap[model]:
+            self._capped.add(model)
+        else:
+            self._capped.discard(model)
         if consumers:
             self._consumed.add(model)
         else:
@@ -345,20 +358,23 @@ class PullAffinity:
         coord.version += 1
         self.sim.start(coord.worker, task)
         coord.meter_free = coord.worker.free_permits
-        self._note_free(coord)
+        self._note_wakeable(coord)
 
-    def _note_free(self, coord: Coordinator) -> None:
-        """Keep ``_free`` (announcements wake only workers with a free permit): called
-        wherever a permit is taken (``_start``) or given back (``on_settled``)."""
-        if coord.worker.in_flight < coord.worker.permits:
-            self._free.add(coord.worker.index)
+    def _note_wakeable(self, coord: Coordinator) -> None:
+        """Keep ``_wakeable`` (announcements wake only workers with a free permit, and a
+        wake changes nothing for one paused or already due to re-score again): called
+        wherever a permit is taken (``_start``) or given back (``on_settled``) and
+        wherever the re-score loop's state changes."""
+        if coord.worker.in_flight < coord.worker.permits and (
+                coord.state == WAITING or (coord.state == RESCORING and not coord.changed)):
+            self._wakeable.add(coord.worker.index)
         else:
-            self._free.discard(coord.worker.index)
+            self._wakeable.discard(coord.worker.index)
 
     def on_settled(self, worker: SimWorker, task: Task) -> None:
         coord = self._coords[worker.index]
         coord.version += 1  # its tasks (and what it served) changed
-        self._note_free(coord)
+        self._note_wakeable(coord)
         self._meter(coord)
         coord.meter_free = worker.free_permits
         consumer = self._delivered.pop(task[0], None)
@@ -402,10 +418,12 @@ class PullAffinity:
         if coord.state == WAITING:
             coord.generation += 1  # the pending timeout no longer counts
             coord.state = PAUSING
+            self._note_wakeable(coord)
             pause = coord.rng.uniform(0.0, self.sim.config.rescore_jitter_s)
             self.sim.after(pause, lambda: self._rescore(coord, full=False))
         elif coord.state == RESCORING:
             coord.changed = True  # seen when this re-score ends
+            self._note_wakeable(coord)
 
     def _timeout(self, coord: Coordinator, generation: int) -> None:
         if generation == coord.generation and coord.state == WAITING:
@@ -415,6 +433,7 @@ class PullAffinity:
         sim = self.sim
         coord.state = RESCORING
         coord.changed = False
+        self._note_wakeable(coord)
         costs = sim.config.broker_costs
         count_all = full or sim.config.recount_on_wake
         count_s = costs.count_s * self._to_count(coord, count_all)
@@ -617,10 +636,8 @@ class PullAffinity:
         if fresh != list(map(coord.counts.get, models)):
             coord.version += 1
         coord.counts.update(zip(models, fresh, strict=True))
-        cap = self._cap
         coord.at_cap -= counted
-        coord.at_cap.update(m for m, (_, consumers) in zip(models, fresh, strict=True)
-                            if consumers >= cap[m])
+        coord.at_cap |= counted & self._capped
         waiting = counted & self._nonempty  # _nonempty: the queues not empty
         coord.backlogged -= counted
         coord.backlogged |= waiting
@@ -730,6 +747,7 @@ class PullAffinity:
             coord.rank_memo = {}
             coord.rank_scorer = QueueScorer(WorkerView(coord.worker.name), self.settings, now,
                                             self.rng_seed)
+            coord.rank_noise = {}
         memo = coord.rank_memo
         counts = coord.counts
         ranked = []
@@ -745,14 +763,18 @@ class PullAffinity:
                       ) -> tuple[int, float, str, int]:
         """``snapshot_of``'s rank of a starved cold queue (as last counted) for this
         worker, then the model's index: a pure function of the noise window, the model
-        and its backlog, kept for the window (``Coordinator.rank_memo``)."""
-        facts = self._facts[model]
-        view = QueueView(self._names[model], backlog, 0, facts.fanout_max_workers,
-                         facts.plan, facts.pinned, facts.batch_size, facts.runtime,
-                         facts.priority)
-        assert coord.rank_scorer is not None
-        return (-max(self.settings.priority(facts.plan), facts.priority),
-                -coord.rank_scorer.score(view, 0.0), view.model_id, model)
+        and its backlog, kept for the window (``Coordinator.rank_memo``): its priority
+        as ``snapshot_of`` ranks it, then ``QueueScorer.score`` of its view (no
+        consumer, not held here: ``starving_score``, with the model's noise kept for
+        the window too)."""
+        scorer = coord.rank_scorer
+        assert scorer is not None
+        name = self._names[model]
+        noise = coord.rank_noise.get(model)
+        if noise is None:
+            noise = coord.rank_noise[model] = scorer.noise(name)
+        return (self._rank_priority[model], -scorer.starving_score(backlog, noise), name,
+                model)
 
     def _act(self, coord: Coordinator, steps: deque[Action]) -> None:
         """Carry ``scheduling.actions_for`` out step by step, each after what it waits for."""
@@ -829,10 +851,12 @@ class PullAffinity:
         sim = self.sim
         if coord.changed:
             coord.state = PAUSING
+            self._note_wakeable(coord)
             pause = coord.rng.uniform(0.0, sim.config.rescore_jitter_s)
             sim.after(pause, lambda: self._rescore(coord, full=False))
             return
         coord.state = WAITING
+        self._note_wakeable(coord)
         coord.generation += 1
         generation = coord.generation
         if sim.now > sim.config.duration_s + sim.config.deadline_s:
