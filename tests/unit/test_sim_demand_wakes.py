@@ -118,6 +118,7 @@ def test_an_announcement_wakes_a_worker_once_until_counted_and_not_at_the_cap() 
     cap = router.settings.fanout_cap(router._facts[other].fanout_max_workers,
                                      router._facts[other].plan)
     router._consumers[other].extend(pull.Consumer(other, 1, owner=1) for _ in range(cap))
+    router._fold_heard(coord)  # as every caller of _set_count does first
     router._set_count(coord, other)
     assert other in coord.at_cap and not router._facts[other].pinned
     router._heard(other)

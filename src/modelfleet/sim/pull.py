@@ -51,6 +51,8 @@ import zlib
 from collections import deque
 from dataclasses import dataclass, field
 from functools import partial
+from operator import itemgetter
+from typing import cast
 
 from modelfleet.scheduling import (
     Action,
@@ -74,6 +76,8 @@ from modelfleet.sim.worker import CacheFactory, SimWorker, Task, gdsf_with_host,
 
 # The re-score loop's states.
 WAITING, PAUSING, RESCORING = range(3)
+_first = itemgetter(0)
+_last = itemgetter(-1)
 
 
 @dataclass(eq=False, slots=True)
@@ -575,11 +579,13 @@ class PullAffinity:
         """How many queues ``scheduling.candidates`` gives the coordinator (every runtime
         here takes work): those announced within the window, plus its own."""
         demand = self._demand
-        return len(demand) + sum(1 for m in coord.own if m not in demand)
+        own = coord.own
+        return len(demand) + len(own) - len(own & demand.keys())
 
     def _set_count(self, coord: Coordinator, model: int) -> tuple[int, int]:
-        """Count ``model``'s queue now (the broker's answer) and keep it as last counted."""
-        self._fold_heard(coord)  # what was heard before, with the counts it was heard by
+        """Count ``model``'s queue now (the broker's answer) and keep it as last counted.
+        The caller has folded what was heard (``_fold_heard``): it was heard by the
+        counts before this one."""
         count = (len(self._queues[model]), len(self._consumers[model]))
         if coord.counts.get(model) != count:
             coord.version += 1
@@ -696,14 +702,20 @@ class PullAffinity:
                 for slots, waiting in zip(room, by_runtime, strict=True):
                     if slots > 0:
                         self._claimable(coord, waiting, slots, gather)
-        counted: dict[int, tuple[int, int]] = {}
-        for model in gather:
-            count = counts.get(model)
-            if count is None:
-                if model in demand:
-                    continue  # in demand, never counted: an empty queue (see _count)
-                count = self._set_count(coord, model)
-            counted[model] = count
+        gathered = list(gather)
+        found = list(map(counts.get, gathered))
+        counted: dict[int, tuple[int, int]]
+        if None in found:
+            self._fold_heard(coord)  # before _set_count changes the counts
+            counted = {}
+            for model, count in zip(gathered, found, strict=True):
+                if count is None:
+                    if model in demand:
+                        continue  # in demand, never counted: an empty queue (see _count)
+                    count = self._set_count(coord, model)
+                counted[model] = count
+        else:
+            counted = dict(zip(gathered, cast(list[tuple[int, int]], found), strict=True))
         now = self.sim.now
         while worker.recent_cold and now - worker.recent_cold[0] >= COLD_WINDOW_S:
             worker.recent_cold.popleft()
@@ -749,15 +761,18 @@ class PullAffinity:
                                             self.rng_seed)
             coord.rank_noise = {}
         memo = coord.rank_memo
-        counts = coord.counts
-        ranked = []
-        for m in starved:
-            key = (m, counts[m][0])
-            rank = memo.get(key)
-            if rank is None:
-                rank = memo[key] = self._starved_rank(coord, m, key[1])
-            ranked.append(rank)
-        gather.update(rank[3] for rank in heapq.nsmallest(slots, ranked))
+        # (model, backlog as last counted) for each, then their ranks as kept: C loops,
+        # since this runs over every starved queue at most re-scores under overload.
+        keys = list(zip(starved, map(_first, map(coord.counts.__getitem__, starved)),
+                        strict=True))
+        found = list(map(memo.get, keys))
+        if None in found:
+            for i, rank in enumerate(found):
+                if rank is None:
+                    key = keys[i]
+                    found[i] = memo[key] = self._starved_rank(coord, *key)
+        ranked = cast(list[tuple[int, float, str, int]], found)  # no None left
+        gather.update(map(_last, heapq.nsmallest(slots, ranked)))
 
     def _starved_rank(self, coord: Coordinator, model: int, backlog: int
                       ) -> tuple[int, float, str, int]:
