@@ -125,3 +125,26 @@ def test_an_announcement_wakes_a_worker_once_until_counted_and_not_at_the_cap() 
     assert woken == [0, 0]
     router._fold_heard(coord)
     assert other not in coord.dirty  # and it is not counted afresh at a woken re-score
+
+
+def test_the_wake_at_cap_ablation_wakes_for_a_queue_at_its_cap() -> None:
+    config = replace(SMALL, wake_at_cap=True)
+    router = pull.PullAffinity(rng_seed=config.seed)
+    sim = Simulation(config, build_catalog(config), build_trace(config), router)
+    router.attach(sim)
+    coord = router._coords[0]
+    router._refresh(coord)
+    router._count(coord, full=True)
+    woken: list[int] = []
+    router._wake = lambda c: woken.append(c.worker.index)  # type: ignore[method-assign]
+    router._wakeable = {0}
+    model = next(m for m in range(config.models) if not router._facts[m].pinned)
+    cap = router.settings.fanout_cap(router._facts[model].fanout_max_workers,
+                                     router._facts[model].plan)
+    router._consumers[model].extend(pull.Consumer(model, 1, owner=1) for _ in range(cap))
+    router._fold_heard(coord)
+    router._set_count(coord, model)
+    router._heard(model)
+    assert woken == [0]
+    router._fold_heard(coord)
+    assert model in coord.dirty

@@ -205,11 +205,12 @@ class PullAffinity:
         # gives it its plan's priority (ScoringSettings.plan_priority), as on a worker.
         self._facts = [QueueFacts(cat.fanout_max_workers[m], cat.plans[m], m in cat.pinned,
                                   batch, f"runtime-{cat.runtime[m]}") for m in range(models)]
-        # Per model, the consumers a count must show for an announcement not to wake a
-        # worker (the coordinator's _at_cap): its fan-out cap; a pinned model has none.
         self._rank_priority = [-max(self.settings.priority(f.plan), f.priority)
                                for f in self._facts]
-        self._cap = [sys.maxsize if f.pinned else
+        # Per model, the consumers a count must show for an announcement not to wake a
+        # worker (the coordinator's _at_cap): its fan-out cap; a pinned model has none,
+        # nor any model in the wake_at_cap ablation.
+        self._cap = [sys.maxsize if f.pinned or cfg.wake_at_cap else
                      self.settings.fanout_cap(f.fanout_max_workers, f.plan)
                      for f in self._facts]
         for worker in sim.workers:
