@@ -299,8 +299,8 @@ class PullAffinity:
         those of models not pulled here and not last counted at their fan-out cap are
         dirty. Exact, not an approximation of taking each when heard: everything this
         reads (the consumers, the counts) is folded before it changes (``_subscribed``,
-        ``_unsubscribe``, ``_set_count``, ``_count``), so it reads what was there when
-        each was heard."""
+        ``_unsubscribe``, ``_count``, and ``_gather`` before a ``_set_count``), so it
+        reads what was there when each was heard."""
         log = self._heard_log
         upto = coord.heard_upto
         if upto == len(log):
