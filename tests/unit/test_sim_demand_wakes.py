@@ -25,8 +25,8 @@ class EagerCheck(pull.PullAffinity):
     at the instant it is heard, and checks the simulator's lazy fold and its wakes
     against that."""
 
-    def __init__(self) -> None:
-        super().__init__(rng_seed=SMALL.seed)
+    def __init__(self, seed: int) -> None:
+        super().__init__(rng_seed=seed)
         self.passes: list[dict[int, bool]] = []  # per worker: log index -> taken?
         self.woken: list[int] = []
         self.wakes = self.skipped_dirty = self.skipped_cap = self.folds = 0
@@ -86,7 +86,7 @@ class EagerCheck(pull.PullAffinity):
 @pytest.mark.parametrize("seed", [3, 4])
 def test_the_lazy_fold_takes_each_announcement_as_if_heard_at_once(seed: int) -> None:
     config = replace(SMALL, seed=seed)
-    router = EagerCheck()
+    router = EagerCheck(seed)
     Simulation(config, build_catalog(config), build_trace(config), router).run()
     assert router.folds > 1000 and router.wakes > 100
     # Both rules of the event listener were exercised, not just the plain wake.
