@@ -6,6 +6,8 @@ hold the lazy fold to the slow path that takes each announcement as it is heard.
 
 from __future__ import annotations
 
+import math
+from collections import deque
 from dataclasses import replace
 
 import pytest
@@ -148,3 +150,37 @@ def test_the_wake_at_cap_ablation_wakes_for_a_queue_at_its_cap() -> None:
     assert woken == [0]
     router._fold_heard(coord)
     assert model in coord.dirty
+
+
+class ExpiredBacklog(pull.PullAffinity):
+    """At 35 s, 1,500 tasks that arrived at 0 (past their 30 s deadline) wait in one
+    queue, and a worker subscribes to it."""
+
+    extra = 1_500
+
+    def attach(self, sim: Simulation) -> None:
+        super().attach(sim)
+        sim.after(35.0, self._expired_backlog)
+
+    def _expired_backlog(self) -> None:
+        sim, model, first = self.sim, 0, len(self.sim.arrival)
+        sim.arrival.extend([0.0] * self.extra)
+        sim.request_model.extend([model] * self.extra)
+        sim.latency.extend([math.nan] * self.extra)
+        sim.answered_at.extend([math.nan] * self.extra)
+        sim.hit.extend(bytearray(self.extra))
+        sim.timed_out.extend(bytearray(self.extra))
+        self._queues[model].extend((i, model, 0.0) for i in range(first, first + self.extra))
+        self._nonempty.add(model)
+        self._subscribed(self._coords[0], model, 1, deque())
+
+
+def test_a_queue_of_expired_tasks_drains_without_running_out_of_stack() -> None:
+    """Each expired task gives its permit back at once and the next delivery starts in
+    the same call chain: a few frames per task, past Python's default limit here."""
+    config = SMALL
+    router = ExpiredBacklog(rng_seed=config.seed)
+    sim = Simulation(config, build_catalog(config), build_trace(config), router)
+    sim.run()
+    assert not router._queues[0]
+    assert all(sim.timed_out[-ExpiredBacklog.extra:])
