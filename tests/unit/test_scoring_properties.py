@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from modelfleet.scheduling import QueueView, ScoringSettings, WorkerView, choose_queues
+from modelfleet.scheduling import QueueScorer, QueueView, ScoringSettings, WorkerView, choose_queues
 
 MODELS = [f"m{i}" for i in range(12)]
 
@@ -64,3 +64,31 @@ def test_decisions_respect_the_caps(queues: list[QueueView], subscriptions: froz
     if decision.cold:
         assert len(loading) < cfg.max_loads_for_cold
     assert len(decision.cold) <= max(cfg.max_loads_for_cold - len(loading), 0)
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    model_id=st.sampled_from(MODELS),
+    backlog=st.integers(1, 10_000),
+    plan=st.sampled_from(["free", "pro", "enterprise"]),
+    pinned=st.booleans(),
+    warmth=st.floats(0, 3),
+    served=st.one_of(st.none(), st.floats(0, 10_000)),
+    now=st.floats(0, 10_000),
+    seed=st.integers(0, 2**32),
+    amplitude=st.sampled_from([0.0, 0.05, 0.3]),
+    pressure_scale=st.floats(0.5, 64),
+)
+def test_starving_score_is_score_bit_for_bit(model_id: str, backlog: int, plan: str,
+                                             pinned: bool, warmth: float,
+                                             served: float | None, now: float, seed: int,
+                                             amplitude: float,
+                                             pressure_scale: float) -> None:
+    """The simulator ranks starved cold queues by ``starving_score`` with each queue's
+    noise kept for the window: it must be ``score`` of that queue, to the last bit."""
+    cfg = ScoringSettings(noise_amplitude=amplitude, pressure_scale=pressure_scale)
+    worker = WorkerView("w", last_served={} if served is None else {model_id: served})
+    scorer = QueueScorer(worker, cfg, now, seed)
+    queue = QueueView(model_id, backlog, 0, 2, plan, pinned)
+    expected = scorer.score(queue, warmth)
+    assert scorer.starving_score(backlog, scorer.noise(model_id)) == expected

@@ -167,6 +167,15 @@ class QueueScorer:
         return warmth + stickiness + base
 
 
+    def starving_score(self, backlog: int, noise: float) -> float:
+        """``score`` of a starving queue this worker does not hold (``backlog`` > 0 waiting,
+        no consumer anywhere), given its ``noise(model_id)``: the same operations in the
+        same order, for a caller that ranks many such queues and keeps each one's noise
+        for the window (the simulator's coordinator, ranking starved cold queues)."""
+        pressure = self._pressure_w * math.log1p(backlog / 1 / self._pressure_scale)
+        return self._starvation + (pressure + noise)
+
+
 def noise(settings: ScoringSettings, rng_seed: int, worker_id: str, model_id: str,
           now: float) -> float:
     """The noise term of (worker, queue): in [-amplitude, amplitude), fixed per hold window."""

@@ -49,6 +49,8 @@ HELP = {
     "artifact_max_bytes": "peers catalog: largest artifact",
     "rescore_cpu_per_model_s": "coordinator CPU per catalog model per re-score (an O(catalog) "
                                "loop, as before issue 23; 0: none)",
+    "wake_at_cap": "ablation: an announcement of a queue last counted at its fan-out cap "
+                   "wakes a worker and is counted afresh (the coordinator skips it)",
 }
 
 

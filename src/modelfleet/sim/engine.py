@@ -39,6 +39,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -58,6 +59,7 @@ from modelfleet.sim.worker import Batcher, CacheFactory, SimRuntime, SimWorker, 
 
 (INFER_DONE, LOAD_DONE, PROMOTE_DONE, TICK, SAMPLE, RETRY, OPEN, CLOSE, CPU, CALL, ARRIVE,
  GIVE_UP) = range(12)
+DRAIN_RECURSION_LIMIT = 200_000  # see Simulation.run
 RETRY_S = 0.5  # how long a task waits before retrying after NoCapacity with no load to wait for
 
 Event = tuple[float, int, int, "SimWorker | None", object]
@@ -200,6 +202,22 @@ class Simulation:
         self.schedule(cfg.duration_s, CLOSE, None, None)
         for client in range(cfg.clients):
             self.schedule(0.0, ARRIVE, None, client)
+        # A task found expired when it starts gives its permit back at once, and the pull
+        # router hands that permit to the next delivery, which may have expired too: a
+        # queue of expired tasks drains by recursion (start, release, settle, dispatch,
+        # start ...), a few frames per task, and a 10,000-worker-scale backlog passes the
+        # default limit of 1,000 frames. The run raises the limit, not the order of events
+        # (Python-to-Python calls take no C stack since 3.11).
+        limit = sys.getrecursionlimit()
+        sys.setrecursionlimit(max(limit, DRAIN_RECURSION_LIMIT))
+        try:
+            self._events(horizon)
+        finally:
+            sys.setrecursionlimit(limit)
+        return self._result()
+
+    def _events(self, horizon: float) -> None:
+        """Take the arrivals and the events in time order until ``horizon``."""
         times, models = self.trace.times, self.trace.models
         count, i = len(times), 0
         heap = self._heap
@@ -221,7 +239,6 @@ class Simulation:
                 break
         if self._progress is not None:
             self._progress(count % 1000)
-        return self._result()
 
     def _dispatch(self, kind: int, worker: SimWorker | None, payload: object) -> None:
         if kind == INFER_DONE:

@@ -19,10 +19,12 @@ Three parties, each modelled on the code it stands for:
   ``permits``), starts the task, takes the next. The re-score loop re-scores every
   ``rescore_s`` x uniform(0.75, 1.25) with exact counts for every candidate queue,
   and at once (after a pause uniform(0, ``rescore_jitter_s``)) when woken: by an
-  announcement for a model it does not consume while a permit is free, or by a task
-  finishing while its last snapshot saw work waiting; a woken re-score counts afresh
-  only the queues announced since (the others keep their last counts, as in the
-  coordinator). The periodic timeout restarts after every re-score, woken or not.
+  announcement for a model it does not consume while a permit is free (once per model
+  until it is counted, and not for a queue last counted at its fan-out cap, as the
+  coordinator's event listener takes them), or by a task finishing while its last
+  snapshot saw work waiting; a woken re-score counts afresh only the queues announced
+  since (the others keep their last counts, as in the coordinator). The periodic
+  timeout restarts after every re-score, woken or not.
   A re-score costs time: one stats round trip per runtime (``stats_s``), one count
   per queue counted (the broker's ``count_s``), the decision's CPU
   (``decide_cpu_s`` + ``decide_cpu_per_queue_s`` per queue), then acting: a cold
@@ -44,10 +46,13 @@ from __future__ import annotations
 import heapq
 import math
 import random
+import sys
 import zlib
 from collections import deque
 from dataclasses import dataclass, field
 from functools import partial
+from operator import itemgetter
+from typing import cast
 
 from modelfleet.scheduling import (
     Action,
@@ -55,7 +60,6 @@ from modelfleet.scheduling import (
     Observation,
     QueueFacts,
     QueueScorer,
-    QueueView,
     ScoringSettings,
     Snapshot,
     WorkerView,
@@ -72,6 +76,8 @@ from modelfleet.sim.worker import CacheFactory, SimWorker, Task, gdsf_with_host,
 
 # The re-score loop's states.
 WAITING, PAUSING, RESCORING = range(3)
+_first = itemgetter(0)
+_last = itemgetter(-1)
 
 
 @dataclass(eq=False, slots=True)
@@ -96,6 +102,7 @@ class Coordinator:
     counts: dict[int, tuple[int, int]] = field(default_factory=dict)  # as last counted
     backlogged: set[int] = field(default_factory=set)  # those of counts with a backlog
     starved: set[int] = field(default_factory=set)  # ... and no consumer anywhere
+    at_cap: set[int] = field(default_factory=set)  # those of counts at their fan-out cap
     dirty: set[int] = field(default_factory=set)
     heard_upto: int = 0  # announcements (PullAffinity._heard_log) folded into dirty so far
     held_backlog: set[int] = field(default_factory=set)  # held queues last seen with backlog
@@ -119,6 +126,7 @@ class Coordinator:
     rank_bucket: int | None = None
     rank_scorer: QueueScorer | None = None
     rank_memo: dict[tuple[int, int], tuple[int, float, str, int]] = field(default_factory=dict)
+    rank_noise: dict[int, float] = field(default_factory=dict)  # model -> its noise term
     own: set[int] = field(default_factory=set)  # its own candidates, as last gathered
     # Bumped by every change of what _gather and _observed_key read of this worker (its
     # counts, tasks, consumers and windows, residency, cold subscriptions): with the
@@ -154,13 +162,19 @@ class PullAffinity:
         self._demand_log: deque[tuple[float, int]] = deque()
         self._demand_version = 0  # bumped when a model enters or leaves _demand
         self._heard_log: list[int] = []  # every announcement heard, in order
+        self._heard_at: dict[int, int] = {}  # model -> its last entry in _heard_log
         self._names: tuple[str, ...] = ()
         self._facts: list[QueueFacts] = []  # per model: what its queue view carries
+        self._cap: list[int] = []  # per model: consumers at its fan-out cap (_heard)
+        self._rank_priority: list[int] = []  # per model: snapshot_of's rank by priority
         # Per model, what a count of its queue says now: (ready, consumers), kept by
         # _dispatch, which every change of a queue or of its consumers goes through.
         self._qstate: list[tuple[int, int]] = []
         self._consumed: set[int] = set()  # models with a consumer
-        self._free: set[int] = set()  # workers (by index) with a free permit
+        self._capped: set[int] = set()  # ... as many as its fan-out cap (_cap)
+        # Workers (by index) an announcement can wake: a permit free, and neither paused
+        # before a re-score nor already due to re-score again when this one ends.
+        self._wakeable: set[int] = set()
         self._announce_interval_s = 0.0
         self._announce_s = 0.0
 
@@ -191,11 +205,19 @@ class PullAffinity:
         # gives it its plan's priority (ScoringSettings.plan_priority), as on a worker.
         self._facts = [QueueFacts(cat.fanout_max_workers[m], cat.plans[m], m in cat.pinned,
                                   batch, f"runtime-{cat.runtime[m]}") for m in range(models)]
+        self._rank_priority = [-max(self.settings.priority(f.plan), f.priority)
+                               for f in self._facts]
+        # Per model, the consumers a count must show for an announcement not to wake a
+        # worker (the coordinator's _at_cap): its fan-out cap; a pinned model has none,
+        # nor any model in the wake_at_cap ablation.
+        self._cap = [sys.maxsize if f.pinned or cfg.wake_at_cap else
+                     self.settings.fanout_cap(f.fanout_max_workers, f.plan)
+                     for f in self._facts]
         for worker in sim.workers:
             rng = random.Random(zlib.crc32(f"{self.rng_seed}/{worker.name}".encode()))
             coord = Coordinator(worker, rng, meter_since=cfg.warmup_s, meter_free=worker.permits)
             self._coords.append(coord)
-            self._note_free(coord)
+            self._note_wakeable(coord)
             # Workers started together: each first re-score somewhere in the first period.
             coord.generation += 1
             generation = coord.generation
@@ -239,30 +261,55 @@ class PullAffinity:
             sim.after(sim.config.announce_interval_s, self._announce_waiting)
 
     def _heard(self, model: int) -> None:
-        """Every worker's event listener gets a demand announcement: a model it does not
-        pull is counted afresh at its next re-score (folded into ``dirty`` from the log
-        when that starts), and wakes it if a permit is free."""
+        """Every worker's event listener gets a demand announcement, and takes it as the
+        coordinator's ``_listen_events`` does: a model it does not pull, not already to be
+        counted (``dirty``) and not last counted at its fan-out cap is to be counted
+        afresh at the next re-score, and wakes it if a permit is free. Once per model
+        until it is counted: gateways re-announce every model with a request waiting,
+        and in a fleet most of them are other workers' to serve.
+
+        A worker folds what it heard into ``dirty`` from the log when it next needs it
+        (``_fold_heard``). Whether ``model`` is dirty already needs no fold: it is if it
+        is in ``dirty``, or if it was heard since the worker's last fold and passed then,
+        which it did if it passes now (nothing the test reads changed since that fold)."""
         now = self.sim.now
         if model not in self._demand:
             self._demand_version += 1
         self._demand[model] = now
         self._demand_log.append((now, model))
-        self._heard_log.append(model)
-        if not self.sim.config.event_rescores:
-            return
-        coords = self._coords
-        for index in sorted(self._free):  # those with a free permit, in worker order
-            coord = coords[index]
-            if coord.state != PAUSING and model not in coord.consumers:
+        log = self._heard_log
+        if self.sim.config.event_rescores:
+            coords = self._coords
+            before = self._heard_at.get(model, -1)  # its previous entry in the log
+            # Those with a free permit, in worker order; one paused before a re-score, or
+            # re-scoring and due to again, would not change (_wake): not asked.
+            for index in sorted(self._wakeable):
+                coord = coords[index]
+                if model in coord.consumers:
+                    continue  # a held queue is counted anyway
+                if model in coord.dirty or before >= coord.heard_upto \
+                        or model in coord.at_cap:
+                    continue  # to be counted already (if it passes now, it passed then)
                 self._wake(coord)
+        self._heard_at[model] = len(log)
+        log.append(model)
 
     def _fold_heard(self, coord: Coordinator) -> None:
-        """Announcements heard since the last fold: those of models not pulled are dirty."""
+        """Announcements heard since the last fold, each taken as ``_heard`` describes:
+        those of models not pulled here and not last counted at their fan-out cap are
+        dirty. Exact, not an approximation of taking each when heard: everything this
+        reads (the consumers, the counts) is folded before it changes (``_subscribed``,
+        ``_unsubscribe``, ``_count``, and ``_gather`` before a ``_set_count``), so it
+        reads what was there when each was heard."""
         log = self._heard_log
-        heard = set(log[coord.heard_upto:])
-        heard -= coord.consumers.keys()
-        coord.dirty |= heard
+        upto = coord.heard_upto
+        if upto == len(log):
+            return
+        heard = set(log[upto:])
         coord.heard_upto = len(log)
+        heard -= coord.consumers.keys()
+        heard -= coord.at_cap
+        coord.dirty |= heard
 
     # --- the broker -------------------------------------------------------------------------
 
@@ -284,6 +331,10 @@ class PullAffinity:
         if not queue:
             self._nonempty.discard(model)
         self._qstate[model] = (len(queue), len(consumers))
+        if len(consumers) >= self._cap[model]:
+            self._capped.add(model)
+        else:
+            self._capped.discard(model)
         if consumers:
             self._consumed.add(model)
         else:
@@ -312,20 +363,23 @@ class PullAffinity:
         coord.version += 1
         self.sim.start(coord.worker, task)
         coord.meter_free = coord.worker.free_permits
-        self._note_free(coord)
+        self._note_wakeable(coord)
 
-    def _note_free(self, coord: Coordinator) -> None:
-        """Keep ``_free`` (announcements wake only workers with a free permit): called
-        wherever a permit is taken (``_start``) or given back (``on_settled``)."""
-        if coord.worker.in_flight < coord.worker.permits:
-            self._free.add(coord.worker.index)
+    def _note_wakeable(self, coord: Coordinator) -> None:
+        """Keep ``_wakeable`` (announcements wake only workers with a free permit, and a
+        wake changes nothing for one paused or already due to re-score again): called
+        wherever a permit is taken (``_start``) or given back (``on_settled``) and
+        wherever the re-score loop's state changes."""
+        if coord.worker.in_flight < coord.worker.permits and (
+                coord.state == WAITING or (coord.state == RESCORING and not coord.changed)):
+            self._wakeable.add(coord.worker.index)
         else:
-            self._free.discard(coord.worker.index)
+            self._wakeable.discard(coord.worker.index)
 
     def on_settled(self, worker: SimWorker, task: Task) -> None:
         coord = self._coords[worker.index]
         coord.version += 1  # its tasks (and what it served) changed
-        self._note_free(coord)
+        self._note_wakeable(coord)
         self._meter(coord)
         coord.meter_free = worker.free_permits
         consumer = self._delivered.pop(task[0], None)
@@ -369,10 +423,12 @@ class PullAffinity:
         if coord.state == WAITING:
             coord.generation += 1  # the pending timeout no longer counts
             coord.state = PAUSING
+            self._note_wakeable(coord)
             pause = coord.rng.uniform(0.0, self.sim.config.rescore_jitter_s)
             self.sim.after(pause, lambda: self._rescore(coord, full=False))
         elif coord.state == RESCORING:
             coord.changed = True  # seen when this re-score ends
+            self._note_wakeable(coord)
 
     def _timeout(self, coord: Coordinator, generation: int) -> None:
         if generation == coord.generation and coord.state == WAITING:
@@ -382,6 +438,7 @@ class PullAffinity:
         sim = self.sim
         coord.state = RESCORING
         coord.changed = False
+        self._note_wakeable(coord)
         costs = sim.config.broker_costs
         count_all = full or sim.config.recount_on_wake
         count_s = costs.count_s * self._to_count(coord, count_all)
@@ -523,14 +580,21 @@ class PullAffinity:
         """How many queues ``scheduling.candidates`` gives the coordinator (every runtime
         here takes work): those announced within the window, plus its own."""
         demand = self._demand
-        return len(demand) + sum(1 for m in coord.own if m not in demand)
+        own = coord.own
+        return len(demand) + len(own) - len(own & demand.keys())
 
     def _set_count(self, coord: Coordinator, model: int) -> tuple[int, int]:
-        """Count ``model``'s queue now (the broker's answer) and keep it as last counted."""
+        """Count ``model``'s queue now (the broker's answer) and keep it as last counted.
+        The caller has folded what was heard (``_fold_heard``): it was heard by the
+        counts before this one."""
         count = (len(self._queues[model]), len(self._consumers[model]))
         if coord.counts.get(model) != count:
             coord.version += 1
         coord.counts[model] = count
+        if count[1] >= self._cap[model]:
+            coord.at_cap.add(model)
+        else:
+            coord.at_cap.discard(model)
         if count[0] > 0:
             coord.backlogged.add(model)
             if count[1] == 0:
@@ -551,11 +615,17 @@ class PullAffinity:
         device, host, _ = coord.residency
         demand = self._demand
         if full:
+            # Every candidate is counted now: what was folded into dirty before this
+            # re-score began is forgotten, what was heard since is dirty (by the counts
+            # it was heard with, so folded before they are replaced).
+            coord.dirty.clear()
+            self._fold_heard(coord)
             old = coord.counts
             version = coord.version
             coord.counts = {}
             coord.backlogged = set()
             coord.starved = set()
+            coord.at_cap = set()
             for model in candidates((), coord.consumers, device, host, self.sim.catalog.pinned):
                 self._set_count(coord, model)
             for model in self._nonempty:
@@ -563,7 +633,6 @@ class PullAffinity:
                     self._set_count(coord, model)
             # backlogged and starved follow from the counts: equal counts, nothing changed.
             coord.version = version if coord.counts == old else version + 1
-            coord.dirty.clear()
             return
         self._fold_heard(coord)  # what was heard while the stats were asked, too
         # What _set_count does, over a set at once: this runs per worker per announcement.
@@ -574,6 +643,8 @@ class PullAffinity:
         if fresh != list(map(coord.counts.get, models)):
             coord.version += 1
         coord.counts.update(zip(models, fresh, strict=True))
+        coord.at_cap -= counted
+        coord.at_cap |= counted & self._capped
         waiting = counted & self._nonempty  # _nonempty: the queues not empty
         coord.backlogged -= counted
         coord.backlogged |= waiting
@@ -632,14 +703,20 @@ class PullAffinity:
                 for slots, waiting in zip(room, by_runtime, strict=True):
                     if slots > 0:
                         self._claimable(coord, waiting, slots, gather)
-        counted: dict[int, tuple[int, int]] = {}
-        for model in gather:
-            count = counts.get(model)
-            if count is None:
-                if model in demand:
-                    continue  # in demand, never counted: an empty queue (see _count)
-                count = self._set_count(coord, model)
-            counted[model] = count
+        gathered = list(gather)
+        found = list(map(counts.get, gathered))
+        counted: dict[int, tuple[int, int]]
+        if None in found:
+            self._fold_heard(coord)  # before _set_count changes the counts
+            counted = {}
+            for model, count in zip(gathered, found, strict=True):
+                if count is None:
+                    if model in demand:
+                        continue  # in demand, never counted: an empty queue (see _count)
+                    count = self._set_count(coord, model)
+                counted[model] = count
+        else:
+            counted = dict(zip(gathered, cast(list[tuple[int, int]], found), strict=True))
         now = self.sim.now
         while worker.recent_cold and now - worker.recent_cold[0] >= COLD_WINDOW_S:
             worker.recent_cold.popleft()
@@ -683,29 +760,37 @@ class PullAffinity:
             coord.rank_memo = {}
             coord.rank_scorer = QueueScorer(WorkerView(coord.worker.name), self.settings, now,
                                             self.rng_seed)
+            coord.rank_noise = {}
         memo = coord.rank_memo
-        counts = coord.counts
-        ranked = []
-        for m in starved:
-            key = (m, counts[m][0])
-            rank = memo.get(key)
-            if rank is None:
-                rank = memo[key] = self._starved_rank(coord, m, key[1])
-            ranked.append(rank)
-        gather.update(rank[3] for rank in heapq.nsmallest(slots, ranked))
+        # (model, backlog as last counted) for each, then their ranks as kept: C loops,
+        # since this runs over every starved queue at most re-scores under overload.
+        keys = list(zip(starved, map(_first, map(coord.counts.__getitem__, starved)),
+                        strict=True))
+        found = list(map(memo.get, keys))
+        if None in found:
+            for i, rank in enumerate(found):
+                if rank is None:
+                    key = keys[i]
+                    found[i] = memo[key] = self._starved_rank(coord, *key)
+        ranked = cast(list[tuple[int, float, str, int]], found)  # no None left
+        gather.update(map(_last, heapq.nsmallest(slots, ranked)))
 
     def _starved_rank(self, coord: Coordinator, model: int, backlog: int
                       ) -> tuple[int, float, str, int]:
         """``snapshot_of``'s rank of a starved cold queue (as last counted) for this
         worker, then the model's index: a pure function of the noise window, the model
-        and its backlog, kept for the window (``Coordinator.rank_memo``)."""
-        facts = self._facts[model]
-        view = QueueView(self._names[model], backlog, 0, facts.fanout_max_workers,
-                         facts.plan, facts.pinned, facts.batch_size, facts.runtime,
-                         facts.priority)
-        assert coord.rank_scorer is not None
-        return (-max(self.settings.priority(facts.plan), facts.priority),
-                -coord.rank_scorer.score(view, 0.0), view.model_id, model)
+        and its backlog, kept for the window (``Coordinator.rank_memo``): its priority
+        as ``snapshot_of`` ranks it, then ``QueueScorer.score`` of its view (no
+        consumer, not held here: ``starving_score``, with the model's noise kept for
+        the window too)."""
+        scorer = coord.rank_scorer
+        assert scorer is not None
+        name = self._names[model]
+        noise = coord.rank_noise.get(model)
+        if noise is None:
+            noise = coord.rank_noise[model] = scorer.noise(name)
+        return (self._rank_priority[model], -scorer.starving_score(backlog, noise), name,
+                model)
 
     def _act(self, coord: Coordinator, steps: deque[Action]) -> None:
         """Carry ``scheduling.actions_for`` out step by step, each after what it waits for."""
@@ -747,6 +832,7 @@ class PullAffinity:
     def _subscribed(self, coord: Coordinator, model: int, window: int,
                     steps: deque[Action]) -> None:
         if model not in coord.consumers:
+            self._fold_heard(coord)  # heard while not held here: by the consumers then
             coord.version += 1
             consumer = Consumer(model, max(1, window), coord.worker.index)
             coord.consumers[model] = consumer
@@ -756,9 +842,10 @@ class PullAffinity:
         self._act(coord, steps)
 
     def _unsubscribe(self, coord: Coordinator, model: int) -> None:
-        consumer = coord.consumers.pop(model, None)
-        if consumer is None:
+        if model not in coord.consumers:
             return
+        self._fold_heard(coord)  # heard while held here: by the consumers then
+        consumer = coord.consumers.pop(model)
         coord.version += 1
         coord.worker.subscriptions = coord.worker.subscriptions - {self._names[model]}
         consumer.cancelled = True
@@ -780,10 +867,12 @@ class PullAffinity:
         sim = self.sim
         if coord.changed:
             coord.state = PAUSING
+            self._note_wakeable(coord)
             pause = coord.rng.uniform(0.0, sim.config.rescore_jitter_s)
             sim.after(pause, lambda: self._rescore(coord, full=False))
             return
         coord.state = WAITING
+        self._note_wakeable(coord)
         coord.generation += 1
         generation = coord.generation
         if sim.now > sim.config.duration_s + sim.config.deadline_s:

@@ -117,6 +117,9 @@ class ScenarioConfig:
     event_rescores: bool = True  # woken by announcements and task ends (False: ticks only)
     recount_held_backlog: bool = True  # woken re-scores recount held queues seen with backlog
     recount_on_wake: bool = False  # an ablation: woken re-scores count every candidate too
+    # An ablation: an announcement of a queue last counted at its fan-out cap wakes the
+    # worker and is counted afresh (the coordinator's event listener skips it).
+    wake_at_cap: bool = False
     announce_interval_s: float = 0.25  # demand announced at once, then at most this often
     demand_window_s: float = 60.0  # how long an announcement keeps a queue a candidate
     stats_s: float = 0.00016  # a runtime's stats round trip (CPU), per runtime per re-score
