@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -17,6 +16,7 @@ from pathlib import Path
 import httpx
 import psutil
 
+from modelfleet.devtools.rabbit_node import free_port as free_port_in
 from modelfleet.gateway.resolve import Outcome
 from modelfleet.gateway.service import GatewayService
 from modelfleet.messages import now_ms
@@ -53,7 +53,6 @@ def write_package(root: Path, name: str, manifest: str, handler: str) -> Path:
 # connection takes them meanwhile, and each pytest-xdist process has a slice of its own,
 # so two test processes never pick the same one. (Private RabbitMQ nodes use 20000-30000.)
 _PORTS_LOW, _PORTS_HIGH = 10_000, 20_000
-_next_port: list[int] = []
 
 
 def _port_slice() -> tuple[int, int]:
@@ -65,22 +64,8 @@ def _port_slice() -> tuple[int, int]:
 
 
 def free_port() -> int:
-    """A loopback port nobody listens on now, from this test process's own slice, never
-    one handed out recently by this process (a server of an earlier test may linger)."""
-    low, high = _port_slice()
-    if not _next_port:
-        _next_port.append(low + (os.getpid() % (high - low)))
-    for _ in range(high - low):
-        port = _next_port[0]
-        _next_port[0] = low + (port + 1 - low) % (high - low)
-        with socket.socket() as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError(f"no free port in [{low}, {high})")
+    """A loopback port nobody listens on now, from this test process's own slice."""
+    return free_port_in(*_port_slice())
 
 
 # The line each of serve, gateway and worker logs once it has bound its HTTP port (asked

@@ -95,8 +95,10 @@ def test_the_lazy_fold_takes_each_announcement_as_if_heard_at_once(seed: int) ->
     assert router.skipped_dirty > 100 and router.skipped_cap > 100
 
 
-def test_an_announcement_wakes_a_worker_once_until_counted_and_not_at_the_cap() -> None:
-    config = SMALL
+def counted_worker(config: ScenarioConfig
+                   ) -> tuple[pull.PullAffinity, pull.Coordinator, list[int]]:
+    """Pull-affinity on ``config`` with worker 0 fully counted, free to be woken, and
+    its wakes recorded (the list) instead of run."""
     router = pull.PullAffinity(rng_seed=config.seed)
     sim = Simulation(config, build_catalog(config), build_trace(config), router)
     router.attach(sim)
@@ -106,6 +108,12 @@ def test_an_announcement_wakes_a_worker_once_until_counted_and_not_at_the_cap() 
     woken: list[int] = []
     router._wake = lambda c: woken.append(c.worker.index)  # type: ignore[method-assign]
     router._wakeable = {0}
+    return router, coord, woken
+
+
+def test_an_announcement_wakes_a_worker_once_until_counted_and_not_at_the_cap() -> None:
+    config = SMALL
+    router, coord, woken = counted_worker(config)
     model = next(m for m in range(config.models) if not router._facts[m].pinned)
     router._heard(model)
     assert woken == [0]  # heard, not held, never counted: wake
@@ -131,15 +139,7 @@ def test_an_announcement_wakes_a_worker_once_until_counted_and_not_at_the_cap() 
 
 def test_the_wake_at_cap_ablation_wakes_for_a_queue_at_its_cap() -> None:
     config = replace(SMALL, wake_at_cap=True)
-    router = pull.PullAffinity(rng_seed=config.seed)
-    sim = Simulation(config, build_catalog(config), build_trace(config), router)
-    router.attach(sim)
-    coord = router._coords[0]
-    router._refresh(coord)
-    router._count(coord, full=True)
-    woken: list[int] = []
-    router._wake = lambda c: woken.append(c.worker.index)  # type: ignore[method-assign]
-    router._wakeable = {0}
+    router, coord, woken = counted_worker(config)
     model = next(m for m in range(config.models) if not router._facts[m].pinned)
     cap = router.settings.fanout_cap(router._facts[model].fanout_max_workers,
                                      router._facts[model].plan)
