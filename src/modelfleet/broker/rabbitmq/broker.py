@@ -21,8 +21,11 @@ itself instead of inflating the backlog that workers score. Quorum queues honour
 per-message TTL from RabbitMQ 3.10 (checked at the head of the queue, also with no
 consumer); what expires is dead-lettered like the rest, with reason ``expired``.
 
-Connections: two robust connections per broker, one for the work (publishes,
-declares, consumers) and one for counting (``queue_stats``' passive declares). The
+Connections: three robust connections per broker, one for the work (publishes,
+consumers), one for counting (``queue_stats``' passive declares) and one for the
+keeper (model queues' declares and lease renewals): RabbitMQ answers some failures
+of those with a connection-level close, which then costs only counts or one
+renewal, never the work in flight (``amqp_keeper``). The
 *first* connect fails loudly (``BrokerUnavailable``, one line: URL without password,
 cause); later drops are repaired in the background by aio-pika, which reopens every
 channel, re-declares what was declared robustly and re-consumes, so subscriptions,
@@ -145,6 +148,8 @@ class AmqpBroker:
         self._connection: AbstractRobustConnection | None = None
         self._counting: AbstractRobustConnection | None = None  # queue_stats' own
         self._counting_up = False
+        self._leasing: AbstractRobustConnection | None = None  # the keeper's own
+        self._leasing_up = False
         self._publisher: AbstractRobustChannel | None = None
         self._events_exchange: AbstractExchange | None = None
         self._stats: ChannelPool | None = None
@@ -164,12 +169,16 @@ class AmqpBroker:
             raise BrokerUnavailable("connect: this broker was closed; make a new one")
         if self._connection is not None:
             return
-        connection = await self._open_connection(self._connection_name)
+        opened: list[AbstractRobustConnection] = []
         try:
-            counting = await self._open_connection(f"{self._connection_name} counts".strip())
+            for name in ("", " counts", " leases"):
+                opened.append(await self._open_connection(
+                    f"{self._connection_name}{name}".strip()))
         except BaseException:
-            await connection.close()
+            for each in opened:
+                await each.close()
             raise
+        connection, counting, leasing = opened
         try:
             async with rpc(f"declare topology on {self._url}", self._timeout_s):
                 self._publisher = connection.channel(publisher_confirms=True,
@@ -182,20 +191,23 @@ class AmqpBroker:
                 self._events_exchange = await self._publisher.declare_exchange(
                     self._events_exchange_name, ExchangeType.FANOUT, durable=True)
         except BaseException:
-            await connection.close()
-            await counting.close()
+            for each in opened:
+                await each.close()
             raise
-        self._keeper.attach(connection)
+        self._keeper.attach(leasing)
         self._stats = ChannelPool(counting, STATS_CHANNELS)
         self._watch.export()
         connection.close_callbacks.add(self._on_connection_lost)
         connection.reconnect_callbacks.add(self._on_reconnected)
         counting.close_callbacks.add(self._on_counting_lost)
         counting.reconnect_callbacks.add(self._on_counting_back)
+        leasing.close_callbacks.add(self._on_leasing_lost)
+        leasing.reconnect_callbacks.add(self._on_leasing_back)
         self._connection = connection
         self._counting = counting
+        self._leasing = leasing
         self._connected = True
-        self._counting_up = True
+        self._counting_up = self._leasing_up = True
 
     async def _open_connection(self, name: str) -> AbstractRobustConnection:
         """A robust connection, connected; BrokerUnavailable (one line) if it cannot be."""
@@ -231,6 +243,18 @@ class AmqpBroker:
         self._counting_up = True
         log.info("the counting connection to RabbitMQ at %s is back", self._url)
 
+    def _on_leasing_lost(self, _sender: object, exc: BaseException | None = None) -> None:
+        if self._closed or not self._leasing_up:
+            return
+        self._leasing_up = False
+        log.warning("lost the keeper's connection to RabbitMQ at %s (%r); first publishes "
+                    "to a queue wait for it to be back, nothing else is touched",
+                    self._url, exc)
+
+    def _on_leasing_back(self, _sender: object) -> None:
+        self._leasing_up = True
+        log.info("the keeper's connection to RabbitMQ at %s is back", self._url)
+
     def _on_connection_lost(self, _sender: object, exc: BaseException | None = None) -> None:
         # Also called for every failed reconnect attempt: log the transition only.
         if self._closed or not self._connected:
@@ -261,7 +285,7 @@ class AmqpBroker:
         for consumer in list(self._consumers):
             consumer.stop()
         # 3. Close the connections with all their channels.
-        for connection in (self._connection, self._counting):
+        for connection in (self._connection, self._counting, self._leasing):
             if connection is not None:
                 with contextlib.suppress(Exception):
                     await connection.close()

@@ -14,15 +14,26 @@ task can vanish before its deadline. Renewing = one ``basic.get``:
   gateways touching a cold queue could dead-letter a task never processed.
   The task moves to the back of its queue; that is the whole cost.
 
+A declare that reports a consumer on the queue needs no get: a consumed queue cannot
+expire, and its lease starts afresh when the last consumer leaves.
+
 Renewals are rare: on the first publish of this process to a queue, and when the
 lease we last saw no longer covers a task's deadline (with the default 5 min
 expiry and 2 min deadlines, about once every 3 minutes per busy queue and gateway).
+
+The keeper works on a connection of its own. RabbitMQ answers a ``basic.get`` it
+cannot carry out with a connection-level error: on a loaded node, a get on a quorum
+queue a moment after its declare once met ``INTERNAL_ERROR ... noproc`` (the queue's
+process not there), and on the connection that carries the work that cost every
+publish and consumer of the process a reconnect (requests answered 503). On its own
+connection it costs one renewal, tried again once the connection is back.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -38,8 +49,10 @@ from modelfleet.broker.rabbitmq.topology import (
     QueueLeases,
     model_queue_arguments,
 )
-from modelfleet.errors import BrokerError
+from modelfleet.errors import BrokerError, BrokerUnavailable
 from modelfleet.settings import BrokerSettings
+
+log = logging.getLogger("modelfleet.broker")
 
 # Channels for declares and renewals: a burst of first publishes to new models overlaps
 # its round trips (a quorum queue's creation costs the node ~10 ms of work).
@@ -63,10 +76,13 @@ class QueueKeeper:
         self._timeout_s = settings.declare_timeout_s
         self._leases = leases
         self._republish = republish
+        self._connection: AbstractRobustConnection | None = None
         self._pool: ChannelPool | None = None
         self._pending: dict[str, asyncio.Future[None]] = {}
 
     def attach(self, connection: AbstractRobustConnection) -> None:
+        """Work on ``connection``, the keeper's own (see the module docstring)."""
+        self._connection = connection
         # Channels of its own (a 404 or 406 closes the channel it happens on), several so
         # that a burst of new models is declared in overlapping round trips.
         self._pool = ChannelPool(connection, KEEPER_CHANNELS)
@@ -88,22 +104,55 @@ class QueueKeeper:
         await asyncio.shield(pending)
 
     async def _renew(self, queue: str) -> None:
+        """Renew once; if the keeper's connection was lost meanwhile, once more when it
+        is back (within the declare timeout), so a connection-level error RabbitMQ
+        raised on one renewal costs no publish."""
+        try:
+            await self._renew_once(queue)
+        except BrokerUnavailable as exc:
+            if not await self._reconnected():
+                raise
+            log.info("renewing the lease of %s again on the keeper's new connection "
+                     "(%s)", queue, exc)
+            await self._renew_once(queue)
+
+    async def _reconnected(self) -> bool:
+        """True once the keeper's connection is up again after a loss (False: it was
+        never lost, or is not back within the declare timeout)."""
+        connection = self._connection
+        if connection is None or connection.is_closed:
+            return False
+        transport = connection.transport
+        if connection.connected.is_set() and transport is not None \
+                and not transport.connection.is_closed:
+            return False  # up all along: the error was not the connection's
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                await connection.connected.wait()
+        except TimeoutError:
+            return False
+        return True
+
+    async def _renew_once(self, queue: str) -> None:
         assert self._pool is not None
         started = self._leases.now()
         async with self._pool.slot() as slot:
+            consumed = False
             if not self._leases.known(queue):
                 # First use since (re)connecting, or since its lease lapsed: a declare
                 # creates it (with a fresh lease) or checks an existing one's arguments.
-                await self._declare(slot, queue)
-            await self._touch(slot, queue)
+                consumed = await self._declare(slot, queue)
+            if not consumed:
+                await self._touch(slot, queue)
         self._leases.renewed(queue, started)
 
-    async def _declare(self, slot: ChannelSlot, queue: str) -> None:
+    async def _declare(self, slot: ChannelSlot, queue: str) -> bool:
+        """Declare ``queue``; True when it has a consumer (so it cannot expire now)."""
         async with rpc(f"declare queue {queue}", self._timeout_s):
             channel = await slot.get()
             try:
-                await channel.declare_queue(queue, durable=True, arguments=self._arguments,
-                                            robust=False)
+                declared = await channel.declare_queue(queue, durable=True,
+                                                       arguments=self._arguments, robust=False)
             except ChannelPreconditionFailed as exc:
                 await slot.discard()
                 raise BrokerError(
@@ -113,6 +162,7 @@ class QueueKeeper:
             except ChannelClosed:
                 await slot.discard()
                 raise
+        return bool(declared.declaration_result.consumer_count)
 
     async def _touch(self, slot: ChannelSlot, queue: str) -> None:
         """Renew the queue's lease with a ``basic.get`` (see the module docstring)."""

@@ -18,6 +18,7 @@ from typing import Any
 
 from aio_pika.abc import AbstractRobustChannel, AbstractRobustConnection
 
+from modelfleet.errors import BrokerUnavailable
 from modelfleet.settings import BrokerSettings
 
 # Headers we write on dead letters we route ourselves (``Delivery.dead_letter``).
@@ -164,7 +165,11 @@ class ChannelSlot:
 
     async def get(self) -> AbstractRobustChannel:
         if self._channel is None or self._channel.is_closed:
-            channel = self._connection.channel(publisher_confirms=self._confirms)
+            try:
+                channel = self._connection.channel(publisher_confirms=self._confirms)
+            except RuntimeError as exc:  # aio-pika's "Connection was not opened"
+                raise BrokerUnavailable("open a channel: the connection to RabbitMQ is "
+                                        "down; reconnecting in the background") from exc
             await channel.initialize()
             self._channel = channel
         return self._channel
