@@ -22,8 +22,8 @@ test: $(STAMP)
 	bash .ci/tools-up || test "$$CI" != "true"
 	bash .ci/redis-up || test "$$CI" != "true"
 	bash .ci/postgres-up || test "$$CI" != "true"
-	$(VENV)/bin/python -m pytest -q -n 2 --dist loadfile -m 'not rabbitmq and not serial'
-	$(VENV)/bin/python -m pytest -q -m 'rabbitmq or serial'
+	$(VENV)/bin/python -m pytest -q -n 2 --dist loadfile -m 'not serial'
+	$(VENV)/bin/python -m pytest -q -m serial
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench examples
