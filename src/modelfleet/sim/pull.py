@@ -100,6 +100,8 @@ class Coordinator:
     worker: SimWorker
     rng: random.Random
     consumers: dict[int, Consumer] = field(default_factory=dict)
+    # Each held queue's window, in the order of consumers (kept with them: read per re-score).
+    windows: dict[int, int] = field(default_factory=dict)
     waiters: deque[Consumer] = field(default_factory=deque)  # the permit semaphore's FIFO
     counts: dict[int, tuple[int, int]] = field(default_factory=dict)  # as last counted
     backlogged: set[int] = field(default_factory=set)  # those of counts with a backlog
@@ -577,7 +579,7 @@ class PullAffinity:
         return (math.floor(self.sim.now / self.settings.noise_hold_s), worker.served,
                 counted, worker.subscriptions, device, host, seen_loading,
                 dict(worker.running), tuple(worker.recent_cold), worker.free_permits,
-                {m: c.window for m, c in coord.consumers.items()})
+                coord.windows.copy())
 
     def _own(self, coord: Coordinator) -> set[int]:
         """The candidates that are not there by demand alone: held, resident, pinned."""
@@ -587,9 +589,8 @@ class PullAffinity:
     def _candidate_count(self, coord: Coordinator) -> int:
         """How many queues ``scheduling.candidates`` gives the coordinator (every runtime
         here takes work): those announced within the window, plus its own."""
-        demand = self._demand
-        own = coord.own
-        return len(demand) + len(own) - len(own & demand.keys())
+        # set.difference takes a dict as it is (a lookup per own candidate).
+        return len(self._demand) + len(coord.own.difference(self._demand))
 
     def _set_count(self, coord: Coordinator, model: int) -> tuple[int, int]:
         """Count ``model``'s queue now (the broker's answer) and keep it as last counted.
@@ -753,7 +754,7 @@ class PullAffinity:
             last_served=worker.last_served,
             recent_cold_subscribes=tuple(worker.recent_cold),
             free_permits=worker.free_permits, permits_cap=worker.permits,
-            prefetch={names[m]: c.window for m, c in coord.consumers.items()})
+            prefetch={names[m]: w for m, w in coord.windows.items()})
 
     def _claimable(self, coord: Coordinator, starved: set[int], slots: int,
                    gather: set[int]) -> None:
@@ -813,7 +814,7 @@ class PullAffinity:
             elif action.kind == "prefetch":
                 consumer = coord.consumers.get(model)
                 if consumer is not None and consumer.window != action.window:
-                    consumer.window = action.window
+                    consumer.window = coord.windows[model] = action.window
                     coord.version += 1
                     self._dispatch(model)
             elif action.cold:
@@ -844,6 +845,7 @@ class PullAffinity:
             coord.version += 1
             consumer = Consumer(model, max(1, window), coord.worker.index)
             coord.consumers[model] = consumer
+            coord.windows[model] = consumer.window
             coord.worker.subscriptions = coord.worker.subscriptions | {self._names[model]}
             self._consumers[model].append(consumer)
             self._dispatch(model)
@@ -854,6 +856,7 @@ class PullAffinity:
             return
         self._fold_heard(coord)  # heard while held here: by the consumers then
         consumer = coord.consumers.pop(model)
+        del coord.windows[model]
         coord.version += 1
         coord.worker.subscriptions = coord.worker.subscriptions - {self._names[model]}
         consumer.cancelled = True
