@@ -91,8 +91,10 @@ def test_the_lazy_fold_takes_each_announcement_as_if_heard_at_once(seed: int) ->
     router = EagerCheck(seed)
     Simulation(config, build_catalog(config), build_trace(config), router).run()
     assert router.folds > 1000 and router.wakes > 100
-    # Both rules of the event listener were exercised, not just the plain wake.
-    assert router.skipped_dirty > 100 and router.skipped_cap > 100
+    # Both rules of the event listener were exercised, not just the plain wake. (Fewer
+    # at-cap skips than when a wake put the next tick off: counts at the cap are taken
+    # again at every tick now, so they go stale less; 78 and 30 for these seeds.)
+    assert router.skipped_dirty > 100 and router.skipped_cap > 20
 
 
 def counted_worker(config: ScenarioConfig

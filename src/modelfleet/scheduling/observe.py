@@ -136,6 +136,7 @@ def snapshot_of(obs: Observation, settings: ScoringSettings, rng_seed: int) -> S
     starving: dict[str, list[QueueView]] = {}
     subscriptions = worker.subscriptions
     facts_of = obs.facts
+    views = _views
     for model_id, (backlog, consumers) in obs.counts.items():
         facts = facts_of.get(model_id)
         if facts is None:
@@ -145,7 +146,12 @@ def snapshot_of(obs: Observation, settings: ScoringSettings, rng_seed: int) -> S
         # cannot_matter(backlog, held, not cold), inlined: this loop is the hot path.
         if (cold and backlog <= 0) or (cold and room.get(facts.runtime, 0) <= 0):
             continue
-        view = _view(model_id, backlog, consumers, facts)
+        # _view, its hit written out (this loop is the hot path).
+        known = views.get((model_id, backlog, consumers))
+        if known is not None and (known[0] is facts or known[0] == facts):
+            view = known[1]
+        else:
+            view = _view(model_id, backlog, consumers, facts)
         if cold and consumers == 0:
             starving.setdefault(facts.runtime, []).append(view)
         else:

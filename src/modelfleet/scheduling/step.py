@@ -44,7 +44,9 @@ def decide(snapshot: Snapshot, settings: ScoringSettings, rng_seed: int) -> Deci
         queue = queues.get(model_id)
         if queue is None:
             continue
-        wanted = _window(running.get(model_id, 0), queue, share, free)
+        # _window, written out (this runs per held queue per decision).
+        runs = running.get(model_id, 0)
+        wanted = max(1, queue.batch_size, min(max(share, runs + queue.backlog), runs + free))
         current = prefetch.get(model_id)
         # Grow at once (a window smaller than what waits idles free permits); shrink only
         # once it halves, so that the window does not follow every task's start and end.

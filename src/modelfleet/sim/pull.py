@@ -17,14 +17,16 @@ Three parties, each modelled on the code it stands for:
 - **The coordinator** (``modelfleet.worker.coordinator``), per worker: a consumer loop
   per subscription takes a delivery, waits for a permit (one FIFO semaphore of
   ``permits``), starts the task, takes the next. The re-score loop re-scores every
-  ``rescore_s`` x uniform(0.75, 1.25) with exact counts for every candidate queue,
-  and at once (after a pause uniform(0, ``rescore_jitter_s``)) when woken: by an
+  ``rescore_s`` x uniform(0.75, 1.25) with exact counts for every candidate queue (a
+  tick), and at once (after a pause uniform(0, ``rescore_jitter_s``)) when woken: by an
   announcement for a model it does not consume while a permit is free (once per model
   until it is counted, and not for a queue last counted at its fan-out cap, as the
   coordinator's event listener takes them), or by a task finishing while its last
   snapshot saw work waiting; a woken re-score counts afresh only the queues announced
-  since (the others keep their last counts, as in the coordinator). The periodic
-  timeout restarts after every re-score, woken or not.
+  since (the others keep their last counts, as in the coordinator). The ticks keep
+  their own schedule, from the start of one to the next: a woken re-score does not put
+  the next tick off, and one that is due when a re-score ends comes at once, without
+  the pause (a woken re-score when it is due is the tick).
   A re-score costs time: one stats round trip per runtime (``stats_s``), one count
   per queue counted (the broker's ``count_s``), the decision's CPU
   (``decide_cpu_s`` + ``decide_cpu_per_queue_s`` per queue), then acting: a cold
@@ -98,6 +100,8 @@ class Coordinator:
     worker: SimWorker
     rng: random.Random
     consumers: dict[int, Consumer] = field(default_factory=dict)
+    # Each held queue's window, in the order of consumers (kept with them: read per re-score).
+    windows: dict[int, int] = field(default_factory=dict)
     waiters: deque[Consumer] = field(default_factory=deque)  # the permit semaphore's FIFO
     counts: dict[int, tuple[int, int]] = field(default_factory=dict)  # as last counted
     backlogged: set[int] = field(default_factory=set)  # those of counts with a backlog
@@ -109,6 +113,7 @@ class Coordinator:
     changed: bool = False
     state: int = WAITING
     generation: int = 0  # invalidates a pending timeout when a wake comes first
+    tick_at: float = 0.0  # when the next tick (a re-score counting every candidate) is due
     waiting: bool = False  # did the last snapshot see work waiting (scheduling.work_waiting)?
     untaken: bool = False  # ... in queues this worker does not consume (wakes on a task's end)
     refreshed_at: float = -1e9  # the runtimes' stats last asked
@@ -218,10 +223,11 @@ class PullAffinity:
             coord = Coordinator(worker, rng, meter_since=cfg.warmup_s, meter_free=worker.permits)
             self._coords.append(coord)
             self._note_wakeable(coord)
-            # Workers started together: each first re-score somewhere in the first period.
+            # Workers started together: each first tick somewhere in the first period.
             coord.generation += 1
             generation = coord.generation
-            sim.after(rng.uniform(0.0, cfg.rescore_s), partial(self._timeout, coord, generation))
+            coord.tick_at = rng.uniform(0.0, cfg.rescore_s)
+            sim.after(coord.tick_at, partial(self._timeout, coord, generation))
         sim.after(cfg.announce_interval_s, self._announce_waiting)
 
     def window_stats(self) -> tuple[float, int]:
@@ -425,17 +431,21 @@ class PullAffinity:
             coord.state = PAUSING
             self._note_wakeable(coord)
             pause = coord.rng.uniform(0.0, self.sim.config.rescore_jitter_s)
-            self.sim.after(pause, lambda: self._rescore(coord, full=False))
+            self.sim.after(pause, lambda: self._rescore(coord))
         elif coord.state == RESCORING:
             coord.changed = True  # seen when this re-score ends
             self._note_wakeable(coord)
 
     def _timeout(self, coord: Coordinator, generation: int) -> None:
         if generation == coord.generation and coord.state == WAITING:
-            self._rescore(coord, full=True)
+            self._rescore(coord)
 
-    def _rescore(self, coord: Coordinator, full: bool) -> None:
+    def _rescore(self, coord: Coordinator) -> None:
+        """One re-score: a tick (every candidate counted) if one is due, else woken."""
         sim = self.sim
+        full = sim.now >= coord.tick_at
+        if full:
+            coord.tick_at = sim.now + sim.config.rescore_s * coord.rng.uniform(0.75, 1.25)
         coord.state = RESCORING
         coord.changed = False
         self._note_wakeable(coord)
@@ -569,7 +579,7 @@ class PullAffinity:
         return (math.floor(self.sim.now / self.settings.noise_hold_s), worker.served,
                 counted, worker.subscriptions, device, host, seen_loading,
                 dict(worker.running), tuple(worker.recent_cold), worker.free_permits,
-                {m: c.window for m, c in coord.consumers.items()})
+                coord.windows.copy())
 
     def _own(self, coord: Coordinator) -> set[int]:
         """The candidates that are not there by demand alone: held, resident, pinned."""
@@ -579,9 +589,8 @@ class PullAffinity:
     def _candidate_count(self, coord: Coordinator) -> int:
         """How many queues ``scheduling.candidates`` gives the coordinator (every runtime
         here takes work): those announced within the window, plus its own."""
-        demand = self._demand
-        own = coord.own
-        return len(demand) + len(own) - len(own & demand.keys())
+        # set.difference takes a dict as it is (a lookup per own candidate).
+        return len(self._demand) + len(coord.own.difference(self._demand))
 
     def _set_count(self, coord: Coordinator, model: int) -> tuple[int, int]:
         """Count ``model``'s queue now (the broker's answer) and keep it as last counted.
@@ -745,7 +754,7 @@ class PullAffinity:
             last_served=worker.last_served,
             recent_cold_subscribes=tuple(worker.recent_cold),
             free_permits=worker.free_permits, permits_cap=worker.permits,
-            prefetch={names[m]: c.window for m, c in coord.consumers.items()})
+            prefetch={names[m]: w for m, w in coord.windows.items()})
 
     def _claimable(self, coord: Coordinator, starved: set[int], slots: int,
                    gather: set[int]) -> None:
@@ -805,7 +814,7 @@ class PullAffinity:
             elif action.kind == "prefetch":
                 consumer = coord.consumers.get(model)
                 if consumer is not None and consumer.window != action.window:
-                    consumer.window = action.window
+                    consumer.window = coord.windows[model] = action.window
                     coord.version += 1
                     self._dispatch(model)
             elif action.cold:
@@ -836,6 +845,7 @@ class PullAffinity:
             coord.version += 1
             consumer = Consumer(model, max(1, window), coord.worker.index)
             coord.consumers[model] = consumer
+            coord.windows[model] = consumer.window
             coord.worker.subscriptions = coord.worker.subscriptions | {self._names[model]}
             self._consumers[model].append(consumer)
             self._dispatch(model)
@@ -846,6 +856,7 @@ class PullAffinity:
             return
         self._fold_heard(coord)  # heard while held here: by the consumers then
         consumer = coord.consumers.pop(model)
+        del coord.windows[model]
         coord.version += 1
         coord.worker.subscriptions = coord.worker.subscriptions - {self._names[model]}
         consumer.cancelled = True
@@ -865,11 +876,13 @@ class PullAffinity:
 
     def _rescored(self, coord: Coordinator) -> None:
         sim = self.sim
-        if coord.changed:
+        if sim.now >= coord.tick_at or coord.changed:
+            # The tick came during the re-score (due now, no pause), or a wake did.
             coord.state = PAUSING
             self._note_wakeable(coord)
-            pause = coord.rng.uniform(0.0, sim.config.rescore_jitter_s)
-            sim.after(pause, lambda: self._rescore(coord, full=False))
+            pause = 0.0 if sim.now >= coord.tick_at else \
+                coord.rng.uniform(0.0, sim.config.rescore_jitter_s)
+            sim.after(pause, lambda: self._rescore(coord))
             return
         coord.state = WAITING
         self._note_wakeable(coord)
@@ -877,6 +890,5 @@ class PullAffinity:
         generation = coord.generation
         if sim.now > sim.config.duration_s + sim.config.deadline_s:
             return
-        sim.after(sim.config.rescore_s * coord.rng.uniform(0.75, 1.25),
-                  lambda: self._timeout(coord, generation))
+        sim.after(coord.tick_at - sim.now, lambda: self._timeout(coord, generation))
 

@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import random
 import socket
@@ -319,25 +320,36 @@ class Coordinator:
 
     async def _rescore_loop(self) -> None:
         """Re-score every tick, and at once when woken: demand for a queue this worker does
-        not pull, a runtime's state change, or a task ending while work waits."""
+        not pull, a runtime's state change, or a task ending while work waits.
+
+        The ticks keep their own schedule: a woken re-score does not put the next one
+        off. A woken re-score counts only what changed, and the listener does not wake
+        for a queue last counted at its fan-out cap (``_at_cap``), so only a tick tells
+        this worker that such a queue's consumers left; a worker woken more often than
+        its period would otherwise never tick, never count it again, and leave its tasks
+        waiting however long (nor would its exact counts, ``EXACT_EVERY_S``, come)."""
         interval = self._settings.worker.rescore_interval_s
-        full = True
+        tick_at = -math.inf  # monotonic: when the next full re-score is due
         while True:
             self._supervisor.changed.clear()  # before: a wake during the re-score counts
+            full = time.monotonic() >= tick_at
+            if full:
+                # Each tick a little longer or shorter, so that workers started together
+                # drift apart instead of re-scoring in lockstep and taking the same queue.
+                tick_at = time.monotonic() + interval * self._jitter.uniform(0.75, 1.25)
             try:
                 await self._rescore(full)
             except BrokerUnavailable as exc:
                 log.warning("rescore skipped: %s", exc)
             except Exception:
                 log.exception("rescore failed")
-            # Each tick a little longer or shorter, so that workers started together drift
-            # apart instead of re-scoring in lockstep and taking the same queue at once.
-            full = False
+            until_tick_s = tick_at - time.monotonic()
+            if until_tick_s <= 0:
+                continue  # the tick came during the re-score: it is due now
             try:
-                await asyncio.wait_for(self._supervisor.changed.wait(),
-                                       interval * self._jitter.uniform(0.75, 1.25))
+                await asyncio.wait_for(self._supervisor.changed.wait(), until_tick_s)
             except TimeoutError:
-                full = True
+                pass
             else:
                 # Woken by an event every worker may have seen at once (an announcement):
                 # a short random pause spreads the fleet's reactions, and the fresh count
