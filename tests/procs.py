@@ -39,6 +39,19 @@ def metric_sum(base: str, name: str, **labels: str) -> float:
     return total
 
 
+# A handler module that answers each text body with {"echo": body} (accepts text/plain).
+ECHO_HANDLER = '''
+    from modelfleet import Model, Request
+
+    class Echo(Model):
+        async def preprocess(self, request: Request) -> str:
+            return request.text()
+
+        def predict(self, batch):
+            return [{"echo": text} for text in batch]
+'''
+
+
 def write_package(root: Path, name: str, manifest: str, handler: str) -> Path:
     """A model package ``root/name/1`` from a model.toml body and a handler module."""
     folder = root / name / "1"

@@ -30,19 +30,9 @@ from modelfleet.repository.manifest import Fanout, Manifest
 from modelfleet.settings import Settings
 from modelfleet.worker.coordinator import Coordinator
 from tests.fleet import in_process_fleet
-from tests.procs import write_package
+from tests.procs import ECHO_HANDLER, write_package
 from tests.waiting import eventually
 
-MODEL = '''
-    from modelfleet import Model, Request
-
-    class Echo(Model):
-        async def preprocess(self, request: Request) -> str:
-            return request.text()
-
-        def predict(self, batch):
-            return [{"echo": text} for text in batch]
-'''
 SERVED = ("alpha", "beta", "gamma")  # real packages, with tasks
 ANNOUNCED = ("filler-00001", "filler-00002")  # in demand, no queue
 
@@ -112,8 +102,8 @@ async def settled(tmp_path: Path, catalog_size: int
     ANNOUNCED in demand (no queue) and a pinned model resident (no queue)."""
     repo = tmp_path / f"repo-{catalog_size}"
     for name in SERVED:
-        write_package(repo, name, manifest(name), MODEL)
-    write_package(repo, "pinned", manifest("pinned", pinned=True), MODEL)
+        write_package(repo, name, manifest(name), ECHO_HANDLER)
+    write_package(repo, "pinned", manifest("pinned", pinned=True), ECHO_HANDLER)
     settings = Settings(repo=str(repo), state_dir=tmp_path / f"state-{catalog_size}",
                         broker={"url": "memory"}, worker={"worker_id": "w-scale", "permits": 4})
     store, real = open_repository(settings)

@@ -24,19 +24,9 @@ from modelfleet.messages import PayloadRef, Task, now_ms
 from modelfleet.settings import Settings
 from modelfleet.worker.coordinator import Coordinator
 from tests.fleet import in_process_fleet
-from tests.procs import ask, write_package
+from tests.procs import ECHO_HANDLER, ask, write_package
 from tests.waiting import eventually
 
-ECHO = '''
-    from modelfleet import Model, Request
-
-    class Echo(Model):
-        async def preprocess(self, request: Request) -> str:
-            return request.text()
-
-        def predict(self, batch):
-            return [{"echo": text} for text in batch]
-'''
 MANIFEST = '''
     name = "{name}"
     version = "1"
@@ -56,8 +46,8 @@ class Fleet:
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
     root = tmp_path / "repo"
-    write_package(root, "on-gpu", MANIFEST.format(name="on-gpu", device="cuda"), ECHO)
-    write_package(root, "on-cpu", MANIFEST.format(name="on-cpu", device="cpu"), ECHO)
+    write_package(root, "on-gpu", MANIFEST.format(name="on-gpu", device="cuda"), ECHO_HANDLER)
+    write_package(root, "on-cpu", MANIFEST.format(name="on-cpu", device="cpu"), ECHO_HANDLER)
     return root
 
 

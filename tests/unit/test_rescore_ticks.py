@@ -25,19 +25,9 @@ from modelfleet.sim import pull
 from modelfleet.sim.engine import Simulation
 from modelfleet.sim.scenario import ScenarioConfig, build_catalog, build_trace
 from tests.fleet import in_process_fleet
-from tests.procs import write_package
+from tests.procs import ECHO_HANDLER, write_package
 from tests.waiting import eventually
 
-ECHO = '''
-    from modelfleet import Model, Request
-
-    class Echo(Model):
-        async def preprocess(self, request: Request) -> str:
-            return request.text()
-
-        def predict(self, batch):
-            return [{"echo": text} for text in batch]
-'''
 CAPPED = '''
     name = "capped"
     version = "1"
@@ -57,7 +47,7 @@ def task(inbox: str) -> Task:
 
 async def test_a_queue_last_counted_at_its_cap_is_served_when_its_consumers_leave(
         tmp_path: Path) -> None:
-    write_package(tmp_path / "repo", "capped", CAPPED, ECHO)
+    write_package(tmp_path / "repo", "capped", CAPPED, ECHO_HANDLER)
     settings = Settings(repo=str(tmp_path / "repo"), state_dir=tmp_path / "state",
                         broker={"url": "memory"},
                         worker={"worker_id": "w-ticks", "permits": 2,
