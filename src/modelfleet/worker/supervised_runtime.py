@@ -415,13 +415,15 @@ class SupervisedRuntime:
                     health = await started.runtime.health(
                         timeout_s=self._settings.runtime.ping_timeout_s)
                     self.loading = list(health.loading)
+                    # Kept across restarts: a runtime just restarted has imported little.
+                    self._frameworks = sorted(set(self._frameworks).union(health.frameworks))
                     if not self.loading and asyncio.get_running_loop().time() \
                             - self._ready_at >= STANDBY_DELAY_S:
+                        if self._isolation is None:  # a zygote imports them, for a restart
+                            self._launcher.preload(self._frameworks)
                         # A spare once the reloads are done, with what its models import.
                         await self._refresh_stale_standby()
                         self._keep_standby()
-                    # Kept across restarts: a runtime just restarted has imported little.
-                    self._frameworks = sorted(set(self._frameworks).union(health.frameworks))
                     stuck = [m for m, age in health.load_ages_s.items()
                              if age > self._settings.runtime.load_timeout_s]
                     if stuck:
