@@ -56,6 +56,7 @@ class Run:
     window: tuple[float, float] = (0.0, 0.0)
     restarts: dict[str, int] = field(default_factory=dict)
     memory: str = ""  # the server's process tree before the pills (tree_memory)
+    memory_after: str = ""  # and after them
     errors: list[str] = field(default_factory=list)  # the bystanders' non-200 answers
 
 
@@ -136,6 +137,7 @@ async def scenario(base: str, baseline_s: float, after_s: float, server_pid: int
                              *(crasher(b"hello", run.innocents, None) for _ in range(INNOCENTS)))
         run.window = (started, time.monotonic())
         await asyncio.sleep(after_s)
+        run.memory_after = tree_memory(server_pid)
         stop.set()
         await asyncio.gather(*loops)
         workers = (await client.get(f"{base}/v1/fleet")).json()["workers"]
@@ -223,7 +225,7 @@ def main() -> None:
             codes = Counter(c for _, c in run.innocents)
             print(f"crasher innocents: max {max(innocent, default=0):.2f} s, {dict(codes)}")
             print(f"restarts: {run.restarts}")
-            print(f"memory before the pills: {run.memory}")
+            print(f"memory before the pills: {run.memory}; after: {run.memory_after}")
             for error in sorted(set(run.errors))[:5]:
                 print(f"bystander error: {error}")
 

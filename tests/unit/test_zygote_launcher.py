@@ -51,6 +51,11 @@ async def launcher(tmp_path: Path) -> AsyncIterator[ZygoteLauncher]:
     await launcher.close()
 
 
+def maps(pid: int | None) -> str:
+    """What a process has mapped (its shared libraries: what it imported)."""
+    return Path(f"/proc/{pid}/maps").read_text()
+
+
 def exists(path: str) -> bool:
     return Path(path).exists()
 
@@ -154,8 +159,8 @@ async def test_blas_and_scikit_learn_work_in_a_forked_runtime(
     zygote = psutil.Process(launcher.zygote_pid)
 
     def imported() -> bool:
-        maps = Path(f"/proc/{zygote.pid}/maps").read_text()
-        return "openblas" in maps.lower() and "sklearn" in maps
+        mapped = maps(zygote.pid)
+        return "openblas" in mapped.lower() and "sklearn" in mapped
     await eventually(imported, timeout_s=60)
     await first.kill()
     started = await launcher.launch("runtime-0", sys.executable, env)
@@ -234,3 +239,24 @@ async def test_runtime_logs_reach_the_workers_output(
                                     runtime_env(EXAMPLES, tmp_path))
     await started.kill()
     assert "[runtime-logged]" in capfd.readouterr().err  # the runtime's own log line
+
+
+async def test_what_models_imported_is_kept_for_the_next_zygote(tmp_path: Path) -> None:
+    sockets, known = tmp_path / "sockets", tmp_path / "state" / "zygote-modules.txt"
+    sockets.mkdir()
+    env = runtime_env(EXAMPLES, tmp_path)
+    first = ZygoteLauncher(ProcessLauncher(sockets, 60, 10), known)
+    try:
+        await (await first.launch("runtime-0", sys.executable, env)).kill()
+        first.preload(["numpy"])  # as a runtime's health reports it
+    finally:
+        await first.close()
+    assert known.read_text().split() == ["numpy"]
+    second = ZygoteLauncher(ProcessLauncher(sockets, 60, 10), known)  # a worker restarted
+    try:
+        started = await second.launch("runtime-0", sys.executable, env)
+        # Imported before the first fork: the runtime maps numpy's pages from the zygote.
+        assert "numpy" in maps(second.zygote_pid) and "numpy" in maps(started.pid)
+        await started.kill()
+    finally:
+        await second.close()

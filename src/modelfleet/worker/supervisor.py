@@ -95,7 +95,7 @@ class RuntimeSupervisor:
         plain = ProcessLauncher(
             self._socket_dir, settings.runtime.start_timeout_s, settings.runtime.ping_timeout_s)
         # Ours to stop after the runtimes (a launcher passed in is its owner's).
-        self._zygote = ZygoteLauncher(plain) \
+        self._zygote = ZygoteLauncher(plain, settings.state_dir / "zygote-modules.txt") \
             if launcher is None and settings.worker.runtime_zygote else None
         self._launcher: Launcher = launcher or self._zygote or plain
         self.changed = asyncio.Event()

@@ -30,6 +30,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from modelfleet.errors import RuntimeCrashed
@@ -253,18 +254,31 @@ class ZygoteStarted:
                 os.unlink(path)
 
 
+def _read_modules(path: Path | None) -> list[str]:
+    if path is None:
+        return []
+    try:
+        return [line.strip() for line in path.read_text().splitlines() if line.strip()]
+    except OSError:
+        return []
+
+
 class ZygoteLauncher:
     """Forks runtimes from a zygote where it can; starts them as processes otherwise."""
 
-    def __init__(self, plain: ProcessLauncher) -> None:
+    def __init__(self, plain: ProcessLauncher, known_modules: Path | None = None) -> None:
+        """``known_modules``: a file that keeps what the runtimes' models imported across
+        worker restarts, so that a zygote imports it before its first fork and the first
+        runtimes share those pages too (learned afresh, they import them themselves)."""
         self._plain = plain
+        self._known_modules = known_modules
         self._zygote: Zygote | None = None
         self._starting: asyncio.Task[Zygote] | None = None
         # The zygote's environment: the first launch's it could fork, less PER_RUNTIME_ENV
         # (and that launch's settings, for the zygote's own log format).
         self._env: dict[str, str] | None = None
         self._start_env: dict[str, str] = {}
-        self._modules: list[str] = []  # what its runtimes' models imported
+        self._modules: list[str] = _read_modules(known_modules)  # what the models imported
         self._failed_at = -RETRY_START_S
         self._closed = False
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -280,6 +294,13 @@ class ZygoteLauncher:
         if not new:
             return
         self._modules.extend(new)
+        if self._known_modules is not None:
+            try:
+                self._known_modules.parent.mkdir(parents=True, exist_ok=True)
+                self._known_modules.write_text("".join(f"{m}\n" for m in self._modules))
+            except OSError as exc:
+                log.warning("could not keep the zygote's modules in %s: %r",
+                            self._known_modules, exc)
         zygote = self._zygote
         if zygote is not None and not zygote.lost:
             self._background(self._preload(zygote, new))
