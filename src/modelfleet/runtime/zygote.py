@@ -38,6 +38,7 @@ from modelfleet.ipc.zygote import decode, encode
 
 log = logging.getLogger("modelfleet.zygote")
 PR_SET_PDEATHSIG = 1
+PR_SET_NAME = 15
 
 
 def die_with_parent(parent: int) -> None:
@@ -46,6 +47,16 @@ def die_with_parent(parent: int) -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent:  # the parent died before the prctl took effect
         os._exit(1)
+
+
+ZYGOTE_COMM = "mf-zygote"
+
+
+def set_comm(name: str) -> None:
+    """Name this process (``ps -o comm``, ``top``, ``psutil.Process.name()``; 15 bytes):
+    a forked runtime's command line is its zygote's, so its name says which it is."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_NAME, name.encode()[:15], 0, 0, 0)
 
 
 def native_threads() -> int:
@@ -124,6 +135,8 @@ class Zygote:
         try:  # the child: undo what is the zygote's, then become the runtime
             os.setsid()  # its own session, as a runtime started as a process has
             die_with_parent(parent)
+            if "--name" in argv:
+                set_comm(argv[argv.index("--name") + 1])
             signal.set_wakeup_fd(-1)
             for number in (signal.SIGCHLD, signal.SIGTERM):
                 signal.signal(number, signal.SIG_DFL)
@@ -193,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parent", type=int, required=True)
     args = parser.parse_args(argv)
     die_with_parent(args.parent)
+    set_comm(ZYGOTE_COMM)
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s [zygote] %(message)s")
     control = socket.socket(fileno=args.fd)
