@@ -192,7 +192,8 @@ class WorkerSettings(_Section):
     # Keep that spare from the start, not only after a first crash: the first crash is a
     # swap too (bystanders stall ~0.5 s instead of a restart and their models' imports),
     # at the cost of one more interpreter per shared runtime that has imported what its
-    # models import (~100 MB RSS with scikit-learn, measured), outside the runtime budget.
+    # models import (~100 MB RSS with scikit-learn, measured), outside the runtime budget;
+    # with runtime_zygote (below) the spare is a fork of the zygote: only what it writes.
     standby_eager: bool = False
     # Fork runtimes from a zygote (worker/zygote_launcher.py): one process per worker that
     # has imported the runtime's code and its models' frameworks, so that a restart after a
