@@ -90,7 +90,7 @@ async def test_a_runtime_is_forked_with_its_own_environment_and_session(
             def predict(self, batch):
                 return batch
         """)
-    env = runtime_env(repo, tmp_path, **{NICE_ENV: "3", "CUDA_VISIBLE_DEVICES": "7"})
+    env = runtime_env(repo, tmp_path, **{NICE_ENV: "3"})
     started = await launcher.launch("runtime-0", sys.executable, env)
     assert isinstance(started, ZygoteStarted)
     process = psutil.Process(started.pid)

@@ -28,11 +28,11 @@ from modelfleet.ipc.protocol import MEMORY_LIMIT_ENV, NICE_ENV, PRELOAD_ENV, SET
 
 # What a forked runtime may be told differently from its zygote: each is read by the
 # runtime after the fork (``runtime/server.py``: settings, flight record, nice, preload,
-# memory limit) or by a framework when it first touches a device (CUDA). Anything else
-# (thread-pool sizes, which a BLAS reads at its import) must be the zygote's own, or the
-# runtime is started as a process of its own.
-PER_RUNTIME_ENV = frozenset({SETTINGS_ENV, FLIGHT_ENV, NICE_ENV, PRELOAD_ENV, MEMORY_LIMIT_ENV,
-                             "CUDA_VISIBLE_DEVICES"})
+# memory limit). Anything else (thread-pool sizes, which a BLAS reads at its import; the
+# device a GPU worker's runtime is pinned to, which /proc/PID/environ and tools reading it
+# would show as the zygote's) must be the zygote's own, or the runtime is started as a
+# process of its own.
+PER_RUNTIME_ENV = frozenset({SETTINGS_ENV, FLIGHT_ENV, NICE_ENV, PRELOAD_ENV, MEMORY_LIMIT_ENV})
 
 
 def encode(message: dict[str, Any]) -> bytes:
