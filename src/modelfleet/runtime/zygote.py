@@ -33,7 +33,7 @@ import threading
 import traceback
 from typing import Any
 
-from modelfleet.ipc.protocol import PRELOAD_ENV
+from modelfleet.ipc.protocol import PRELOAD_ENV, SETTINGS_ENV
 from modelfleet.ipc.zygote import decode, encode
 
 log = logging.getLogger("modelfleet.zygote")
@@ -207,8 +207,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     die_with_parent(args.parent)
     set_comm(ZYGOTE_COMM)
-    logging.basicConfig(level=logging.INFO,
-                        format="%(asctime)s %(levelname)s [zygote] %(message)s")
+    settings = os.environ.get(SETTINGS_ENV)  # the first runtime's: for the log's format
+    if settings:
+        from modelfleet.logformat import configure_logging
+        from modelfleet.settings import Settings
+        parsed = Settings.model_validate_json(settings)
+        configure_logging(parsed.log_level, parsed.log_format,
+                          text_format="%(asctime)s %(levelname)s [zygote] %(message)s",
+                          static={"runtime": "zygote"})
+    else:
+        logging.basicConfig(level=logging.INFO,
+                            format="%(asctime)s %(levelname)s [zygote] %(message)s")
     control = socket.socket(fileno=args.fd)
     import modelfleet.runtime.server  # noqa: F401  what every runtime runs: imported once
     preload([m for m in os.environ.get(PRELOAD_ENV, "").split(",") if m])
