@@ -278,7 +278,8 @@ class ZygoteLauncher:
         # (and that launch's settings, for the zygote's own log format).
         self._env: dict[str, str] | None = None
         self._start_env: dict[str, str] = {}
-        self._modules: list[str] = _read_modules(known_modules)  # what the models imported
+        # What the runtimes' models imported, in order (a dict: a look-up per module).
+        self._modules = dict.fromkeys(_read_modules(known_modules))
         self._failed_at = -RETRY_START_S
         self._closed = False
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -293,7 +294,7 @@ class ZygoteLauncher:
         new = [m for m in modules if m not in self._modules]
         if not new:
             return
-        self._modules.extend(new)
+        self._modules.update(dict.fromkeys(new))
         if self._known_modules is not None:
             try:
                 self._known_modules.parent.mkdir(parents=True, exist_ok=True)
@@ -368,7 +369,7 @@ class ZygoteLauncher:
 
     async def _start(self) -> Zygote:
         try:
-            self._zygote = await Zygote.start(self._start_env, self._modules,
+            self._zygote = await Zygote.start(self._start_env, list(self._modules),
                                               self._plain.start_timeout_s, self._lost)
             return self._zygote
         except (OSError, ValueError, TimeoutError, RuntimeCrashed) as exc:
