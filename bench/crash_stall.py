@@ -25,6 +25,8 @@ from pathlib import Path
 import httpx
 import psutil
 
+from modelfleet.runtime.zygote import ZYGOTE_COMM
+
 ROOT = Path(__file__).resolve().parent.parent
 IRIS = {"features": [5.1, 3.5, 1.4, 0.2]}
 
@@ -38,9 +40,19 @@ def free_port() -> int:
 def serving_runtime(pid: int) -> int:
     """The oldest runtime child: the one serving (a standby is started after it)."""
     runtimes = [p for p in psutil.Process(pid).children(recursive=True)
-                if "modelfleet.runtime" in " ".join(p.cmdline())
-                and "--name quarantine" not in " ".join(p.cmdline())]
+                if (runtime_name(p) or "").startswith("runtime-")]
     return min(runtimes, key=lambda p: p.create_time()).pid
+
+
+def runtime_name(process: psutil.Process) -> str | None:
+    """The runtime a process runs: its ``--name``, or for one forked from the worker's
+    zygote (whose command line it has) its process name (``runtime/zygote.py``)."""
+    cmdline = process.cmdline()
+    if "modelfleet.runtime.zygote" in cmdline:
+        return None if process.name() == ZYGOTE_COMM else process.name()
+    if "modelfleet.runtime" in cmdline and "--name" in cmdline:
+        return cmdline[cmdline.index("--name") + 1]
+    return None
 
 
 async def send_until(client: httpx.AsyncClient, base: str, stop: asyncio.Event,

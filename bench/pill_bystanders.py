@@ -55,10 +55,41 @@ class Run:
     innocents: list[tuple[float, int]] = field(default_factory=list)
     window: tuple[float, float] = (0.0, 0.0)
     restarts: dict[str, int] = field(default_factory=dict)
+    memory: str = ""  # the server's process tree before the pills (tree_memory)
+    memory_after: str = ""  # and after them
     errors: list[str] = field(default_factory=list)  # the bystanders' non-200 answers
 
 
-async def scenario(base: str, baseline_s: float, after_s: float) -> Run:
+def tree_memory(root: int) -> str:
+    """RSS and PSS summed over ``root`` and its descendants (Linux ``/proc``).
+
+    RSS counts the pages a forked runtime shares with its zygote once per process; PSS
+    splits each shared page among the processes that map it, so its sum is what the tree
+    really holds."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    pids, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        pids.append(pid)
+        todo.extend(children.get(pid, []))
+    rss = pss = 0
+    for pid in pids:
+        try:
+            rollup = Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()
+        except OSError:
+            continue
+        kib = {line.split(":")[0]: int(line.split()[1]) for line in rollup[1:]}
+        rss, pss = rss + kib.get("Rss", 0), pss + kib.get("Pss", 0)
+    return f"{len(pids)} processes, RSS {rss / 1024:.0f} MiB, PSS {pss / 1024:.0f} MiB"
+
+
+async def scenario(base: str, baseline_s: float, after_s: float, server_pid: int) -> Run:
     run = Run()
     async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=100)) as client:
         for model, body in REQUESTS.items():
@@ -97,6 +128,7 @@ async def scenario(base: str, baseline_s: float, after_s: float) -> Run:
 
         loops = [asyncio.ensure_future(loop(m)) for m in CLIENTS]
         await asyncio.sleep(baseline_s)
+        run.memory = tree_memory(server_pid)  # a spare's or zygote's imports are done by now
         sink[0] = run.traffic
         started = time.monotonic()
         # Pills with a long deadline, to see how long they really take; innocents with
@@ -105,6 +137,7 @@ async def scenario(base: str, baseline_s: float, after_s: float) -> Run:
                              *(crasher(b"hello", run.innocents, None) for _ in range(INNOCENTS)))
         run.window = (started, time.monotonic())
         await asyncio.sleep(after_s)
+        run.memory_after = tree_memory(server_pid)
         stop.set()
         await asyncio.gather(*loops)
         workers = (await client.get(f"{base}/v1/fleet")).json()["workers"]
@@ -146,7 +179,7 @@ def one(broker: str, baseline_s: float, after_s: float) -> Run:
                 if time.monotonic() > deadline or server.poll() is not None:
                     raise SystemExit(f"modelfleet serve ({broker}) did not become ready")
                 time.sleep(0.2)
-            return asyncio.run(scenario(base, baseline_s, after_s))
+            return asyncio.run(scenario(base, baseline_s, after_s, server.pid))
         finally:
             server.terminate()
             try:
@@ -192,6 +225,7 @@ def main() -> None:
             codes = Counter(c for _, c in run.innocents)
             print(f"crasher innocents: max {max(innocent, default=0):.2f} s, {dict(codes)}")
             print(f"restarts: {run.restarts}")
+            print(f"memory before the pills: {run.memory}; after: {run.memory_after}")
             for error in sorted(set(run.errors))[:5]:
                 print(f"bystander error: {error}")
 

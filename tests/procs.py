@@ -20,6 +20,7 @@ from modelfleet.devtools.rabbit_node import free_port as free_port_in
 from modelfleet.gateway.resolve import Outcome
 from modelfleet.gateway.service import GatewayService
 from modelfleet.messages import now_ms
+from modelfleet.runtime.zygote import ZYGOTE_COMM
 from modelfleet.tenancy.access import CALLER
 from modelfleet.tenancy.keys import Role
 from tests.waiting import eventually_blocking
@@ -50,6 +51,21 @@ ECHO_HANDLER = '''
         def predict(self, batch):
             return [{"echo": text} for text in batch]
 '''
+
+
+def runtime_name(process: psutil.Process) -> str | None:
+    """The runtime a process runs (its ``--name``), None for any other process.
+
+    A runtime started as a process says so in its command line; one forked from the
+    worker's zygote (``worker.runtime_zygote``) has the zygote's command line and is named
+    after its runtime instead (``runtime/zygote.py``: ``set_comm``)."""
+    cmdline = process.cmdline()
+    if "modelfleet.runtime.zygote" in cmdline:
+        name = process.name()
+        return None if name == ZYGOTE_COMM else name
+    if "modelfleet.runtime" in cmdline and "--name" in cmdline:
+        return cmdline[cmdline.index("--name") + 1]
+    return None
 
 
 def write_package(root: Path, name: str, manifest: str, handler: str) -> Path:
@@ -157,11 +173,10 @@ class Proc:
         found = []
         for p in self.descendants():
             try:
-                cmdline = " ".join(p.cmdline())
+                name = runtime_name(p)
             except psutil.Error:  # gone meanwhile
                 continue
-            if "modelfleet.runtime" in cmdline and (
-                    quarantine or "--name quarantine" not in cmdline):
+            if name is not None and (quarantine or name != "quarantine"):
                 found.append(p)
         return found
 

@@ -192,8 +192,16 @@ class WorkerSettings(_Section):
     # Keep that spare from the start, not only after a first crash: the first crash is a
     # swap too (bystanders stall ~0.5 s instead of a restart and their models' imports),
     # at the cost of one more interpreter per shared runtime that has imported what its
-    # models import (~100 MB RSS with scikit-learn, measured), outside the runtime budget.
+    # models import (~100 MB RSS with scikit-learn, measured), outside the runtime budget;
+    # with runtime_zygote (below) the spare is a fork of the zygote: only what it writes.
     standby_eager: bool = False
+    # Fork runtimes from a zygote (worker/zygote_launcher.py): one process per worker that
+    # has imported the runtime's code and its models' frameworks, so that a restart after a
+    # crash costs a fork and the models' reloads, not an interpreter start and its imports
+    # (a spare, above, is then a fork too), and the frameworks' pages are shared by the
+    # runtimes. Off: each runtime is an interpreter of its own. Isolated models with their
+    # own requirements always are.
+    runtime_zygote: bool = True
     demand_window_s: float = Field(default=60, gt=0)  # how long a demand announcement counts
     # Suspect work (a redelivered task, a task in a predict that ran when its runtime
     # died, or any task of a model whose code ran in a crash lately) runs on a quarantine

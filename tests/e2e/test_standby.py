@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import psutil
 
-from tests.procs import Proc, metric_sum, serve
+from tests.procs import Proc, metric_sum, runtime_name, serve
 from tests.waiting import eventually_blocking
 
 IRIS = {"features": [5.1, 3.5, 1.4, 0.2]}
@@ -28,8 +28,7 @@ def runtime_pids(proc: Proc) -> set[int]:
     for process in proc.descendants():
         try:
             live = process.status() != psutil.STATUS_ZOMBIE
-            cmdline = " ".join(process.cmdline())
-            if live and "modelfleet.runtime" in cmdline and "--name runtime-" in cmdline:
+            if live and (runtime_name(process) or "").startswith("runtime-"):
                 pids.add(process.pid)
         except psutil.Error:  # exited between the listing and the look
             continue

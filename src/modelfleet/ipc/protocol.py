@@ -16,7 +16,7 @@ its socket closed), and the ``ModelfleetError`` the runtime answered otherwise.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -219,6 +219,11 @@ class Launcher(Protocol):
 
         ``standby``: a spare, started ahead of a crash (it says so in its logs).
         """
+        ...
+
+    def preload(self, modules: Sequence[str]) -> None:
+        """What the runtimes' models import (``RuntimeHealth.frameworks``), for a launcher
+        that imports it once ahead of its launches (a zygote); others ignore it."""
         ...
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Mapping, Sequence
 from typing import TypeVar
 
 from modelfleet.errors import RuntimeCrashed
@@ -193,6 +193,9 @@ class InProcessLauncher:
                 await started.kill()
         await asyncio.gather(*(s.released for s in self.started if s.released is not None),
                              return_exceptions=True)
+
+    def preload(self, modules: Sequence[str]) -> None:
+        """Nothing to import ahead: its runtimes run in this process."""
 
     async def launch(self, name: str, python: str, env: Mapping[str, str],
                      standby: bool = False) -> InProcessStarted:

@@ -8,7 +8,7 @@ import ctypes
 import itertools
 import os
 import signal
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from modelfleet.errors import RuntimeCrashed
@@ -61,6 +61,34 @@ class ProcessStarted:
                 os.unlink(path)
 
 
+async def connect_when_up(name: str, socket_path: str, flight_path: str,
+                          exit_code: Callable[[], int | None], start_timeout_s: float,
+                          ping_timeout_s: float) -> SocketRuntime:
+    """Connect to a starting runtime once it answers ``health``; ``RuntimeCrashed`` if it
+    exits first (``exit_code`` is not None) or does not answer within ``start_timeout_s``."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + start_timeout_s
+    delay = 0.01
+    while True:  # the socket appears once the child has imported and bound it
+        code = exit_code()
+        if code is not None:
+            raise RuntimeCrashed(f"runtime {name} exited with {code} during start-up")
+        try:
+            runtime = await SocketRuntime.connect(socket_path, name, flight_path)
+        except OSError:
+            runtime = None
+        if runtime is not None:
+            try:
+                await runtime.health(timeout_s=ping_timeout_s)
+                return runtime
+            except (OSError, RuntimeCrashed):
+                await runtime.close()
+        if loop.time() > deadline:
+            raise RuntimeCrashed(f"runtime {name} did not start within {start_timeout_s}s")
+        await asyncio.sleep(delay)
+        delay = min(delay * 1.5, 0.05)
+
+
 class ProcessLauncher:
     def __init__(self, socket_dir: Path, start_timeout_s: float, ping_timeout_s: float) -> None:
         self._socket_dir = socket_dir
@@ -68,12 +96,27 @@ class ProcessLauncher:
         self._ping_timeout_s = ping_timeout_s
         self._serial = itertools.count()
 
+    def paths(self, name: str, standby: bool) -> tuple[str, str]:
+        """A new runtime's socket, and its flight record beside it (``ipc/flight.py``)."""
+        role = ".standby" if standby else ""
+        socket_path = str(self._socket_dir / f"{name}.{next(self._serial)}{role}.sock")
+        return socket_path, f"{socket_path}.flight"
+
+    @property
+    def start_timeout_s(self) -> float:
+        return self._start_timeout_s
+
+    @property
+    def ping_timeout_s(self) -> float:
+        return self._ping_timeout_s
+
+    def preload(self, modules: Sequence[str]) -> None:
+        """Nothing to import ahead: each runtime is an interpreter of its own."""
+
     async def launch(self, name: str, python: str, env: Mapping[str, str],
                      standby: bool = False) -> ProcessStarted:
         """Start a runtime process and connect to it once it answers ``health``."""
-        role = ".standby" if standby else ""
-        socket_path = str(self._socket_dir / f"{name}.{next(self._serial)}{role}.sock")
-        flight_path = f"{socket_path}.flight"  # what ran on its threads (ipc/flight.py)
+        socket_path, flight_path = self.paths(name, standby)
         process = await asyncio.create_subprocess_exec(
             python, "-m", "modelfleet.runtime", "--socket", socket_path,
             "--name", name, env={**env, FLIGHT_ENV: flight_path}, preexec_fn=_die_with_parent,
@@ -81,29 +124,11 @@ class ProcessLauncher:
             # which stops runtimes in order; PR_SET_PDEATHSIG still ties them to it.
             start_new_session=True,
         )
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._start_timeout_s
-        delay = 0.01
         try:
-            while True:  # the socket appears once the child has imported and bound it
-                if process.returncode is not None:
-                    raise RuntimeCrashed(f"runtime {name} exited with "
-                                         f"{process.returncode} during start-up")
-                try:
-                    runtime = await SocketRuntime.connect(socket_path, name, flight_path)
-                except OSError:
-                    runtime = None
-                if runtime is not None:
-                    try:
-                        await runtime.health(timeout_s=self._ping_timeout_s)
-                        return ProcessStarted(process, runtime, socket_path, flight_path)
-                    except (OSError, RuntimeCrashed):
-                        await runtime.close()
-                if loop.time() > deadline:
-                    raise RuntimeCrashed(f"runtime {name} did not start within "
-                                         f"{self._start_timeout_s}s")
-                await asyncio.sleep(delay)
-                delay = min(delay * 1.5, 0.05)
+            runtime = await connect_when_up(name, socket_path, flight_path,
+                                            lambda: process.returncode,
+                                            self._start_timeout_s, self._ping_timeout_s)
+            return ProcessStarted(process, runtime, socket_path, flight_path)
         except BaseException:
             if process.returncode is None:  # e.g. a standby dropped while it started
                 with contextlib.suppress(ProcessLookupError):

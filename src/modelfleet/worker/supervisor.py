@@ -75,6 +75,7 @@ from modelfleet.worker.pool import BudgetPool, pool_bytes, replica_at
 from modelfleet.worker.process_launcher import ProcessLauncher
 from modelfleet.worker.spread import RuntimeView, Spread
 from modelfleet.worker.supervised_runtime import Isolation, SupervisedRuntime
+from modelfleet.worker.zygote_launcher import ZygoteLauncher
 
 log = logging.getLogger("modelfleet.worker")
 # A flight record's marks of a runtime found SIGKILLed this soon after are void.
@@ -91,8 +92,12 @@ class RuntimeSupervisor:
         self._catalog = catalog
         self._store = store
         self._socket_dir = Path(tempfile.mkdtemp(prefix="modelfleet-"))
-        self._launcher = launcher or ProcessLauncher(
+        plain = ProcessLauncher(
             self._socket_dir, settings.runtime.start_timeout_s, settings.runtime.ping_timeout_s)
+        # Ours to stop after the runtimes (a launcher passed in is its owner's).
+        self._zygote = ZygoteLauncher(plain, settings.state_dir / "zygote-modules.txt") \
+            if launcher is None and settings.worker.runtime_zygote else None
+        self._launcher: Launcher = launcher or self._zygote or plain
         self.changed = asyncio.Event()
         share = pool_bytes(settings) // settings.worker.shared_runtimes
         self.shared = [
@@ -393,6 +398,8 @@ class RuntimeSupervisor:
         for runtime, result in zip(self.all(), results, strict=True):
             if isinstance(result, BaseException):
                 log.error("stopping runtime %s failed: %r", runtime.name, result)
+        if self._zygote is not None:  # after its runtimes: it kills what is left of them
+            await self._zygote.close()
         with contextlib.suppress(OSError):
             for leftover in self._socket_dir.iterdir():
                 leftover.unlink()
