@@ -213,7 +213,7 @@ async def test_closing_leaves_no_process_behind(tmp_path: Path,
 async def test_a_workers_runtimes_are_forked_and_its_stop_leaves_nothing(
         tmp_path: Path) -> None:
     settings = Settings(repo=str(EXAMPLES), state_dir=tmp_path, worker={
-        "restart_backoff_max_s": 0.2, "quarantine_standing": True},
+        "restart_backoff_max_s": 0.2, "quarantine_standing": True, "runtime_zygote": True},
         runtime={"ping_interval_s": 0.1})
     supervisor = RuntimeSupervisor(settings)
     await supervisor.start()
