@@ -63,3 +63,55 @@ def test_a_light_handler_imports_while_a_heavy_ones_framework_is_importing(
     finally:
         sys.path.remove(str(site))
         sys.modules.pop("heavy_framework_for_test", None)
+
+
+
+FRAMEWORK = '''
+import pathlib, time
+log = pathlib.Path({log!r})
+with log.open("a") as out:
+    out.write("{name} started\\n")
+time.sleep(0.5)
+with log.open("a") as out:
+    out.write("{name} done\\n")
+'''
+USES = '''
+    import {framework}
+
+    from modelfleet import Model
+
+
+    class Handler(Model):
+        pass
+'''
+
+
+def test_two_loads_import_their_frameworks_one_after_the_other(tmp_path: Path) -> None:
+    """Two loads at once whose frameworks are not imported yet (a restarted runtime
+    reloading iris, through scikit-learn, and another model importing numpy) import them
+    one at a time: Python's module locks take two threads importing parts of one package
+    tree each holds for a deadlock and hand one a module half made (a load failed with
+    "partially initialized module 'numpy' has no attribute 'ndarray'")."""
+    site, log = tmp_path / "site", tmp_path / "imports.log"
+    site.mkdir()
+    for name in ("framework_one_for_test", "framework_two_for_test"):
+        (site / f"{name}.py").write_text(FRAMEWORK.format(log=str(log), name=name))
+    one = write_package(tmp_path / "repo", "one", MANIFEST.format(name="one"),
+                        USES.format(framework="framework_one_for_test"))
+    two = write_package(tmp_path / "repo", "two", MANIFEST.format(name="two"),
+                        USES.format(framework="framework_two_for_test"))
+    sys.path.insert(0, str(site))
+    try:
+        first = threading.Thread(
+            target=import_handler, args=(load_manifest(one / "model.toml"), one))
+        first.start()
+        eventually_blocking(log.exists, 30, every_s=0.01, what="the first import started")
+        import_handler(load_manifest(two / "model.toml"), two)
+        first.join(30)
+        assert log.read_text().splitlines() == [
+            "framework_one_for_test started", "framework_one_for_test done",
+            "framework_two_for_test started", "framework_two_for_test done"]
+    finally:
+        sys.path.remove(str(site))
+        for name in ("framework_one_for_test", "framework_two_for_test"):
+            sys.modules.pop(name, None)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import contextlib
 import hashlib
 import importlib.util
 import inspect
@@ -18,6 +19,12 @@ from modelfleet.model.api import Model
 from modelfleet.repository.manifest import Manifest
 
 _IMPORT_LOCK = threading.Lock()  # sys.path and sys.modules are process-wide
+# Imports of a handler's frameworks, one thread at a time (taken before _IMPORT_LOCK).
+# Python's per-module import locks take two threads importing parts of one package tree
+# each other holds (two loads at once, one importing scikit-learn, which imports numpy,
+# the other numpy) for a deadlock, and hand one of them the module half made: a load
+# then failed with "partially initialized module 'numpy' has no attribute 'ndarray'".
+_FRAMEWORK_LOCK = threading.RLock()
 
 
 def import_handler(manifest: Manifest, package_dir: Path) -> type[Model]:
@@ -40,8 +47,10 @@ def import_handler(manifest: Manifest, package_dir: Path) -> type[Model]:
     if spec is None or spec.loader is None:
         raise ModelLoadFailed(f"model '{manifest.name}': cannot import {source}")
     module: ModuleType = importlib.util.module_from_spec(spec)
-    _import_dependencies(source, package_dir)
-    with _IMPORT_LOCK:
+    complete = _import_dependencies(source, package_dir)
+    # Its own code runs under the framework lock too unless every framework it names is
+    # imported already (then it imports nothing that another load could be importing).
+    with _FRAMEWORK_LOCK if not complete else contextlib.nullcontext(), _IMPORT_LOCK:
         before = set(sys.modules)
         sys.modules[unique] = module
         sys.path.insert(0, str(package_dir))
@@ -66,32 +75,47 @@ def import_handler(manifest: Manifest, package_dir: Path) -> type[Model]:
     return handler
 
 
-def _import_dependencies(source: Path, package_dir: Path) -> None:
+def _import_dependencies(source: Path, package_dir: Path) -> bool:
     """Import the entrypoint's top-level third-party imports (numpy, sklearn, torch) before
     the import lock is taken, so that one model's framework import (seconds) does not hold
     up another model's load behind the lock (measured: banner, pure Python, waited 3.7 s for
     iris's scikit-learn import after a runtime restart). Best effort, only a head start:
-    anything missed or failing here is imported, or fails, under the lock as before."""
+    anything missed or failing here is imported, or fails, under the lock as before.
+
+    Those imports take ``_FRAMEWORK_LOCK``, one thread at a time; a model whose
+    frameworks are all imported already takes no lock here. True when every one it
+    names is imported now."""
     try:
         tree = ast.parse(source.read_bytes())
     except (OSError, SyntaxError, ValueError):
-        return
+        return False
     names: set[str] = set()
     for node in tree.body:  # module level only: imports inside functions stay lazy
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
             names.add(node.module)
+    missing = []
+    complete = True
     for name in sorted(names):
         top = name.partition(".")[0]
         if top in sys.modules and name in sys.modules:
             continue
         if (package_dir / f"{top}.py").exists() or (package_dir / top).is_dir():
-            continue  # the package's own module: imported under the lock, from its folder
-        try:
-            importlib.import_module(name)
-        except Exception:  # reported by the real import, under the lock
+            # The package's own module: imported under the lock, from its folder; what
+            # it imports in turn is not known here.
+            complete = False
             continue
+        missing.append(name)
+    if not missing:
+        return complete
+    with _FRAMEWORK_LOCK:
+        for name in missing:
+            try:
+                importlib.import_module(name)
+            except Exception:  # reported by the real import, under the lock
+                complete = False
+    return complete
 
 
 def _forget_package_siblings(names: set[str], package_dir: Path) -> None:
