@@ -78,6 +78,12 @@ def measure_load(device: str, package_dir: Path, prepare: Callable[[], Any],
 _MAX_OBJECTS = 200_000  # a bound on the walk, for handlers that hold huge object graphs
 
 
+def _type_in(module_name: str, type_name: str) -> Any:
+    """``module.type`` if that module is imported and has it by now, else None."""
+    found = getattr(sys.modules.get(module_name), type_name, None)
+    return found if isinstance(found, type) else None
+
+
 def held_bytes(root: Any, cuda_only: bool = False) -> int:
     """Bytes of the buffers reachable from ``root``: numpy arrays, torch tensors, bytes.
 
@@ -86,9 +92,11 @@ def held_bytes(root: Any, cuda_only: bool = False) -> int:
     every model. ``cuda_only``: count only tensors on a CUDA device.
     """
     # Only libraries a model imported can hold its buffers (an isolated runtime's venv
-    # may have neither): look them up, never import them here.
-    numpy = sys.modules.get("numpy")
-    torch = sys.modules.get("torch")
+    # may have neither): look them up, never import them here. A type that is not there
+    # yet is a library another load is still importing (a module half made, in
+    # sys.modules before its types): nothing of this model's can be of that type.
+    ndarray = _type_in("numpy", "ndarray")
+    tensor = _type_in("torch", "Tensor")
     seen_objects: set[int] = set()
     seen_buffers: set[int] = set()
     total = 0
@@ -98,15 +106,15 @@ def held_bytes(root: Any, cuda_only: bool = False) -> int:
         if id(obj) in seen_objects or isinstance(obj, _NOT_FOLLOWED):
             continue
         seen_objects.add(id(obj))
-        if numpy is not None and isinstance(obj, numpy.ndarray):
+        if ndarray is not None and isinstance(obj, ndarray):
             base = obj
-            while isinstance(base.base, numpy.ndarray):
+            while isinstance(base.base, ndarray):
                 base = base.base
             if not cuda_only and id(base) not in seen_buffers:
                 seen_buffers.add(id(base))
                 total += base.nbytes
             continue
-        if torch is not None and isinstance(obj, torch.Tensor):
+        if tensor is not None and isinstance(obj, tensor):
             storage = obj.untyped_storage()
             if storage.data_ptr() not in seen_buffers and (obj.is_cuda or not cuda_only):
                 seen_buffers.add(storage.data_ptr())
