@@ -22,10 +22,11 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
-class ProcessStarted:
-    def __init__(self, process: asyncio.subprocess.Process, runtime: SocketRuntime,
-                 socket_path: str, flight_path: str) -> None:
-        self._process = process
+class StartedRuntime:
+    """What every started runtime process has, however it was started: its connection
+    and files, and a kill that closes the one and removes the others once it is gone."""
+
+    def __init__(self, runtime: SocketRuntime, socket_path: str, flight_path: str) -> None:
         self._runtime = runtime
         self._socket_path = socket_path
         self._flight_path = flight_path
@@ -33,6 +34,25 @@ class ProcessStarted:
     @property
     def runtime(self) -> SocketRuntime:
         return self._runtime
+
+    async def _end_process(self) -> None:
+        """SIGKILL the process unless it has exited, and wait until it has."""
+        raise NotImplementedError
+
+    async def kill(self) -> None:
+        await self._runtime.close()
+        await self._end_process()
+        self._runtime.crash_record()  # read (and kept) before its file goes
+        for path in (self._socket_path, self._flight_path):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+
+
+class ProcessStarted(StartedRuntime):
+    def __init__(self, process: asyncio.subprocess.Process, runtime: SocketRuntime,
+                 socket_path: str, flight_path: str) -> None:
+        super().__init__(runtime, socket_path, flight_path)
+        self._process = process
 
     @property
     def pid(self) -> int:
@@ -49,16 +69,11 @@ class ProcessStarted:
         with contextlib.suppress(ProcessLookupError):
             self._process.terminate()
 
-    async def kill(self) -> None:
-        await self._runtime.close()
+    async def _end_process(self) -> None:
         if self._process.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 self._process.kill()
             await self._process.wait()
-        self._runtime.crash_record()  # read (and kept) before its file goes
-        for path in (self._socket_path, self._flight_path):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
 
 
 async def connect_when_up(name: str, socket_path: str, flight_path: str,

@@ -38,7 +38,11 @@ from modelfleet.ipc.flight import FLIGHT_ENV
 from modelfleet.ipc.protocol import PRELOAD_ENV, SETTINGS_ENV, Started
 from modelfleet.ipc.socket_runtime import SocketRuntime
 from modelfleet.ipc.zygote import PER_RUNTIME_ENV, decode, encode
-from modelfleet.worker.process_launcher import ProcessLauncher, connect_when_up
+from modelfleet.worker.process_launcher import (
+    ProcessLauncher,
+    StartedRuntime,
+    connect_when_up,
+)
 
 log = logging.getLogger("modelfleet.worker")
 RETRY_START_S = 60.0  # after a zygote failed to start, runtimes start as processes this long
@@ -212,22 +216,16 @@ async def _readable(fd: int) -> None:
         loop.remove_reader(fd)
 
 
-class ZygoteStarted:
+class ZygoteStarted(StartedRuntime):
     """A runtime the zygote forked: not the worker's child, so its exit comes from the
     zygote and signals go through it."""
 
     def __init__(self, zygote: Zygote, pid: int, exited: asyncio.Future[int],
                  runtime: SocketRuntime, socket_path: str, flight_path: str) -> None:
+        super().__init__(runtime, socket_path, flight_path)
         self._zygote = zygote
         self._pid = pid
         self._exited = exited
-        self._runtime = runtime
-        self._socket_path = socket_path
-        self._flight_path = flight_path
-
-    @property
-    def runtime(self) -> SocketRuntime:
-        return self._runtime
 
     @property
     def pid(self) -> int:
@@ -243,15 +241,10 @@ class ZygoteStarted:
     def terminate(self) -> None:
         self._zygote.send_signal(self._pid, signal.SIGTERM)
 
-    async def kill(self) -> None:
-        await self._runtime.close()
+    async def _end_process(self) -> None:
         if not self._exited.done():
             self._zygote.send_signal(self._pid, signal.SIGKILL)
             await asyncio.shield(self._exited)
-        self._runtime.crash_record()  # read (and kept) before its file goes
-        for path in (self._socket_path, self._flight_path):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
 
 
 def _read_modules(path: Path | None) -> list[str]:
