@@ -75,6 +75,7 @@ from modelfleet.broker.rabbitmq.consumers import AmqpSubscription, ReturnedUnsta
 from modelfleet.broker.rabbitmq.errors import rpc
 from modelfleet.broker.rabbitmq.keeper import QueueKeeper
 from modelfleet.broker.rabbitmq.listeners import AmqpInbox, EventListener
+from modelfleet.broker.rabbitmq.side_connection import SideConnection
 from modelfleet.broker.rabbitmq.stats import STATS_CHANNELS, passive_declare_all
 from modelfleet.broker.rabbitmq.topology import (
     DEATH_COUNT_HEADER,
@@ -147,9 +148,8 @@ class AmqpBroker:
         self._returned = ReturnedUnstarted()
         self._connection: AbstractRobustConnection | None = None
         self._counting: AbstractRobustConnection | None = None  # queue_stats' own
-        self._counting_up = False
-        self._leasing: AbstractRobustConnection | None = None  # the keeper's own
-        self._leasing_up = False
+        self._counting_side: SideConnection | None = None
+        self._keeper_side: SideConnection | None = None  # the keeper's own
         self._publisher: AbstractRobustChannel | None = None
         self._events_exchange: AbstractExchange | None = None
         self._stats: ChannelPool | None = None
@@ -199,15 +199,14 @@ class AmqpBroker:
         self._watch.export()
         connection.close_callbacks.add(self._on_connection_lost)
         connection.reconnect_callbacks.add(self._on_reconnected)
-        counting.close_callbacks.add(self._on_counting_lost)
-        counting.reconnect_callbacks.add(self._on_counting_back)
-        leasing.close_callbacks.add(self._on_leasing_lost)
-        leasing.reconnect_callbacks.add(self._on_leasing_back)
         self._connection = connection
         self._counting = counting
-        self._leasing = leasing
+        self._counting_side = SideConnection(counting, "counting", "counts fail until it "
+                                             "is back", self._url, lambda: self._closed)
+        self._keeper_side = SideConnection(leasing, "keeper's", "first publishes to a queue "
+                                           "wait for it to be back", self._url,
+                                           lambda: self._closed)
         self._connected = True
-        self._counting_up = self._leasing_up = True
 
     async def _open_connection(self, name: str) -> AbstractRobustConnection:
         """A robust connection, connected; BrokerUnavailable (one line) if it cannot be."""
@@ -231,29 +230,6 @@ class AmqpBroker:
                 cause = cause.replace(password, "***")
             raise BrokerUnavailable(f"cannot connect to RabbitMQ at {self._url}: {cause}") from exc
         return connection
-
-    def _on_counting_lost(self, _sender: object, exc: BaseException | None = None) -> None:
-        if self._closed or not self._counting_up:
-            return
-        self._counting_up = False
-        log.warning("lost the counting connection to RabbitMQ at %s (%r); counts fail "
-                    "until it is back, nothing else is touched", self._url, exc)
-
-    def _on_counting_back(self, _sender: object) -> None:
-        self._counting_up = True
-        log.info("the counting connection to RabbitMQ at %s is back", self._url)
-
-    def _on_leasing_lost(self, _sender: object, exc: BaseException | None = None) -> None:
-        if self._closed or not self._leasing_up:
-            return
-        self._leasing_up = False
-        log.warning("lost the keeper's connection to RabbitMQ at %s (%r); first publishes "
-                    "to a queue wait for it to be back, nothing else is touched",
-                    self._url, exc)
-
-    def _on_leasing_back(self, _sender: object) -> None:
-        self._leasing_up = True
-        log.info("the keeper's connection to RabbitMQ at %s is back", self._url)
 
     def _on_connection_lost(self, _sender: object, exc: BaseException | None = None) -> None:
         # Also called for every failed reconnect attempt: log the transition only.
@@ -285,7 +261,8 @@ class AmqpBroker:
         for consumer in list(self._consumers):
             consumer.stop()
         # 3. Close the connections with all their channels.
-        for connection in (self._connection, self._counting, self._leasing):
+        sides = (self._counting_side, self._keeper_side)
+        for connection in (self._connection, *(side.connection for side in sides if side)):
             if connection is not None:
                 with contextlib.suppress(Exception):
                     await connection.close()
@@ -306,7 +283,7 @@ class AmqpBroker:
         that cannot take work would mislead, and one whose counting connection is down
         cannot count."""
         self._require(what)
-        if not self._counting_up:
+        if self._counting_side is not None and not self._counting_side.up:
             raise BrokerUnavailable(f"{what}: the counting connection to RabbitMQ at "
                                     f"{self._url} is down; reconnecting in the background")
 
