@@ -65,3 +65,36 @@ def test_crash_witness_says_who_was_alone_on_the_runtime() -> None:
         assert not first_alone()  # someone ran beside it while it was in flight
     with witness.on_runtime() as later_alone:
         assert later_alone()  # the others are gone: alone again
+
+
+async def test_suspects_woken_across_the_end_of_a_yield_do_not_wait_for_each_other() -> None:
+    """Woken together when the runtime frees, a suspect from a crash checks its turn a
+    moment before it stops yielding (another waits ahead: a suspect from no crash), and
+    that other checks a moment after (the first one is ahead now). Neither may wait for
+    a notify that nothing sends: the first goes in once its yield is over."""
+    times = iter([0.0, 0.0,  # the holder comes and goes in
+                  0.0,  # the crash's suspect comes
+                  0.5,  # the suspect from no crash comes
+                  0.99,  # the crash's suspect checks: still yielding to the other
+                  1.01])  # the other checks: the crash's suspect is done yielding
+    gate = SuspectGate(clock=lambda: next(times, 2.0))  # yields 1 s
+    went_in: list[str] = []
+    holding = asyncio.Event()
+    release = asyncio.Event()
+
+    async def suspect(name: str, crashes: int, hold: bool = False) -> None:
+        async with gate.slot(suspect=True, crashes=crashes):
+            went_in.append(name)
+            if hold:
+                holding.set()
+                await release.wait()
+
+    holder = asyncio.create_task(suspect("holder", 0, hold=True))
+    await holding.wait()
+    from_crash = asyncio.create_task(suspect("from a crash", 1))
+    await asyncio.sleep(0.01)
+    from_no_crash = asyncio.create_task(suspect("from no crash", 0))
+    await asyncio.sleep(0.01)
+    release.set()
+    await asyncio.wait_for(asyncio.gather(holder, from_crash, from_no_crash), timeout=5)
+    assert went_in == ["holder", "from a crash", "from no crash"]

@@ -40,14 +40,36 @@ class SuspectGate:
         self._queue: dict[int, tuple[int, float]] = {}
         self._arrivals = itertools.count()
 
-    def _first(self, key: int) -> bool:
-        """Is the waiter ``key`` first in line?"""
-        now = self._clock()
-
+    def _first(self, key: int, now: float) -> bool:
+        """Is the waiter ``key`` first in line at ``now``?"""
         def rank(k: int) -> tuple[int, int]:
             crashes, came = self._queue[k]
             return (0 if crashes == 0 or now - came >= MAX_YIELD_S else 1, k)
         return min(self._queue, key=rank) == key
+
+    async def _wait_turn(self, key: int) -> None:
+        """Wait, the condition held between checks, until the runtime is free and the
+        waiter ``key`` is first in line.
+
+        A waiter's rank changes with time alone (it stops yielding ``MAX_YIELD_S`` after it
+        came), and nothing notifies then. Waiters woken together check one after the
+        other, each at its own moment: one that checked just before its rank changed
+        saw another ahead, and that other, checking just after, saw it ahead. Both
+        would wait for a notify that may never come (the runtime idle, the queue full,
+        until their deadlines). So a waiter that still yields checks again the moment
+        it stops."""
+        while True:
+            wake_in: float | None = None
+            if not self._alone and not self._shared:
+                now = self._clock()
+                if self._first(key, now):
+                    return
+                crashes, came = self._queue[key]
+                if crashes and now - came < MAX_YIELD_S:
+                    wake_in = came + MAX_YIELD_S - now
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(wake_in):
+                    await self._changed.wait()
 
     @contextlib.asynccontextmanager
     async def shared(self) -> AsyncIterator[None]:
@@ -72,8 +94,7 @@ class SuspectGate:
             key = next(self._arrivals)
             self._queue[key] = (crashes, self._clock())
             try:
-                await self._changed.wait_for(
-                    lambda: not self._alone and not self._shared and self._first(key))
+                await self._wait_turn(key)
             finally:
                 self._suspects_waiting -= 1
                 del self._queue[key]
