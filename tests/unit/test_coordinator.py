@@ -219,6 +219,50 @@ async def test_suspect_tasks_run_alone_in_quarantine_beside_the_shared_runtime(
     assert worker.supervisor.shared[0].restarts == 0
 
 
+async def test_a_task_waiting_for_its_runtimes_restart_runs_in_quarantine_once_its_model_crashed(
+        worker: Worker, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A task taken for the shared runtime a moment before the runtime went down with its
+    model marked crashing (what a pill's crash does: the runtime's flight record names
+    the model) does not wait for the restart to run there, where its model's next pill
+    would crash the restarted runtime again: it runs in quarantine."""
+    await worker.publish(worker.task("warm"))
+    await worker.reply()
+    runtime_0 = worker.supervisor.shared[0]
+    # Hold the task right after it was taken for runtime-0 (up then), and hold
+    # runtime-0's restart: the crash lands in between.
+    taken, go_on, restart = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    wait_settled, launch = runtime_0.wait_settled, worker.launcher.launch
+
+    async def held_after_taking(timeout_s: float) -> bool:
+        taken.set()
+        await go_on.wait()
+        return await wait_settled(timeout_s)
+
+    async def held_restart(name: str, *args: Any, **kwargs: Any) -> Any:
+        if name == "runtime-0":
+            await restart.wait()
+        return await launch(name, *args, **kwargs)
+
+    monkeypatch.setattr(runtime_0, "wait_settled", held_after_taking)
+    monkeypatch.setattr(worker.launcher, "launch", held_restart)
+    waiting = worker.task("slow 1.0")
+    await worker.publish(waiting)
+    await asyncio.wait_for(taken.wait(), 20)
+    monkeypatch.setattr(runtime_0, "wait_settled", wait_settled)
+    tasks = worker.coordinator._tasks
+    assert not tasks.quarantined  # taken for runtime-0
+    await worker.kill_runtime()
+    await eventually(lambda: not runtime_0.ready, what="runtime-0 down")
+    worker.supervisor.mark_crashing("timed")  # as runtime-0's flight record of a pill does
+    go_on.set()
+    restart.set()
+    await worker.started("slow 1.0")
+    assert tasks.quarantined["timed"] == 1  # running there, not on the restarted runtime-0
+    reply = await worker.reply(timeout_s=30)
+    assert (reply.request_id, reply.status) == (waiting.request_id, "ok")
+    assert runtime_0.restarts == 1
+
+
 async def test_a_crash_hands_the_task_back_and_the_restarted_runtime_answers(
         worker: Worker) -> None:
     handed_back = sample("modelfleet_worker_tasks_handed_back_total", {"model": "timed"})

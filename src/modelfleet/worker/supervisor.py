@@ -224,6 +224,20 @@ class RuntimeSupervisor:
                  model_id, chosen.name)
         return chosen
 
+    def to_quarantine(self, model_id: str, taken: SupervisedRuntime,
+                      suspect: bool) -> SupervisedRuntime:
+        """A task taken for a shared runtime before its model was marked crashing (a crash
+        of that runtime, the task queued or waiting for the restart meanwhile): the
+        quarantine runtime now, the task counted there instead, as ``take`` would choose
+        (the model's pills still queued would crash the restarted runtime again);
+        ``taken`` where it stays."""
+        if taken not in self.shared or not self.quarantines(model_id, suspect):
+            return taken
+        self.done(model_id, taken)
+        log.info("%s was marked crashing while a task of it waited for %s: it runs in "
+                 "quarantine", model_id, taken.name)
+        return self._quarantined()
+
     def refused_for_memory(self, runtime: SupervisedRuntime, model_id: str) -> None:
         """The runtime refused the model's load for memory: the room held for it is
         reckoned afresh at the next ``prepare`` (the budgets have moved since)."""

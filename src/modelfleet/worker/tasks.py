@@ -146,14 +146,25 @@ class TaskRunner:
                     self._deadlines[task.request_id] = deadline
                     if task.request_id in self._cancelled:  # hung up while it waited
                         deadline.reschedule(asyncio.get_running_loop().time())
-                    reply = await self._run_on(runtime, delivery, queue_wait_ms=max(
-                        0, received_ms - task.enqueued_ms))
+
+                    async def attempt() -> EncodedReply:
+                        nonlocal runtime  # it may move: the handlers below see where to
+                        while True:
+                            assert runtime is not None
+                            try:
+                                return await self._run_on(runtime, delivery, queue_wait_ms=max(
+                                    0, received_ms - task.enqueued_ms))
+                            except _NowQuarantined:
+                                runtime = self._supervisor.to_quarantine(
+                                    task.model_id, runtime, task.suspect)
+                                self.quarantined[task.model_id] += 1
+
+                    reply = await attempt()
                     tries = 0
                     while (code := self._memory_refusal(runtime, reply, tries)) is not None:
-                        tries += 1  # `runtime` may move: the handlers below see where to
+                        tries += 1
                         runtime = await self._before_memory_retry(runtime, task, code, tries)
-                        reply = await self._run_on(runtime, delivery, queue_wait_ms=max(
-                            0, received_ms - task.enqueued_ms))
+                        reply = await attempt()
             except TimeoutError:
                 self._count_dropped(task)
                 await delivery.ack()
@@ -314,6 +325,11 @@ class TaskRunner:
         # In quarantine every task runs alone: a crash there names its cause.
         alone_only = task.suspect or self._supervisor.is_quarantine(runtime)
         while True:
+            if self._supervisor.is_shared(runtime) \
+                    and self._supervisor.quarantines(task.model_id, task.suspect):
+                # Its model was marked crashing since it was taken (its runtime's crash,
+                # this task queued behind the pill): not the restarted runtime, then.
+                raise _NowQuarantined
             async with gate.slot(suspect=alone_only,
                                  crashes=task.crashes - task.crashes_cleared):
                 target = runtime.runtime  # the one _infer calls (read before its first await)
@@ -447,6 +463,10 @@ class TaskRunner:
         with contextlib.suppress(BrokerUnavailable):
             await self._broker.publish_event({"kind": "demand", "model_id": model_id,
                                               "at": time.time()})
+
+
+class _NowQuarantined(Exception):
+    """A task taken for a shared runtime whose model goes to quarantine now."""
 
 
 class _Crashed(Exception):
