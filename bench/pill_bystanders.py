@@ -10,6 +10,9 @@ answered), after the pills, the pills' latencies and answers, the crasher innoce
 slowest answer, and the runtimes' restarts.
 
     .venv/bin/python bench/pill_bystanders.py [--brokers memory,amqp] [--runs 1]
+
+``PILL_BENCH_LOG_DIR=DIR`` keeps each run's whole server log in DIR;
+``PILL_BENCH_LOG=1`` prints the end of it.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -187,6 +191,12 @@ def one(broker: str, baseline_s: float, after_s: float) -> Run:
             except subprocess.TimeoutExpired:
                 server.kill()
             log.close()
+            if os.environ.get("PILL_BENCH_LOG_DIR"):  # keep each run's whole log there
+                kept = Path(os.environ["PILL_BENCH_LOG_DIR"])
+                kept.mkdir(parents=True, exist_ok=True)
+                name = "memory" if broker == "memory" else "amqp"
+                shutil.copy(Path(tmp) / "serve.log",
+                            kept / f"serve-{name}-{time.strftime('%H%M%S')}.log")
             if os.environ.get("PILL_BENCH_LOG"):
                 print((Path(tmp) / "serve.log").read_text(errors="replace")[-20000:])
 
