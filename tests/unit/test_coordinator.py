@@ -358,6 +358,37 @@ async def test_a_task_in_the_cold_lane_is_run_without_a_subscription(worker: Wor
     assert await worker.broker.queue_stats(["timed"]) == {}  # its own queue: never declared
 
 
+async def test_leaving_the_cold_lanes_while_a_task_is_passed_on_leaves_nothing_unsettled(
+        worker: Worker, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker leaves the lanes when it cannot take work (its runtime went down), just
+    when what arrives from them is being passed on to the models' own queues: the pass-on
+    in progress finishes (the task in its model's queue once, the lane's copy acked)
+    instead of being cut short with the lane's delivery held unsettled until its caller's
+    deadline."""
+    passing, go_on = asyncio.Event(), asyncio.Event()
+    republish = worker.broker.republish
+
+    async def held(task: Task) -> None:
+        passing.set()
+        await go_on.wait()
+        await republish(task)
+
+    monkeypatch.setattr(worker.broker, "republish", held)
+    task = worker.task("ghost", model="newmodel")
+    await worker.broker.publish_task(task, cold_lane(0))
+    await asyncio.wait_for(passing.wait(), 20)
+    leaving = asyncio.create_task(worker.coordinator._lanes.leave())
+    await asyncio.sleep(0.05)  # the lane's consumer cancelled meanwhile
+    go_on.set()
+    await leaving
+    await settled(worker.broker, cold_lane(0))  # acked: nothing held, nothing back
+    await eventually(lambda: any(e.get("kind") == "demand" and e.get("model_id") == "newmodel"
+                                 for e in worker.events),
+                     10, what="the task's model announced once moved")
+    stats = await worker.broker.queue_stats(["newmodel"])
+    assert stats["newmodel"].backlog == 1
+
+
 async def test_a_cold_lane_task_this_worker_cannot_run_goes_to_its_models_queue(
         worker: Worker) -> None:
     """A model this worker's catalog does not know (published a moment ago, say) is not

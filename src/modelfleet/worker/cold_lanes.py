@@ -101,7 +101,11 @@ class ColdLanes:
 
     async def _consume(self, subscription: Subscription) -> None:
         async for delivery in subscription:
-            if await self._passed_on(delivery):
+            # Shielded: leaving the lanes (a runtime down: nothing is accepted, so all
+            # that arrives is being passed on) must not cut a pass-on short, which left
+            # its delivery unsettled, held by a channel that then never closed, until its
+            # caller's deadline (a bystander's 504 in the pill bench on RabbitMQ).
+            if await asyncio.shield(self._passed_on(delivery)):
                 continue
             task = await self._start(delivery)
             metrics.COLD_LANE_TASKS.inc()
