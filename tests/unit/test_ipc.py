@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import os
+import socket
 import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -132,3 +134,32 @@ async def test_the_budget_op_reads_the_device_budget_over_the_socket() -> None:
         moved = await runtime.budget(timeout_s=5)
         assert (moved.device, moved.used_bytes, moved.budget_bytes) == \
             ((), 0, read.used_bytes - 1)
+
+
+async def test_a_call_that_finds_the_connection_gone_leaves_no_unretrieved_error() -> None:
+    """Writing to a runtime that died: the call raises RuntimeCrashed, and no future is
+    left holding an exception nobody retrieves (asyncio logs each one as an ERROR)."""
+    loop = asyncio.get_running_loop()
+    unhandled: list[dict[str, object]] = []
+    loop.set_exception_handler(lambda _, context: unhandled.append(context))
+    ours, theirs = socket.socketpair()
+    try:
+        reader, writer = await asyncio.open_unix_connection(sock=ours)
+        runtime = SocketRuntime(reader, writer, "rt")
+        theirs.close()  # the runtime's end is gone before our write
+        crashed = False
+        try:  # (not pytest.raises: its traceback would keep the call's frames alive)
+            await runtime.health(timeout_s=5)
+        except RuntimeCrashed:
+            crashed = True
+        assert crashed and runtime.closed
+        await runtime.close()
+        del runtime, reader, writer  # what still refers to the failed call's frames
+        for _ in range(2):  # the future, then what its callbacks held
+            gc.collect()
+            await asyncio.sleep(0.05)
+        assert not [c for c in unhandled if "never retrieved" in str(c.get("message"))], \
+            unhandled
+    finally:
+        loop.set_exception_handler(None)
+        theirs.close()

@@ -123,6 +123,10 @@ class SocketRuntime:
         except TimeoutError:
             raise  # slow, not gone: the caller decides (TimeoutError is an OSError too)
         except (ConnectionError, OSError) as exc:
+            # Our own future is answered by the raise below, not by _fail_all: nobody
+            # would retrieve the exception set on it (asyncio logs that as an error).
+            self._pending.pop(request_id, None)
+            future.cancel()
             self._fail_all(f"connection lost: {exc!r}")
             raise RuntimeCrashed(f"runtime {self._name} is gone: {exc!r}") from exc
         finally:
