@@ -56,6 +56,11 @@ from modelfleet.worker.isolation.limits import (
 )
 
 log = logging.getLogger("modelfleet.worker")
+# The pause before a crashed runtime's first restart, doubling on each crash in a row up
+# to worker.restart_backoff_max_s. Its bystanders wait it out (a restart is a fork and
+# their models' reloads, ~0.2 s): it only has to keep a runtime that dies at start from
+# spinning. 0.2 s had been half of the pill bench's bystander stall.
+FIRST_RESTART_PAUSE_S = 0.05
 State = Literal["starting", "ready", "down", "failed", "stopped"]
 RETRY_FAILED_BUILD_S = 30.0
 # A shared runtime's spare starts once the runtime has been up this long with no load in
@@ -210,7 +215,8 @@ class SupervisedRuntime:
         return True
 
     async def _run(self) -> None:
-        backoff = Backoff(0.2, max(0.2, self._settings.worker.restart_backoff_max_s))
+        backoff = Backoff(FIRST_RESTART_PAUSE_S,
+                          max(FIRST_RESTART_PAUSE_S, self._settings.worker.restart_backoff_max_s))
         while not self.stopped:
             reason = "crashed"
             try:
