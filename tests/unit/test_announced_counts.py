@@ -72,6 +72,23 @@ def test_an_estimate_sums_the_gateways_fresh_counts_and_the_peers_that_consume()
     assert counts.estimate("y", 5.5) is None
 
 
+def test_a_task_a_worker_put_back_is_counted_exactly_whatever_the_gateways_say() -> None:
+    """A gateway does not count a request it put in the cold lane, nor know when a worker
+    passes it on to the model's queue (or hands a task back after a crash): its word that
+    nothing waits there is short by that task. A worker's put-back, announced
+    ``requeued``, makes the model counted exactly for the demand window."""
+    counts = AnnouncedCounts(fresh_s=1.0, forget_s=10.0, peer_stale_s=3.0, worker_id="me")
+    counts.observe(demand("m", 0, "g1"), 0.0)
+    assert counts.estimate("m", 0.1) == (0, 0)  # the gateway says nothing waits
+    counts.observe({"kind": "demand", "model_id": "m", "requeued": True}, 0.2)
+    assert counts.estimate("m", 0.3) is None  # count it on the broker
+    counts.observe(demand("m", 0, "g1"), 0.5)  # the gateway, still short by that task
+    assert counts.estimate("m", 9.0) is None
+    assert counts.estimate("m", 10.3) == (0, 0)  # the window is over: the gateways' word
+    counts.observe(demand("m", 2, "g1"), 10.4)
+    assert counts.estimate("m", 10.5) == (2, 0)
+
+
 @contextlib.asynccontextmanager
 async def gateway_hearing_events(tmp_path: Path, **gateway: object) -> AsyncIterator[
         tuple[GatewayService, MemoryBroker, list[dict[str, object]]]]:

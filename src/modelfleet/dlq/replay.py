@@ -160,10 +160,11 @@ async def _announce(broker: Broker, task: Task) -> None:
     """Tell the workers a task waits in its model's queue, as a gateway does for its
     own: a worker that counted that queue missing asks for it again now
     (broker/missing_queues.py), and one idle takes it without waiting for its next
-    full count. Without a count, so that workers count the queue exactly."""
+    full count. Without a count and marked ``requeued`` (no gateway counts it), so that
+    workers count the queue exactly."""
     with contextlib.suppress(BrokerUnavailable):
         await broker.publish_event({"kind": "demand", "model_id": task.model_id,
-                                    "at": time.time()})
+                                    "at": time.time(), "requeued": True})
 
 
 async def _collect(inbox: Inbox, sent: dict[str, tuple[DeadLetterRecord, int]],

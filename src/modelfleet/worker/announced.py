@@ -20,6 +20,12 @@ every candidate now and then (``EXACT_EVERY_S`` in the coordinator), in case an
 announcement was lost. A model no gateway announced a count for (a gateway that does
 not send one) has no estimate and is counted exactly.
 
+The gateways' counts leave out what a worker put in a model's queue: a task handed back
+after a crash, or a cold-lane task passed on (its gateway counts it in the cold lane).
+Such a put-back is announced without a count, marked ``requeued``; the model is counted
+exactly for the next ``forget_s`` after it, whatever the gateways say (a pill bench run
+had a pill passed on from the cold lane wait 30 s in a queue its gateway said was empty).
+
 Cost: O(1) per event (a worker's state costs what changed in its subscriptions),
 O(gateways announcing it) per estimate.
 """
@@ -41,6 +47,7 @@ class AnnouncedCounts:
         self._waiting: dict[str, dict[str, tuple[int, float]]] = {}  # model -> gateway ->
         self._peers: dict[str, tuple[float, frozenset[str]]] = {}  # worker -> (at, subs)
         self._consumers: Counter[str] = Counter()  # model -> peers that consume it
+        self._exact_until: dict[str, float] = {}  # model -> counted exactly until (requeued)
 
     def observe(self, event: dict[str, Any], now: float) -> None:
         """Take one fleet event (any kind; those that say nothing of counts are ignored)."""
@@ -48,6 +55,8 @@ class AnnouncedCounts:
         if kind == "demand":
             model_id, waiting, gateway = (event.get("model_id"), event.get("waiting"),
                                           event.get("gateway"))
+            if event.get("requeued") is True and isinstance(model_id, str):
+                self._exact_until[model_id] = now + self._forget_s
             if isinstance(model_id, str) and isinstance(gateway, str) \
                     and isinstance(waiting, int) and not isinstance(waiting, bool) \
                     and waiting >= 0:
@@ -65,7 +74,13 @@ class AnnouncedCounts:
 
     def estimate(self, model_id: str, now: float) -> tuple[int, int] | None:
         """(backlog, consumers) as announced, this worker not consuming it; None: no
-        gateway announced a count for it lately (count it exactly)."""
+        gateway announced a count for it lately, or a worker put a task back in its queue
+        lately (count it exactly)."""
+        until = self._exact_until.get(model_id)
+        if until is not None:
+            if now < until:
+                return None
+            del self._exact_until[model_id]
         said = self._waiting.get(model_id)
         if not said:
             return None
@@ -90,6 +105,7 @@ class AnnouncedCounts:
     def forget(self, model_ids: Iterable[str]) -> None:
         for model_id in model_ids:
             self._waiting.pop(model_id, None)
+            self._exact_until.pop(model_id, None)
 
     def _set_peer(self, worker_id: str, now: float, subscriptions: frozenset[str]) -> None:
         _, before = self._peers.get(worker_id, (now, frozenset()))

@@ -115,6 +115,9 @@ class TaskRunner:
         dead-letter. Never raises but for cancellation (a drain), which hands it back."""
         task = delivery.task
         received_ms = now_ms()
+        log.debug("task %s of %s received (delivery %d, crashes %d, cleared %d)",
+                  task.request_id, task.model_id, task.delivery_count, task.crashes,
+                  task.crashes_cleared)
         self.running[task.model_id] += 1
         runtime: SupervisedRuntime | None = None
         try:
@@ -133,7 +136,7 @@ class TaskRunner:
                 self.quarantined[task.model_id] += 1
             if not await runtime.wait_settled((task.deadline_ms - now_ms()) / 1000):
                 # Its runtime is (re)starting and the deadline passed meanwhile: nobody waits.
-                metrics.EXPIRED_TASKS.labels(task.model_id).inc()
+                self._count_dropped(task)
                 await delivery.ack()
                 return
             if runtime.failure is not None:  # cannot start (e.g. its environment won't build)
@@ -458,11 +461,12 @@ class TaskRunner:
     async def announce_queued(self, model_id: str) -> None:
         """Tell the fleet a task of ``model_id`` waits in its queue now, put there by this
         worker (a hand-back, or a cold-lane task passed on): no gateway announces it (one
-        that sent it to the cold lane counts it there). Without a count, so that workers
-        count the queue exactly. Best effort."""
+        that sent it to the cold lane counts it there). Without a count and marked
+        ``requeued``, so that workers count the queue exactly (the gateways' counts do
+        not include it: worker/announced.py). Best effort."""
         with contextlib.suppress(BrokerUnavailable):
             await self._broker.publish_event({"kind": "demand", "model_id": model_id,
-                                              "at": time.time()})
+                                              "at": time.time(), "requeued": True})
 
 
 class _NowQuarantined(Exception):
