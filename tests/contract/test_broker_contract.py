@@ -334,7 +334,9 @@ async def test_publishing_after_idleness_loses_no_task(make_broker: BrokerFactor
     # checks expiry on a ~5 s tick, so this catches a missing renewal only sometimes;
     # test_amqp_broker.py has the slow, deterministic version.)
     await asyncio.sleep(expiry_s * 0.75)
-    task = make_task("m1", deadline_s=expiry_s * 0.75)
+    # Its deadline outlives the first lease by far more than a subscribe takes on a busy
+    # machine (it had 0.5 s, and a CI run beside a simulator took longer: TimeoutError).
+    task = make_task("m1", deadline_s=expiry_s * 2)
     await broker.publish_task(task)
     await asyncio.sleep(expiry_s * 0.5)  # past the first lease
 
