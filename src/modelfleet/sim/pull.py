@@ -629,19 +629,22 @@ class PullAffinity:
             # it was heard with, so folded before they are replaced).
             coord.dirty.clear()
             self._fold_heard(coord)
+            # What _set_count does per model, over the sets at once (_qstate, _nonempty,
+            # _consumed and _capped say what a count says now): this runs per worker per
+            # tick over every candidate.
             old = coord.counts
-            version = coord.version
-            coord.counts = {}
-            coord.backlogged = set()
-            coord.starved = set()
-            coord.at_cap = set()
-            for model in candidates((), coord.consumers, device, host, self.sim.catalog.pinned):
-                self._set_count(coord, model)
-            for model in self._nonempty:
-                if model in demand and model not in coord.counts:
-                    self._set_count(coord, model)
+            own = candidates((), coord.consumers, device, host, self.sim.catalog.pinned)
+            models = list(own)
+            models.extend((self._nonempty & demand.keys()) - own)
+            counts = coord.counts = dict(zip(models, map(self._qstate.__getitem__, models),
+                                             strict=True))
+            now_counted = counts.keys()
+            coord.at_cap = now_counted & self._capped
+            coord.backlogged = now_counted & self._nonempty
+            coord.starved = coord.backlogged - self._consumed
             # backlogged and starved follow from the counts: equal counts, nothing changed.
-            coord.version = version if coord.counts == old else version + 1
+            if counts != old:
+                coord.version += 1
             return
         self._fold_heard(coord)  # what was heard while the stats were asked, too
         # What _set_count does, over a set at once: this runs per worker per announcement.
