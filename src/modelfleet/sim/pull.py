@@ -51,6 +51,7 @@ import random
 import sys
 import zlib
 from collections import deque
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from functools import partial
 from operator import itemgetter
@@ -138,6 +139,20 @@ class Coordinator:
     # noise window and the demand's models the same, the last gathering still stands.
     version: int = 0
     gathered: tuple[int, int, int] | None = None  # (version, demand version, window)
+
+
+def _best_by_priority(models: set[int], rank_priority: list[int], slots: int
+                      ) -> Collection[int]:
+    """Those of ``models`` whose priority rank (lower first) is no worse than that of the
+    ``slots``-th best: every one ranked after it by priority alone is left out."""
+    levels = sorted(set(map(rank_priority.__getitem__, models)))
+    if len(levels) == 1:
+        return models
+    for level in levels:
+        kept = [m for m in models if rank_priority[m] <= level]
+        if len(kept) >= slots:
+            return kept
+    return models
 
 
 class PullAffinity:
@@ -774,9 +789,12 @@ class PullAffinity:
                                             self.rng_seed)
             coord.rank_noise = {}
         memo = coord.rank_memo
+        # A rank's first term is the priority: one of a lower priority than ``slots`` others
+        # is never among the best, so it is not ranked (nor its noise drawn).
+        contenders = _best_by_priority(starved, self._rank_priority, slots)
         # (model, backlog as last counted) for each, then their ranks as kept: C loops,
         # since this runs over every starved queue at most re-scores under overload.
-        keys = list(zip(starved, map(_first, map(coord.counts.__getitem__, starved)),
+        keys = list(zip(contenders, map(_first, map(coord.counts.__getitem__, contenders)),
                         strict=True))
         found = list(map(memo.get, keys))
         if None in found:
