@@ -45,16 +45,13 @@ callers all have priority 0; a queue's plan still gives it its plan's priority.
 
 from __future__ import annotations
 
-import heapq
 import math
 import random
 import sys
 import zlib
 from collections import deque
-from collections.abc import Collection
 from dataclasses import dataclass, field
 from functools import partial
-from operator import itemgetter
 from typing import cast
 
 from modelfleet.scheduling import (
@@ -62,10 +59,8 @@ from modelfleet.scheduling import (
     Decision,
     Observation,
     QueueFacts,
-    QueueScorer,
     ScoringSettings,
     Snapshot,
-    WorkerView,
     actions_for,
     candidates,
     decide,
@@ -75,12 +70,11 @@ from modelfleet.scheduling import (
 from modelfleet.scheduling import work_waiting as scheduling_work_waiting
 from modelfleet.scheduling.scoring import COLD_WINDOW_S
 from modelfleet.sim.engine import Simulation
+from modelfleet.sim.starved import StarvedRanks
 from modelfleet.sim.worker import CacheFactory, SimWorker, Task, gdsf_with_host, lru_device_only
 
 # The re-score loop's states.
 WAITING, PAUSING, RESCORING = range(3)
-_first = itemgetter(0)
-_last = itemgetter(-1)
 
 
 @dataclass(eq=False, slots=True)
@@ -128,31 +122,13 @@ class Coordinator:
     meter_free: int = 0
     idle_permit_s: float = 0.0
     rescores: int = 0
-    # PullAffinity._starved_rank's memo: its noise window, the scorer, the ranks in it.
-    rank_bucket: int | None = None
-    rank_scorer: QueueScorer | None = None
-    rank_memo: dict[tuple[int, int], tuple[int, float, str, int]] = field(default_factory=dict)
-    rank_noise: dict[int, float] = field(default_factory=dict)  # model -> its noise term
+    ranks: StarvedRanks | None = None  # its ranks of starved cold queues (set by attach)
     own: set[int] = field(default_factory=set)  # its own candidates, as last gathered
     # Bumped by every change of what _gather and _observed_key read of this worker (its
     # counts, tasks, consumers and windows, residency, cold subscriptions): with the
     # noise window and the demand's models the same, the last gathering still stands.
     version: int = 0
     gathered: tuple[int, int, int] | None = None  # (version, demand version, window)
-
-
-def _best_by_priority(models: set[int], rank_priority: list[int], slots: int
-                      ) -> Collection[int]:
-    """Those of ``models`` whose priority rank (lower first) is no worse than that of the
-    ``slots``-th best: every one ranked after it by priority alone is left out."""
-    levels = sorted(set(map(rank_priority.__getitem__, models)))
-    if len(levels) == 1:
-        return models
-    for level in levels:
-        kept = [m for m in models if rank_priority[m] <= level]
-        if len(kept) >= slots:
-            return kept
-    return models
 
 
 class PullAffinity:
@@ -236,6 +212,8 @@ class PullAffinity:
         for worker in sim.workers:
             rng = random.Random(zlib.crc32(f"{self.rng_seed}/{worker.name}".encode()))
             coord = Coordinator(worker, rng, meter_since=cfg.warmup_s, meter_free=worker.permits)
+            coord.ranks = StarvedRanks(worker.name, self.settings, self.rng_seed,
+                                       self._rank_priority, self._names)
             self._coords.append(coord)
             self._note_wakeable(coord)
             # Workers started together: each first tick somewhere in the first period.
@@ -780,47 +758,8 @@ class PullAffinity:
         if len(starved) <= slots:
             gather |= starved
             return
-        now = self.sim.now
-        bucket = math.floor(now / self.settings.noise_hold_s)
-        if coord.rank_bucket != bucket:
-            coord.rank_bucket = bucket
-            coord.rank_memo = {}
-            coord.rank_scorer = QueueScorer(WorkerView(coord.worker.name), self.settings, now,
-                                            self.rng_seed)
-            coord.rank_noise = {}
-        memo = coord.rank_memo
-        # A rank's first term is the priority: one of a lower priority than ``slots`` others
-        # is never among the best, so it is not ranked (nor its noise drawn).
-        contenders = _best_by_priority(starved, self._rank_priority, slots)
-        # (model, backlog as last counted) for each, then their ranks as kept: C loops,
-        # since this runs over every starved queue at most re-scores under overload.
-        keys = list(zip(contenders, map(_first, map(coord.counts.__getitem__, contenders)),
-                        strict=True))
-        found = list(map(memo.get, keys))
-        if None in found:
-            for i, rank in enumerate(found):
-                if rank is None:
-                    key = keys[i]
-                    found[i] = memo[key] = self._starved_rank(coord, *key)
-        ranked = cast(list[tuple[int, float, str, int]], found)  # no None left
-        gather.update(map(_last, heapq.nsmallest(slots, ranked)))
-
-    def _starved_rank(self, coord: Coordinator, model: int, backlog: int
-                      ) -> tuple[int, float, str, int]:
-        """``snapshot_of``'s rank of a starved cold queue (as last counted) for this
-        worker, then the model's index: a pure function of the noise window, the model
-        and its backlog, kept for the window (``Coordinator.rank_memo``): its priority
-        as ``snapshot_of`` ranks it, then ``QueueScorer.score`` of its view (no
-        consumer, not held here: ``starving_score``, with the model's noise kept for
-        the window too)."""
-        scorer = coord.rank_scorer
-        assert scorer is not None
-        name = self._names[model]
-        noise = coord.rank_noise.get(model)
-        if noise is None:
-            noise = coord.rank_noise[model] = scorer.noise(name)
-        return (self._rank_priority[model], -scorer.starving_score(backlog, noise), name,
-                model)
+        assert coord.ranks is not None
+        gather.update(coord.ranks.best(starved, coord.counts, slots, self.sim.now))
 
     def _act(self, coord: Coordinator, steps: deque[Action]) -> None:
         """Carry ``scheduling.actions_for`` out step by step, each after what it waits for."""
