@@ -117,6 +117,9 @@ class Coordinator:
     # The last decision and what it was decided on (PullAffinity._observed_key).
     last_key: tuple[object, ...] | None = None
     last_result: tuple[Snapshot, Decision, bool, bool, tuple[Action, ...]] | None = None
+    # Does that decision hold at every later instant of its noise window
+    # (scheduling.decision_holds)? None: not asked yet (PullAffinity._last_holds).
+    last_holds: bool | None = None
     # Idle-permit meter (modelfleet.worker.idle.IdleMeter), over the measured window.
     meter_since: float = 0.0
     meter_free: int = 0
@@ -518,7 +521,8 @@ class PullAffinity:
         # key and so the decision would be the same (no need to gather to know it).
         reuse = (coord.last_key is not None and last is not None
                  and coord.gathered == (coord.version, self._demand_version, window)
-                 and not (recent and now - recent[0] >= COLD_WINDOW_S))
+                 and not (recent and now - recent[0] >= COLD_WINDOW_S)
+                 and self._last_holds(coord))
         if not reuse:
             counted = self._gather(coord)
             key = self._observed_key(coord, counted)
@@ -527,7 +531,7 @@ class PullAffinity:
             # noise window, its recent cold subscriptions the same) but the instant, and
             # that decision holds at every later instant (scheduling.decision_holds):
             # decide again would give the same answer. Its CPU is still spent.
-            reuse = key == coord.last_key and last is not None
+            reuse = key == coord.last_key and last is not None and self._last_holds(coord)
         if reuse:
             assert last is not None
             snapshot, decision, waiting, untaken, steps_for = last
@@ -539,9 +543,8 @@ class PullAffinity:
             untaken = waiting if sim.config.wake_on_held_backlog else \
                 scheduling_work_waiting(snapshot, self.settings, False)
             steps_for = actions_for(decision, snapshot, self.settings)
-            coord.last_key = key if decision_holds(snapshot, decision, self.settings,
-                                                              self.rng_seed) \
-                else None
+            coord.last_key = key
+            coord.last_holds = None  # asked only when an observation could reuse it
             coord.last_result = (snapshot, decision, waiting, untaken, steps_for)
             coord.worker.scores = dict(decision.scores)
         self._meter(coord)
@@ -560,6 +563,16 @@ class PullAffinity:
                  + sim.config.rescore_cpu_per_model_s * len(self._names))
         steps = deque(steps_for)
         sim.work(coord.worker, cpu_s, lambda: self._act(coord, steps), "serve")
+
+    def _last_holds(self, coord: Coordinator) -> bool:
+        """``scheduling.decision_holds`` of the last decision, asked once, when first
+        needed: only a re-score whose observation is that decision's can reuse it."""
+        if coord.last_holds is None:
+            assert coord.last_result is not None
+            snapshot, decision = coord.last_result[:2]
+            coord.last_holds = decision_holds(snapshot, decision, self.settings,
+                                              self.rng_seed)
+        return coord.last_holds
 
     def _observed_key(self, coord: Coordinator, counted: dict[int, tuple[int, int]]
                       ) -> tuple[object, ...]:
