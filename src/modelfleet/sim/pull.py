@@ -162,6 +162,9 @@ class PullAffinity:
         self._demand_version = 0  # bumped when a model enters or leaves _demand
         self._heard_log: list[int] = []  # every announcement heard, in order
         self._heard_at: dict[int, int] = {}  # model -> its last entry in _heard_log
+        # Workers (by index) that folded what they heard (_fold_heard), in the order of
+        # their last fold: their heard_upto never decreases along it.
+        self._folded: dict[int, None] = {}
         self._names: tuple[str, ...] = ()
         self._facts: list[QueueFacts] = []  # per model: what its queue view carries
         self._cap: list[int] = []  # per model: consumers at its fan-out cap (_heard)
@@ -284,8 +287,21 @@ class PullAffinity:
             coords = self._coords
             before = self._heard_at.get(model, -1)  # its previous entry in the log
             # Those with a free permit, in worker order; one paused before a re-score, or
-            # re-scoring and due to again, would not change (_wake): not asked.
-            for index in sorted(self._wakeable):
+            # re-scoring and due to again, would not change (_wake): not asked. Nor one
+            # that has not folded since the model's previous entry (before >= its
+            # heard_upto, below): those that have are the last to fold (_folded's tail).
+            if before < 0:
+                asked = sorted(self._wakeable)
+            else:
+                wakeable = self._wakeable
+                asked = []
+                for index in reversed(self._folded):
+                    if coords[index].heard_upto <= before:
+                        break
+                    if index in wakeable:
+                        asked.append(index)
+                asked.sort()
+            for index in asked:
                 coord = coords[index]
                 if model in coord.consumers:
                     continue  # a held queue is counted anyway
@@ -309,6 +325,9 @@ class PullAffinity:
             return
         heard = set(log[upto:])
         coord.heard_upto = len(log)
+        folded = self._folded
+        folded.pop(coord.worker.index, None)
+        folded[coord.worker.index] = None  # the last to fold, at the end
         heard -= coord.consumers.keys()
         heard -= coord.at_cap
         coord.dirty |= heard
