@@ -215,11 +215,13 @@ class PullAffinity:
         self._cap = [sys.maxsize if f.pinned or cfg.wake_at_cap else
                      self.settings.fanout_cap(f.fanout_max_workers, f.plan)
                      for f in self._facts]
+        levels = [frozenset(m for m in range(models) if self._rank_priority[m] == level)
+                  for level in sorted(set(self._rank_priority))]
         for worker in sim.workers:
             rng = random.Random(zlib.crc32(f"{self.rng_seed}/{worker.name}".encode()))
             coord = Coordinator(worker, rng, meter_since=cfg.warmup_s, meter_free=worker.permits)
             coord.ranks = StarvedRanks(worker.name, self.settings, self.rng_seed,
-                                       self._rank_priority, self._names)
+                                       self._rank_priority, self._names, levels)
             self._coords.append(coord)
             self._note_wakeable(coord)
             # Workers started together: each first tick somewhere in the first period.

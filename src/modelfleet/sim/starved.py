@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 from modelfleet.scheduling import QueueScorer, ScoringSettings, WorkerView
@@ -34,12 +35,13 @@ class StarvedRanks:
     rng_seed: int
     rank_priority: Sequence[int]  # per model: snapshot_of's rank by priority (lower first)
     names: Sequence[str]  # per model: its id
+    levels: Sequence[frozenset[int]]  # the models of each priority rank, best first
     bucket: int | None = None
     scorer: QueueScorer | None = None
     memo: dict[tuple[int, int], Rank] = field(default_factory=dict)
     noise: dict[int, float] = field(default_factory=dict)  # model -> its noise term
 
-    def best(self, starved: Collection[int], counts: Mapping[int, tuple[int, int]],
+    def best(self, starved: AbstractSet[int], counts: Mapping[int, tuple[int, int]],
              slots: int, now: float) -> list[int]:
         """The ``slots`` best of ``starved`` (as last counted in ``counts``) by rank.
 
@@ -61,9 +63,16 @@ class StarvedRanks:
         priority = self.rank_priority
         amplitude = self.settings.noise_amplitude
         memo = self.memo
+        # Those of a priority no worse than the slots-th best's: one of a lower priority
+        # than slots others is never among the best (the same test as below, by sets).
+        contenders: list[int] = []
+        for members in self.levels:
+            contenders.extend(starved & members)
+            if len(contenders) >= slots:
+                break
         # (priority, -backlog, model): in the order to rank them, a group of equal
         # priority and backlog after another.
-        order = sorted([(priority[m], -counts[m][0], m) for m in starved])
+        order = sorted([(priority[m], -counts[m][0], m) for m in contenders])
         ranked: list[Rank] = []
         i, n = 0, len(order)
         while i < n:
