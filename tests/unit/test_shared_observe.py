@@ -105,6 +105,7 @@ def simulator_snapshot(scoring: ScoringSettings, seed: int) -> Snapshot:
             router._nonempty.add(model)
         for _ in range(consumers):  # another worker's consumer, its window full
             router._consumers[model].append(Consumer(model, 1, owner=1, held=1))
+        router._dispatch(model)  # the broker's bookkeeping of the queue (nothing delivered)
         if heard:
             router._demand[model] = NOW
     coord = router._coords[0]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -36,6 +37,22 @@ def test_same_seed_gives_the_same_table() -> None:
     assert [s.router for s in first] == list(ROUTER_NAMES)
     other_seed = [summarise(r) for r in compare(replace(TINY, seed=4))]
     assert other_seed != first
+
+
+def test_routers_run_in_parallel_processes_give_the_same_results() -> None:
+    counted: dict[str, int] = {}
+
+    def progress(router: str, total: int) -> Callable[[int], None]:
+        counted[router] = 0
+
+        def advance(n: int) -> None:
+            counted[router] += n
+        return advance
+
+    alone = compare(TINY)
+    together = compare(TINY, progress=progress, jobs=2)
+    assert together == alone
+    assert counted == dict.fromkeys(ROUTER_NAMES, len(build_trace(TINY)))
 
 
 def test_every_router_sees_the_same_trace_and_accounts_for_every_request() -> None:

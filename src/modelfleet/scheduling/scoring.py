@@ -45,12 +45,16 @@ def held_uniform(rng_seed: int, worker_id: str, model_id: str, bucket: int, salt
 
 @functools.lru_cache(maxsize=1 << 16)
 def _held_uniform(rng_seed: int, worker_id: str, bucket: int, salt: str, model_id: str) -> float:
-    digest = _prefix(rng_seed, worker_id, bucket, salt)
+    digest = _prefix(rng_seed, worker_id, bucket, salt).copy()
     digest.update(model_id.encode())
     return int.from_bytes(digest.digest(), "big") / 2.0**64
 
 
+@functools.lru_cache(maxsize=1 << 12)
 def _prefix(rng_seed: int, worker_id: str, bucket: int, salt: str) -> Any:
+    """The hash of everything but the model id, fed once per (worker, window, salt): the
+    caller hashes a copy of it (never this one) on with the model id, the same digest as
+    hashing it all at once."""
     return hashlib.blake2b(f"{rng_seed}\x1f{worker_id}\x1f{bucket}\x1f{salt}\x1f".encode(),
                            digest_size=8)
 

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pydantic import ValidationError
 
 from modelfleet.scheduling import ScoringSettings
-from modelfleet.sim.compare import ABLATIONS, ROUTER_NAMES, compare
+from modelfleet.sim.compare import ABLATIONS, ROUTER_NAMES, compare, default_jobs
 from modelfleet.sim.report import format_table, plot, summarise, to_json
 from modelfleet.sim.scenario import SCENARIOS, ScenarioConfig, scenario
 
@@ -77,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "(default: all four; pull-affinity alone with one worker)")
     parser.add_argument("--scoring", action="append", default=[], metavar="KEY=VALUE",
                         help="override a ScoringSettings field (JSON value), repeatable")
+    parser.add_argument("--jobs", type=int, default=None,
+                        help="processes to run the routers in, each router whole in one "
+                             "(same results; default: one per router, at most one per CPU)")
     parser.add_argument("--json", action="store_true", help="print the table as JSON")
     parser.add_argument("--plot", default=None, metavar="PATH",
                         help="PNG path (default: sim-<seed>.png in the current directory)")
@@ -121,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
 
     bars = [] if args.no_progress or config.clients > 0 else _progress_bars()
     started = time.perf_counter()
-    results = compare(config, routers, scoring, bars[0] if bars else None)
+    jobs = args.jobs if args.jobs is not None else default_jobs(routers)
+    results = compare(config, routers, scoring, bars[0] if bars else None, jobs)
     elapsed = time.perf_counter() - started
     summaries = [summarise(r) for r in results]
 

@@ -36,6 +36,7 @@ arrives (or when it gives up on it at the deadline).
 
 from __future__ import annotations
 
+import gc
 import heapq
 import itertools
 import math
@@ -210,10 +211,19 @@ class Simulation:
         # (Python-to-Python calls take no C stack since 3.11).
         limit = sys.getrecursionlimit()
         sys.setrecursionlimit(max(limit, DRAIN_RECURSION_LIMIT))
+        # Nor does the run stop for the cyclic garbage collector: the events make next to
+        # no cyclic garbage (a few thousand objects over a default run), while its
+        # collections walk the run's millions of live objects (10 % of the CPU at 10,000
+        # x 200). Reference counting frees the rest as before; the order of events is
+        # untouched.
+        collecting = gc.isenabled()
+        gc.disable()
         try:
             self._events(horizon)
         finally:
             sys.setrecursionlimit(limit)
+            if collecting:
+                gc.enable()
         return self._result()
 
     def _events(self, horizon: float) -> None:

@@ -45,26 +45,19 @@ callers all have priority 0; a queue's plan still gives it its plan's priority.
 
 from __future__ import annotations
 
-import heapq
 import math
 import random
 import sys
 import zlib
 from collections import deque
-from dataclasses import dataclass, field
 from functools import partial
-from operator import itemgetter
 from typing import cast
 
 from modelfleet.scheduling import (
     Action,
-    Decision,
     Observation,
     QueueFacts,
-    QueueScorer,
     ScoringSettings,
-    Snapshot,
-    WorkerView,
     actions_for,
     candidates,
     decide,
@@ -74,70 +67,9 @@ from modelfleet.scheduling import (
 from modelfleet.scheduling import work_waiting as scheduling_work_waiting
 from modelfleet.scheduling.scoring import COLD_WINDOW_S
 from modelfleet.sim.engine import Simulation
+from modelfleet.sim.pull_state import PAUSING, RESCORING, WAITING, Consumer, Coordinator
+from modelfleet.sim.starved import StarvedRanks
 from modelfleet.sim.worker import CacheFactory, SimWorker, Task, gdsf_with_host, lru_device_only
-
-# The re-score loop's states.
-WAITING, PAUSING, RESCORING = range(3)
-_first = itemgetter(0)
-_last = itemgetter(-1)
-
-
-@dataclass(eq=False, slots=True)
-class Consumer:
-    """One subscription: the broker's side (window, unsettled) and the consume loop's."""
-
-    model: int
-    window: int
-    owner: int  # the worker's index
-    held: int = 0  # delivered, not settled: buffered, blocked on the semaphore, or running
-    buffer: deque[Task] = field(default_factory=deque)
-    blocked: Task | None = None  # the delivery its loop holds while waiting for a permit
-    cancelled: bool = False
-
-
-@dataclass(eq=False, slots=True)
-class Coordinator:
-    worker: SimWorker
-    rng: random.Random
-    consumers: dict[int, Consumer] = field(default_factory=dict)
-    # Each held queue's window, in the order of consumers (kept with them: read per re-score).
-    windows: dict[int, int] = field(default_factory=dict)
-    waiters: deque[Consumer] = field(default_factory=deque)  # the permit semaphore's FIFO
-    counts: dict[int, tuple[int, int]] = field(default_factory=dict)  # as last counted
-    backlogged: set[int] = field(default_factory=set)  # those of counts with a backlog
-    starved: set[int] = field(default_factory=set)  # ... and no consumer anywhere
-    at_cap: set[int] = field(default_factory=set)  # those of counts at their fan-out cap
-    dirty: set[int] = field(default_factory=set)
-    heard_upto: int = 0  # announcements (PullAffinity._heard_log) folded into dirty so far
-    held_backlog: set[int] = field(default_factory=set)  # held queues last seen with backlog
-    changed: bool = False
-    state: int = WAITING
-    generation: int = 0  # invalidates a pending timeout when a wake comes first
-    tick_at: float = 0.0  # when the next tick (a re-score counting every candidate) is due
-    waiting: bool = False  # did the last snapshot see work waiting (scheduling.work_waiting)?
-    untaken: bool = False  # ... in queues this worker does not consume (wakes on a task's end)
-    refreshed_at: float = -1e9  # the runtimes' stats last asked
-    residency: tuple[set[int], set[int], list[set[int]]] = (set(), set(), [])
-    residency_names: tuple[frozenset[str], frozenset[str]] = (frozenset(), frozenset())
-    # The last decision and what it was decided on (PullAffinity._observed_key).
-    last_key: tuple[object, ...] | None = None
-    last_result: tuple[Snapshot, Decision, bool, bool, tuple[Action, ...]] | None = None
-    # Idle-permit meter (modelfleet.worker.idle.IdleMeter), over the measured window.
-    meter_since: float = 0.0
-    meter_free: int = 0
-    idle_permit_s: float = 0.0
-    rescores: int = 0
-    # PullAffinity._starved_rank's memo: its noise window, the scorer, the ranks in it.
-    rank_bucket: int | None = None
-    rank_scorer: QueueScorer | None = None
-    rank_memo: dict[tuple[int, int], tuple[int, float, str, int]] = field(default_factory=dict)
-    rank_noise: dict[int, float] = field(default_factory=dict)  # model -> its noise term
-    own: set[int] = field(default_factory=set)  # its own candidates, as last gathered
-    # Bumped by every change of what _gather and _observed_key read of this worker (its
-    # counts, tasks, consumers and windows, residency, cold subscriptions): with the
-    # noise window and the demand's models the same, the last gathering still stands.
-    version: int = 0
-    gathered: tuple[int, int, int] | None = None  # (version, demand version, window)
 
 
 class PullAffinity:
@@ -168,6 +100,9 @@ class PullAffinity:
         self._demand_version = 0  # bumped when a model enters or leaves _demand
         self._heard_log: list[int] = []  # every announcement heard, in order
         self._heard_at: dict[int, int] = {}  # model -> its last entry in _heard_log
+        # Workers (by index) that folded what they heard (_fold_heard), in the order of
+        # their last fold: their heard_upto never decreases along it.
+        self._folded: dict[int, None] = {}
         self._names: tuple[str, ...] = ()
         self._facts: list[QueueFacts] = []  # per model: what its queue view carries
         self._cap: list[int] = []  # per model: consumers at its fan-out cap (_heard)
@@ -218,9 +153,13 @@ class PullAffinity:
         self._cap = [sys.maxsize if f.pinned or cfg.wake_at_cap else
                      self.settings.fanout_cap(f.fanout_max_workers, f.plan)
                      for f in self._facts]
+        levels = [frozenset(m for m in range(models) if self._rank_priority[m] == level)
+                  for level in sorted(set(self._rank_priority))]
         for worker in sim.workers:
             rng = random.Random(zlib.crc32(f"{self.rng_seed}/{worker.name}".encode()))
             coord = Coordinator(worker, rng, meter_since=cfg.warmup_s, meter_free=worker.permits)
+            coord.ranks = StarvedRanks(worker.name, self.settings, self.rng_seed,
+                                       self._rank_priority, self._names, levels)
             self._coords.append(coord)
             self._note_wakeable(coord)
             # Workers started together: each first tick somewhere in the first period.
@@ -288,8 +227,21 @@ class PullAffinity:
             coords = self._coords
             before = self._heard_at.get(model, -1)  # its previous entry in the log
             # Those with a free permit, in worker order; one paused before a re-score, or
-            # re-scoring and due to again, would not change (_wake): not asked.
-            for index in sorted(self._wakeable):
+            # re-scoring and due to again, would not change (_wake): not asked. Nor one
+            # that has not folded since the model's previous entry (before >= its
+            # heard_upto, below): those that have are the last to fold (_folded's tail).
+            if before < 0:
+                asked = sorted(self._wakeable)
+            else:
+                wakeable = self._wakeable
+                asked = []
+                for index in reversed(self._folded):
+                    if coords[index].heard_upto <= before:
+                        break
+                    if index in wakeable:
+                        asked.append(index)
+                asked.sort()
+            for index in asked:
                 coord = coords[index]
                 if model in coord.consumers:
                     continue  # a held queue is counted anyway
@@ -313,6 +265,9 @@ class PullAffinity:
             return
         heard = set(log[upto:])
         coord.heard_upto = len(log)
+        folded = self._folded
+        folded.pop(coord.worker.index, None)
+        folded[coord.worker.index] = None  # the last to fold, at the end
         heard -= coord.consumers.keys()
         heard -= coord.at_cap
         coord.dirty |= heard
@@ -525,7 +480,8 @@ class PullAffinity:
         # key and so the decision would be the same (no need to gather to know it).
         reuse = (coord.last_key is not None and last is not None
                  and coord.gathered == (coord.version, self._demand_version, window)
-                 and not (recent and now - recent[0] >= COLD_WINDOW_S))
+                 and not (recent and now - recent[0] >= COLD_WINDOW_S)
+                 and self._last_holds(coord))
         if not reuse:
             counted = self._gather(coord)
             key = self._observed_key(coord, counted)
@@ -534,7 +490,7 @@ class PullAffinity:
             # noise window, its recent cold subscriptions the same) but the instant, and
             # that decision holds at every later instant (scheduling.decision_holds):
             # decide again would give the same answer. Its CPU is still spent.
-            reuse = key == coord.last_key and last is not None
+            reuse = key == coord.last_key and last is not None and self._last_holds(coord)
         if reuse:
             assert last is not None
             snapshot, decision, waiting, untaken, steps_for = last
@@ -546,9 +502,8 @@ class PullAffinity:
             untaken = waiting if sim.config.wake_on_held_backlog else \
                 scheduling_work_waiting(snapshot, self.settings, False)
             steps_for = actions_for(decision, snapshot, self.settings)
-            coord.last_key = key if decision_holds(snapshot, decision, self.settings,
-                                                              self.rng_seed) \
-                else None
+            coord.last_key = key
+            coord.last_holds = None  # asked only when an observation could reuse it
             coord.last_result = (snapshot, decision, waiting, untaken, steps_for)
             coord.worker.scores = dict(decision.scores)
         self._meter(coord)
@@ -567,6 +522,16 @@ class PullAffinity:
                  + sim.config.rescore_cpu_per_model_s * len(self._names))
         steps = deque(steps_for)
         sim.work(coord.worker, cpu_s, lambda: self._act(coord, steps), "serve")
+
+    def _last_holds(self, coord: Coordinator) -> bool:
+        """``scheduling.decision_holds`` of the last decision, asked once, when first
+        needed: only a re-score whose observation is that decision's can reuse it."""
+        if coord.last_holds is None:
+            assert coord.last_result is not None
+            snapshot, decision = coord.last_result[:2]
+            coord.last_holds = decision_holds(snapshot, decision, self.settings,
+                                              self.rng_seed)
+        return coord.last_holds
 
     def _observed_key(self, coord: Coordinator, counted: dict[int, tuple[int, int]]
                       ) -> tuple[object, ...]:
@@ -629,19 +594,22 @@ class PullAffinity:
             # it was heard with, so folded before they are replaced).
             coord.dirty.clear()
             self._fold_heard(coord)
+            # What _set_count does per model, over the sets at once (_qstate, _nonempty,
+            # _consumed and _capped say what a count says now): this runs per worker per
+            # tick over every candidate.
             old = coord.counts
-            version = coord.version
-            coord.counts = {}
-            coord.backlogged = set()
-            coord.starved = set()
-            coord.at_cap = set()
-            for model in candidates((), coord.consumers, device, host, self.sim.catalog.pinned):
-                self._set_count(coord, model)
-            for model in self._nonempty:
-                if model in demand and model not in coord.counts:
-                    self._set_count(coord, model)
+            own = candidates((), coord.consumers, device, host, self.sim.catalog.pinned)
+            models = list(own)
+            models.extend((self._nonempty & demand.keys()) - own)
+            counts = coord.counts = dict(zip(models, map(self._qstate.__getitem__, models),
+                                             strict=True))
+            now_counted = counts.keys()
+            coord.at_cap = now_counted & self._capped
+            coord.backlogged = now_counted & self._nonempty
+            coord.starved = coord.backlogged - self._consumed
             # backlogged and starved follow from the counts: equal counts, nothing changed.
-            coord.version = version if coord.counts == old else version + 1
+            if counts != old:
+                coord.version += 1
             return
         self._fold_heard(coord)  # what was heard while the stats were asked, too
         # What _set_count does, over a set at once: this runs per worker per announcement.
@@ -762,44 +730,8 @@ class PullAffinity:
         if len(starved) <= slots:
             gather |= starved
             return
-        now = self.sim.now
-        bucket = math.floor(now / self.settings.noise_hold_s)
-        if coord.rank_bucket != bucket:
-            coord.rank_bucket = bucket
-            coord.rank_memo = {}
-            coord.rank_scorer = QueueScorer(WorkerView(coord.worker.name), self.settings, now,
-                                            self.rng_seed)
-            coord.rank_noise = {}
-        memo = coord.rank_memo
-        # (model, backlog as last counted) for each, then their ranks as kept: C loops,
-        # since this runs over every starved queue at most re-scores under overload.
-        keys = list(zip(starved, map(_first, map(coord.counts.__getitem__, starved)),
-                        strict=True))
-        found = list(map(memo.get, keys))
-        if None in found:
-            for i, rank in enumerate(found):
-                if rank is None:
-                    key = keys[i]
-                    found[i] = memo[key] = self._starved_rank(coord, *key)
-        ranked = cast(list[tuple[int, float, str, int]], found)  # no None left
-        gather.update(map(_last, heapq.nsmallest(slots, ranked)))
-
-    def _starved_rank(self, coord: Coordinator, model: int, backlog: int
-                      ) -> tuple[int, float, str, int]:
-        """``snapshot_of``'s rank of a starved cold queue (as last counted) for this
-        worker, then the model's index: a pure function of the noise window, the model
-        and its backlog, kept for the window (``Coordinator.rank_memo``): its priority
-        as ``snapshot_of`` ranks it, then ``QueueScorer.score`` of its view (no
-        consumer, not held here: ``starving_score``, with the model's noise kept for
-        the window too)."""
-        scorer = coord.rank_scorer
-        assert scorer is not None
-        name = self._names[model]
-        noise = coord.rank_noise.get(model)
-        if noise is None:
-            noise = coord.rank_noise[model] = scorer.noise(name)
-        return (self._rank_priority[model], -scorer.starving_score(backlog, noise), name,
-                model)
+        assert coord.ranks is not None
+        gather.update(coord.ranks.best(starved, coord.counts, slots, self.sim.now))
 
     def _act(self, coord: Coordinator, steps: deque[Action]) -> None:
         """Carry ``scheduling.actions_for`` out step by step, each after what it waits for."""

@@ -1,0 +1,73 @@
+"""The state pull-affinity's simulator keeps per subscription and per worker: what the
+broker knows of a consumer, and what a worker's coordinator knows and is doing
+(``modelfleet.sim.pull`` runs them)."""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from dataclasses import dataclass, field
+
+from modelfleet.scheduling import Action, Decision, Snapshot
+from modelfleet.sim.starved import StarvedRanks
+from modelfleet.sim.worker import SimWorker, Task
+
+# The re-score loop's states.
+WAITING, PAUSING, RESCORING = range(3)
+
+
+@dataclass(eq=False, slots=True)
+class Consumer:
+    """One subscription: the broker's side (window, unsettled) and the consume loop's."""
+
+    model: int
+    window: int
+    owner: int  # the worker's index
+    held: int = 0  # delivered, not settled: buffered, blocked on the semaphore, or running
+    buffer: deque[Task] = field(default_factory=deque)
+    blocked: Task | None = None  # the delivery its loop holds while waiting for a permit
+    cancelled: bool = False
+
+
+@dataclass(eq=False, slots=True)
+class Coordinator:
+    worker: SimWorker
+    rng: random.Random
+    consumers: dict[int, Consumer] = field(default_factory=dict)
+    # Each held queue's window, in the order of consumers (kept with them: read per re-score).
+    windows: dict[int, int] = field(default_factory=dict)
+    waiters: deque[Consumer] = field(default_factory=deque)  # the permit semaphore's FIFO
+    counts: dict[int, tuple[int, int]] = field(default_factory=dict)  # as last counted
+    backlogged: set[int] = field(default_factory=set)  # those of counts with a backlog
+    starved: set[int] = field(default_factory=set)  # ... and no consumer anywhere
+    at_cap: set[int] = field(default_factory=set)  # those of counts at their fan-out cap
+    dirty: set[int] = field(default_factory=set)
+    heard_upto: int = 0  # announcements (PullAffinity._heard_log) folded into dirty so far
+    held_backlog: set[int] = field(default_factory=set)  # held queues last seen with backlog
+    changed: bool = False
+    state: int = WAITING
+    generation: int = 0  # invalidates a pending timeout when a wake comes first
+    tick_at: float = 0.0  # when the next tick (a re-score counting every candidate) is due
+    waiting: bool = False  # did the last snapshot see work waiting (scheduling.work_waiting)?
+    untaken: bool = False  # ... in queues this worker does not consume (wakes on a task's end)
+    refreshed_at: float = -1e9  # the runtimes' stats last asked
+    residency: tuple[set[int], set[int], list[set[int]]] = (set(), set(), [])
+    residency_names: tuple[frozenset[str], frozenset[str]] = (frozenset(), frozenset())
+    # The last decision and what it was decided on (PullAffinity._observed_key).
+    last_key: tuple[object, ...] | None = None
+    last_result: tuple[Snapshot, Decision, bool, bool, tuple[Action, ...]] | None = None
+    # Does that decision hold at every later instant of its noise window
+    # (scheduling.decision_holds)? None: not asked yet (PullAffinity._last_holds).
+    last_holds: bool | None = None
+    # Idle-permit meter (modelfleet.worker.idle.IdleMeter), over the measured window.
+    meter_since: float = 0.0
+    meter_free: int = 0
+    idle_permit_s: float = 0.0
+    rescores: int = 0
+    ranks: StarvedRanks | None = None  # its ranks of starved cold queues (set by attach)
+    own: set[int] = field(default_factory=set)  # its own candidates, as last gathered
+    # Bumped by every change of what _gather and _observed_key read of this worker (its
+    # counts, tasks, consumers and windows, residency, cold subscriptions): with the
+    # noise window and the demand's models the same, the last gathering still stands.
+    version: int = 0
+    gathered: tuple[int, int, int] | None = None  # (version, demand version, window)

@@ -1,0 +1,103 @@
+"""Which starved cold queues a simulated coordinator gathers: the best few by rank.
+
+``scheduling.snapshot_of`` keeps, per runtime, the ``slots`` best starved cold queues
+(nothing consumes them, nothing of them is warm here) by scoring's own rank: priority,
+then score, then model id. Under overload a worker sees thousands of them, and a
+score's noise is a hash per (worker, model, noise window), so the simulator ranks only
+those that can be among the best (``StarvedRanks.best``), with the same ranks.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass, field
+
+from modelfleet.scheduling import QueueScorer, ScoringSettings, WorkerView
+
+Rank = tuple[int, float, str, int]
+"""snapshot_of's rank of a starved cold queue (lower first), then the model's index."""
+
+# How far a bound must clear a rank's score to rule a queue out: rounding in the bound's
+# sum and in log1p is below 1e-12 at these magnitudes (scores near starvation_score).
+_MARGIN = 1e-9
+
+
+@dataclass(slots=True)
+class StarvedRanks:
+    """One worker's ranks of starved cold queues within one noise window, kept for it: a
+    rank is a pure function of the window, the model and its backlog as last counted."""
+
+    worker_id: str
+    settings: ScoringSettings
+    rng_seed: int
+    rank_priority: Sequence[int]  # per model: snapshot_of's rank by priority (lower first)
+    names: Sequence[str]  # per model: its id
+    levels: Sequence[frozenset[int]]  # the models of each priority rank, best first
+    bucket: int | None = None
+    scorer: QueueScorer | None = None
+    memo: dict[tuple[int, int], Rank] = field(default_factory=dict)
+    noise: dict[int, float] = field(default_factory=dict)  # model -> its noise term
+
+    def best(self, starved: AbstractSet[int], counts: Mapping[int, tuple[int, int]],
+             slots: int, now: float) -> list[int]:
+        """The ``slots`` best of ``starved`` (as last counted in ``counts``) by rank.
+
+        Ranked in order of priority, then backlog (most first), a group of equal ones at
+        a time; once ``slots`` are ranked, a group that cannot beat the worst of the
+        best is the end: a lower priority, or a score that even the largest noise
+        (``noise_amplitude``) leaves below it, as it does every later group's, for a
+        score grows with the backlog and the noise. So each ranked queue's noise is
+        drawn, and the others' are not; the best are those of ranking all."""
+        bucket = math.floor(now / self.settings.noise_hold_s)
+        if self.bucket != bucket:
+            self.bucket = bucket
+            self.scorer = QueueScorer(WorkerView(self.worker_id), self.settings, now,
+                                      self.rng_seed)
+            self.memo = {}
+            self.noise = {}
+        scorer = self.scorer
+        assert scorer is not None
+        priority = self.rank_priority
+        amplitude = self.settings.noise_amplitude
+        memo = self.memo
+        # Those of a priority no worse than the slots-th best's: one of a lower priority
+        # than slots others is never among the best (the same test as below, by sets).
+        contenders: list[int] = []
+        for members in self.levels:
+            contenders.extend(starved & members)
+            if len(contenders) >= slots:
+                break
+        # (priority, -backlog, model): in the order to rank them, a group of equal
+        # priority and backlog after another.
+        order = sorted([(priority[m], -counts[m][0], m) for m in contenders])
+        ranked: list[Rank] = []
+        i, n = 0, len(order)
+        while i < n:
+            level, negative_backlog, _ = order[i]
+            if len(ranked) >= slots:
+                worst = heapq.nsmallest(slots, ranked)[-1]
+                if level > worst[0] or scorer.starving_score(
+                        -negative_backlog, amplitude) < -worst[1] - _MARGIN:
+                    break  # level == worst[0] in the second test (ranked in order)
+            while i < n and order[i][0] == level and order[i][1] == negative_backlog:
+                key = (order[i][2], -negative_backlog)
+                rank = memo.get(key)
+                if rank is None:
+                    rank = memo[key] = self._rank(scorer, *key)
+                ranked.append(rank)
+                i += 1
+        return [rank[-1] for rank in heapq.nsmallest(slots, ranked)]
+
+    def _rank(self, scorer: QueueScorer, model: int, backlog: int) -> Rank:
+        """Its priority as ``snapshot_of`` ranks it, then ``QueueScorer.score`` of its
+        view (no consumer, not held here: ``starving_score``, with the model's noise kept
+        for the window), its id, its index."""
+        name = self.names[model]
+        noise = self.noise.get(model)
+        if noise is None:
+            noise = self.noise[model] = scorer.noise(name)
+        return (self.rank_priority[model], -scorer.starving_score(backlog, noise), name,
+                model)
