@@ -256,7 +256,7 @@ class SupervisedRuntime:
                 log.warning("runtime %s %s; its standby takes over", self.name, reason)
                 continue
             pause = backoff.next()
-            log.warning("runtime %s %s; restarting in %.1fs", self.name, reason, pause)
+            log.warning("runtime %s %s; restarting in %.2fs", self.name, reason, pause)
             await asyncio.sleep(pause)
 
     async def _fail(self, exc: ModelfleetError) -> None:
