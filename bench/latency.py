@@ -110,7 +110,9 @@ def main() -> int:
     tmp.mkdir(parents=True, exist_ok=True)
     for broker in brokers:
         env = {"MODELFLEET_BROKER__QUEUE_PREFIX": f"bench{os.getpid()}.",
-               "MODELFLEET_LOG_LEVEL": "warning"}
+               # info: the harness reads the port serve bound from its "listening" line
+               # (at warning the bench waited 60 s for it and gave up).
+               "MODELFLEET_LOG_LEVEL": "info"}
         proc, base = serve(tmp, env=env, name=f"bench-{len(rows)}", broker=broker)
         try:
             asyncio.run(sequential(base, args.model, 20))  # warm: load, subscribe
