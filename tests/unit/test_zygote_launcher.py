@@ -260,3 +260,36 @@ async def test_what_models_imported_is_kept_for_the_next_zygote(tmp_path: Path) 
         await started.kill()
     finally:
         await second.close()
+
+
+async def test_a_restart_during_a_long_preload_is_forked_between_two_imports(
+        tmp_path: Path, launcher: ZygoteLauncher) -> None:
+    # Two modules whose import waits for a file each: the zygote is busy importing the
+    # first when a runtime dies and its restart is asked for. Both are answered once that
+    # import ends, before the second one (blocked here until the restart is done): a
+    # crash during a first preload no longer waits for every import it holds.
+    modules = tmp_path / "modules"
+    modules.mkdir()
+    for name in ("gated_a", "gated_b"):
+        (modules / f"{name}.py").write_text(
+            "import os, time\n"
+            f"open({str(tmp_path / name)!r} + '.started', 'w').close()\n"
+            f"while not os.path.exists({str(tmp_path / name)!r}):\n"
+            "    time.sleep(0.01)\n")
+    env = runtime_env(EXAMPLES, tmp_path, PYTHONPATH=str(modules))
+    first = await launcher.launch("runtime-0", sys.executable, env)
+    zygote = launcher._zygote
+    assert zygote is not None
+    launcher.preload(["gated_a", "gated_b"])
+    await eventually(lambda: (tmp_path / "gated_a.started").exists(), timeout_s=30)
+    os.kill(first.pid, signal.SIGKILL)  # its exit is reaped only between two imports
+    restart = asyncio.create_task(launcher.launch("runtime-0", sys.executable, env))
+    await eventually(lambda: len(zygote._answers) == 2, timeout_s=10)  # preload and fork
+    (tmp_path / "gated_a").touch()
+    assert await asyncio.wait_for(first.wait_exit(), 30) == -signal.SIGKILL
+    again = await asyncio.wait_for(restart, 30)
+    assert psutil.Process(again.pid).ppid() == zygote.pid
+    assert not (tmp_path / "gated_b").exists()  # the preload is still importing it
+    (tmp_path / "gated_b").touch()
+    await eventually(lambda: not zygote._answers, timeout_s=30)  # and then answers it
+    await again.kill()

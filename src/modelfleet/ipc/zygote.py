@@ -7,8 +7,9 @@ one end of a socket pair (``--fd``) and speaks JSON lines over it:
 
 - worker to zygote: ``{"id": n, "op": "fork", "env": {...}, "argv": [...]}`` (a runtime
   with exactly that environment, running ``modelfleet.runtime`` with those arguments),
-  ``{"id": n, "op": "preload", "modules": [...]}`` (import them now, ahead of the next
-  fork), ``{"id": n, "op": "signal", "pid": p, "signal": s}`` (to one of its children
+  ``{"id": n, "op": "preload", "modules": [...]}`` (import them ahead of the next fork,
+  one module at a time between the other requests; answered once all are imported),
+  ``{"id": n, "op": "signal", "pid": p, "signal": s}`` (to one of its children
   that it has not reaped yet, so that a pid reused after an exit is never hit);
 - zygote to worker: ``{"id": n, "pid": p}`` or ``{"id": n, "error": "..."}`` answering a
   request, ``{"event": "ready", "pid": p, "threads": t}`` once at start, and

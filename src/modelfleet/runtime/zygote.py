@@ -31,6 +31,7 @@ import socket
 import sys
 import threading
 import traceback
+from collections import deque
 from typing import Any
 
 from modelfleet.ipc.protocol import PRELOAD_ENV, SETTINGS_ENV
@@ -72,6 +73,11 @@ class Zygote:
         self._control = control
         self._children: set[int] = set()
         self._buffer = b""
+        # Preloads asked for and not done yet: (request id, modules left), oldest first.
+        # One module is imported per turn of the loop, so that a fork asked for meanwhile
+        # (a runtime's restart after a crash) and its children's exits are answered
+        # between two imports, not after all of them (a first preload takes seconds).
+        self._imports: deque[tuple[Any, deque[str]]] = deque()
         self._wake_read, self._wake_write = os.pipe()
         os.set_blocking(self._wake_write, False)
         signal.set_wakeup_fd(self._wake_write)
@@ -85,7 +91,8 @@ class Zygote:
     def serve(self) -> None:
         self._send({"event": "ready", "pid": os.getpid(), "threads": native_threads()})
         while True:
-            readable, _, _ = select.select([self._control.fileno(), self._wake_read], [], [])
+            readable, _, _ = select.select([self._control.fileno(), self._wake_read], [], [],
+                                           0 if self._imports else None)
             if self._wake_read in readable:
                 os.read(self._wake_read, 4096)
                 self._reap()
@@ -98,6 +105,20 @@ class Zygote:
                 for line in lines:
                     if line:
                         self._answer(decode(line))
+            if not readable and self._imports:
+                self._import_next()
+
+    def _import_next(self) -> None:
+        """Import the oldest preload's next module; answer that preload once it is done."""
+        request_id, modules = self._imports[0]
+        if modules:
+            preload([modules.popleft()], freeze=False)
+        if not modules:
+            self._imports.popleft()
+            # Out of the cyclic collector's sight: a collection in a runtime then does not
+            # touch (and so copy) the zygote's pages.
+            gc.freeze()
+            self._send({"id": request_id, "threads": native_threads()})
 
     def _answer(self, request: dict[str, Any]) -> None:
         op = request.get("op")
@@ -105,9 +126,8 @@ class Zygote:
             if op == "fork":
                 self._send({"id": request["id"], "pid": self._fork(request["env"],
                                                                    request["argv"])})
-            elif op == "preload":
-                preload(request["modules"])
-                self._send({"id": request["id"], "threads": native_threads()})
+            elif op == "preload":  # answered once imported, between other requests
+                self._imports.append((request["id"], deque(request["modules"])))
             elif op == "signal":
                 pid = int(request["pid"])
                 if pid in self._children:  # not reaped yet: the pid is still that child's
@@ -186,7 +206,7 @@ def _reseed() -> None:
             numpy_random.seed()
 
 
-def preload(modules: list[str]) -> None:
+def preload(modules: list[str], freeze: bool = True) -> None:
     """Import the named modules (best effort: a failure is only logged)."""
     for name in modules:
         if name in sys.modules:
@@ -195,9 +215,8 @@ def preload(modules: list[str]) -> None:
             importlib.import_module(name)
         except Exception as exc:
             log.info("zygote: preloading %s failed: %r", name, exc)
-    # Out of the cyclic collector's sight: a collection in a runtime then does not touch
-    # (and so copy) the zygote's pages.
-    gc.freeze()
+    if freeze:  # out of the collector's sight: a runtime's collection copies no page of it
+        gc.freeze()
 
 
 def main(argv: list[str] | None = None) -> int:
