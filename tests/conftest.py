@@ -7,6 +7,8 @@ import pytest
 
 from modelfleet import metrics
 
+pytest_plugins = ["tests.hang_report"]
+
 # One test process runs many workers' models through one metrics registry, and tests read
 # series by model: here every model keeps its label (test_gateway_listing holds the bound
 # that a real worker process keeps, metrics_models).
