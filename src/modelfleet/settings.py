@@ -200,11 +200,9 @@ class WorkerSettings(_Section):
     # crash costs a fork and the models' reloads, not an interpreter start and its imports
     # (a spare, above, is then a fork too), and the frameworks' pages are shared by the
     # runtimes. Off: each runtime is an interpreter of its own. Isolated models with their
-    # own requirements always are. Off by default: in one clean-clone CI run a quarantine
-    # spare forked the moment the zygote had imported its models' frameworks was swapped
-    # in, given a pill, and neither loaded it nor answered for 35 s (README "Restarts that
-    # cost a fork"); the cause is not found yet.
-    runtime_zygote: bool = False
+    # own requirements always are. On by default (README "Restarts that cost a fork": the
+    # stalls that had it turned off were the suspect gate's and the counting's, fixed).
+    runtime_zygote: bool = True
     demand_window_s: float = Field(default=60, gt=0)  # how long a demand announcement counts
     # Suspect work (a redelivered task, a task in a predict that ran when its runtime
     # died, or any task of a model whose code ran in a crash lately) runs on a quarantine
