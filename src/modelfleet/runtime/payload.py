@@ -108,13 +108,11 @@ def shown(url: str) -> str:
 class PayloadFetcher:
     def __init__(self, settings: RuntimeSettings, verify: ssl.SSLContext | bool = True) -> None:
         self._settings = settings
-        self._client = httpx.AsyncClient(follow_redirects=False, trust_env=False, verify=verify)
-        # Callers' URLs are fetched to an address, not a name: a pooled connection made
-        # (and its certificate checked) for one name must not carry another name's
-        # request to the same address. One connection per fetch.
-        self._callers = httpx.AsyncClient(follow_redirects=False, trust_env=False,
-                                          verify=verify,
-                                          limits=httpx.Limits(max_keepalive_connections=0))
+        self._verify = verify
+        # Made on first use: each loads the CA store (~15 ms), and most runtimes, a
+        # restarted one above all, fetch nothing (their payloads come inline).
+        self._gateway_client: httpx.AsyncClient | None = None
+        self._callers_client: httpx.AsyncClient | None = None
         self._allowed_networks: list[tuple[IPNetwork, int]] = []
         self._allowed_hosts: set[tuple[str, int]] = set()
         for entry in settings.url_fetch_allow:
@@ -124,9 +122,29 @@ class PayloadFetcher:
             except ValueError:
                 self._allowed_hosts.add((host, port))
 
+    @property
+    def _client(self) -> httpx.AsyncClient:
+        """For the gateway's copies of payloads: pooled."""
+        if self._gateway_client is None:
+            self._gateway_client = httpx.AsyncClient(follow_redirects=False, trust_env=False,
+                                                     verify=self._verify)
+        return self._gateway_client
+
+    @property
+    def _callers(self) -> httpx.AsyncClient:
+        """For callers' URLs, fetched to an address, not a name: a pooled connection made
+        (and its certificate checked) for one name must not carry another name's request
+        to the same address. One connection per fetch."""
+        if self._callers_client is None:
+            self._callers_client = httpx.AsyncClient(
+                follow_redirects=False, trust_env=False, verify=self._verify,
+                limits=httpx.Limits(max_keepalive_connections=0))
+        return self._callers_client
+
     async def close(self) -> None:
-        await self._client.aclose()
-        await self._callers.aclose()
+        for client in (self._gateway_client, self._callers_client):
+            if client is not None:
+                await client.aclose()
 
     async def fetch(self, ref: PayloadRef, timeout_s: float) -> tuple[bytes, str | None]:
         """The payload bytes, and the content type the source declared (for ``url``)."""
