@@ -140,7 +140,10 @@ class RssSampler:
     started (a process that exits keeps the time it was last seen with), so CPU over a
     window is the difference of two interpolated samples (``cpu_between``). The first
     sample is taken on entry: the start-up RSS when the sampler starts once a system is
-    ready. Shared pages are counted in every process that maps them (RSS, not PSS).
+    ready. Shared pages are counted in every process that maps them (RSS); ``pss_series``
+    has the same trees' summed PSS at each sample (``/proc/PID/smaps_rollup``: a page
+    shared by n processes counts 1/n in each, so the sum is what the tree holds), which
+    is what compares a system of forked processes (modelfleet's zygote) with others.
     """
 
     def __init__(self, servers: Sequence[Server], interval_s: float = 0.5,
@@ -155,6 +158,7 @@ class RssSampler:
         self.peak_processes = 0
         self.samples = 0
         self.series: list[tuple[float, int, float, int]] = []
+        self.pss_series: list[tuple[float, int]] = []  # (unix time, PSS bytes summed)
         self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
 
     def __enter__(self) -> RssSampler:
@@ -179,7 +183,7 @@ class RssSampler:
         return procs
 
     def sample(self) -> int:
-        total, count = 0, 0
+        total, pss, count = 0, 0, 0
         seen: set[int] = set()
         with self._lock:
             for proc in self._processes():
@@ -192,10 +196,13 @@ class RssSampler:
                         times = proc.cpu_times()
                         key = (proc.pid, proc.create_time())
                     total += rss
+                    pss += pss_bytes(proc.pid, rss)
                     count += 1
                     self._cpu_seen[key] = times.user + times.system
             cpu = sum(self._cpu_seen.values())
-            self.series.append((time.time(), total, cpu, count))
+            now = time.time()
+            self.series.append((now, total, cpu, count))
+            self.pss_series.append((now, pss))
             self.samples += 1
             if total > self.peak_bytes:
                 self.peak_bytes, self.peak_processes = total, count
@@ -213,6 +220,21 @@ class RssSampler:
 
     def rss_summary(self, t0: float | None = None, t1: float | None = None) -> dict[str, int]:
         return rss_summary(self.series, t0, t1)
+
+    def pss_summary(self, t0: float | None = None, t1: float | None = None) -> dict[str, int]:
+        return rss_summary([(t, b, 0.0, 0) for t, b in self.pss_series], t0, t1)
+
+
+def pss_bytes(pid: int, rss: int) -> int:
+    """A process's PSS (``/proc/PID/smaps_rollup``); its RSS where that cannot be read."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
+            for line in f:
+                if line.startswith(b"Pss:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return rss
 
 
 def _at(series: Sequence[tuple[float, int, float, int]], t: float) -> float | None:

@@ -41,10 +41,10 @@ def mb(value: float | None, digits: int = 2) -> str:
     return "-" if value is None else f"{value / 1e6:,.{digits}f}"
 
 
-def rss_cell(r: dict[str, Any]) -> str:
-    parts = [r.get("rss_start_mb"), r.get("rss_max_mb"), r.get("rss_end_mb")]
+def rss_cell(r: dict[str, Any], kind: str = "rss") -> str:
+    parts = [r.get(f"{kind}_start_mb"), r.get(f"{kind}_max_mb"), r.get(f"{kind}_end_mb")]
     if all(v is None for v in parts):
-        return fmt(r.get("rss_mb"))
+        return fmt(r.get("rss_mb")) if kind == "rss" else "-"
     return " / ".join(fmt(v) for v in parts)
 
 
@@ -75,11 +75,13 @@ def render(results: dict[str, Any]) -> str:
         "MB loaded/req = bytes the loads in the window read, per request; CPU ms/req = the "
         "server's process tree's CPU seconds over the window per answer (a RabbitMQ broker's "
         "own not counted); RSS = the process tree's, sampled every 0.5 s: at ready / max / "
-        "at the end.",
+        "at the end; PSS = the same for the tree's proportional set size (a page shared by "
+        "n processes counted 1/n in each: what the tree holds).",
         "",
     ]
     header = ["system", "zipf-32 req/s", "p50 ms", "p99 ms", "errors", "loads",
-              "MB loaded/req", "CPU ms/req", "RSS MB start / max / end"]
+              "MB loaded/req", "CPU ms/req", "RSS MB start / max / end",
+              "PSS MB start / max / end"]
     if warm:
         header += ["warm c1 p50 ms", "warm c32 req/s"]
     header += ["start-up s"]
@@ -96,7 +98,7 @@ def render(results: dict[str, Any]) -> str:
         cells = [label(name), fmt(r.get("zipf_rps")), fmt(r.get("zipf_p50_ms")),
                  fmt(r.get("zipf_p99_ms")), errors, fmt(r.get("zipf_loads")),
                  mb(r.get("zipf_bytes_per_request"), 3), fmt(r.get("zipf_cpu_ms_per_request")),
-                 rss_cell(r)]
+                 rss_cell(r), rss_cell(r, "pss")]
         if warm:
             cells += [fmt(r.get("c1_p50_ms"), 2), fmt(r.get("c32_rps"))]
         cells += [fmt(r.get("startup_s"))]
@@ -129,10 +131,11 @@ def render(results: dict[str, Any]) -> str:
     if peers and ours:
         lines += ["", "modelfleet against the peers on zipf-32, measured side by side in this "
                   "run (req/s ratio >1, p99, CPU per request and RSS ratios <1 favour "
-                  "modelfleet; RSS = the max):", ""]
+                  "modelfleet; RSS and PSS = the max):", ""]
         header = ["system"]
         for p in peers:
-            header += [f"req/s ÷ {p}", f"p99 ÷ {p}", f"CPU/req ÷ {p}", f"RSS ÷ {p}"]
+            header += [f"req/s ÷ {p}", f"p99 ÷ {p}", f"CPU/req ÷ {p}", f"RSS ÷ {p}",
+                       f"PSS ÷ {p}"]
         body = []
         for n in ours:
             r = rows[n]
@@ -144,7 +147,8 @@ def render(results: dict[str, Any]) -> str:
                           fx(ratio(r.get("zipf_cpu_ms_per_request"),
                                    q.get("zipf_cpu_ms_per_request"))),
                           fx(ratio(r.get("rss_max_mb") or r.get("rss_mb"),
-                                   q.get("rss_max_mb") or q.get("rss_mb")))]
+                                   q.get("rss_max_mb") or q.get("rss_mb"))),
+                          fx(ratio(r.get("pss_max_mb"), q.get("pss_max_mb")))]
             body.append(cells)
         lines += _table(header, body)
 

@@ -606,6 +606,7 @@ class Bench:
                 result["peak_rss_bytes"] = sampler.peak_bytes
                 result["peak_rss_processes"] = sampler.peak_processes
                 result["rss"] = sampler.rss_summary()
+                result["pss"] = sampler.pss_summary()
                 # (unix time, RSS bytes, cumulative CPU s, processes), every 0.5 s
                 result["rss_series"] = [(round(t, 2), b, round(c, 2), n)
                                         for t, b, c, n in sampler.series]
@@ -791,10 +792,11 @@ def summary_row(system: str, result: dict[str, Any]) -> dict[str, Any]:
         "zipf_bytes_per_request_metric": zipf.get("bytes_loaded_per_request_metric"),
         "zipf_loads_log": (zipf.get("load_log_window") or {}).get("loads"),
     }
-    rss = result.get("rss") or {}
-    for key in ("start", "max", "end"):
-        value = rss.get(f"{key}_bytes")
-        row[f"rss_{key}_mb"] = None if value is None else round(value / 2**20)
+    for kind in ("rss", "pss"):
+        summary = result.get(kind) or {}
+        for key in ("start", "max", "end"):
+            value = summary.get(f"{key}_bytes")
+            row[f"{kind}_{key}_mb"] = None if value is None else round(value / 2**20)
     opt = (zipf.get("static_optimum") or {}).get("pooled_budget_one_reserve") or {}
     row["zipf_optimum_bytes_per_request"] = opt.get("bytes_per_request")
     row["zipf_optimum_bound_bytes_per_request"] = opt.get("bound_bytes_per_request")

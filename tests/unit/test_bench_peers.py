@@ -287,7 +287,8 @@ def test_table_labels_an_unavailable_row_and_compares_cpu_and_bytes() -> None:
             "system": system, "zipf_rps": rps, "zipf_p50_ms": 1.0, "zipf_p99_ms": 10.0,
             "zipf_errors": 0, "zipf_timeouts": 0, "zipf_loads": 5,
             "zipf_cpu_ms_per_request": cpu, "rss_start_mb": 100, "rss_max_mb": 300,
-            "rss_end_mb": 250, "startup_s": 3.0, **extra}}
+            "rss_end_mb": 250, "pss_start_mb": 80, "pss_max_mb": 200, "pss_end_mb": 150,
+            "startup_s": 3.0, **extra}}
     results = {"systems": [
         row("ray", 50.0, 20.0),
         row("modelfleet", 150.0, 5.0, zipf_bytes_per_request=110_000.0,
@@ -303,13 +304,14 @@ def test_table_labels_an_unavailable_row_and_compares_cpu_and_bytes() -> None:
     table = render(results)
     lines = table.splitlines()
     assert "warm c1" not in table  # no warm workloads ran: no empty columns for them
-    assert any(line.startswith("| modelfleet | 150.0 |") and "| 100 / 300 / 250 |" in line
-               for line in lines), table
+    assert any(line.startswith("| modelfleet | 150.0 |")
+               and "| 100 / 300 / 250 | 80 / 200 / 150 |" in line for line in lines), table
     # The mapped row is labelled apart (not the shared load code) and says why it is missing.
     assert any(line.startswith("| modelfleet-mapped † | not available |") for line in lines)
     assert any(line.startswith("† modelfleet-mapped: not the shared load code") for line in lines)
-    # Against Ray: 3x the req/s, the same p99, a quarter of the CPU per request, same RSS.
-    assert any(line.startswith("| modelfleet | 3.00x | 1.00x | 0.25x | 1.00x |")
+    # Against Ray: 3x the req/s, the same p99, a quarter of the CPU per request, same RSS
+    # and PSS.
+    assert any(line.startswith("| modelfleet | 3.00x | 1.00x | 0.25x | 1.00x | 1.00x |")
                for line in lines), table
     assert "static optimum 0.100 MB" in table and "= 1.10x" in table
     assert "modelfleet_model_load_bytes_total" not in table  # a build without the counter
@@ -547,6 +549,34 @@ def test_sampler_follows_a_real_process_tree(tmp_path: Path) -> None:
     assert last[2] > first[2]  # CPU seconds accumulate, the child's included
     # The child's CPU is kept after it exits: the last samples see no process, not less CPU.
     assert [s[2] for s in sampler.series] == sorted(s[2] for s in sampler.series)
+
+
+def test_pss_counts_pages_a_fork_shares_once_where_rss_counts_them_twice(
+        tmp_path: Path) -> None:
+    # A parent touches 64 MiB, then forks: the child maps the same pages (copy-on-write).
+    ready, done = tmp_path / "ready", tmp_path / "done"
+    code = ("import os, time; b = bytearray(64 << 20); "
+            "pid = os.fork(); "
+            f"open({str(ready)!r} + str(pid > 0), 'w').close(); "
+            f"[time.sleep(0.02) for _ in iter(lambda: os.path.exists({str(done)!r}), True)]; "
+            "pid and os.waitpid(pid, 0)")
+    server = procs.Server("forked", [sys.executable, "-c", code], dict(os.environ), tmp_path,
+                          tmp_path / "forked.log")
+    try:
+        deadline = time.monotonic() + 60
+        while not all((tmp_path / f"ready{side}").exists() for side in (True, False)):
+            assert time.monotonic() < deadline and server.alive(), server.log_tail()
+            time.sleep(0.02)
+        sampler = procs.RssSampler([server])
+        sampler.sample()
+        done.touch()
+        assert server.popen.wait(10) == 0, server.log_tail()
+    finally:
+        server.stop()
+    (_, rss, _, processes), (_, pss) = sampler.series[-1], sampler.pss_series[-1]
+    assert processes == 2 and rss > 2 * (64 << 20)
+    assert pss < rss - (48 << 20)  # the 64 MiB once, not twice
+    assert sampler.pss_summary()["max_bytes"] == pss
 
 
 def test_load_log_window_counts_lines_and_bytes_in_the_window(tmp_path: Path) -> None:
