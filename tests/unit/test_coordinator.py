@@ -26,6 +26,7 @@ from prometheus_client import REGISTRY
 from modelfleet.broker import cold_lane
 from modelfleet.broker.embedded import MemoryBroker
 from modelfleet.errors import DeadlineExceeded, InvalidInput
+from modelfleet.ipc.flight import Flight
 from modelfleet.messages import PayloadRef, Reply, Task, now_ms
 from modelfleet.runtime.inprocess import InProcessLauncher
 from modelfleet.settings import Settings
@@ -277,6 +278,31 @@ async def test_a_crash_hands_the_task_back_and_the_restarted_runtime_answers(
         == handed_back + 1
     assert worker.supervisor.shared[0].restarts == 1
     await settled(worker.broker, "timed")
+
+
+async def test_a_task_alone_on_a_runtime_that_died_of_another_request_is_not_charged(
+        worker: Worker, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A task handed to the shared runtime as it dies of another task's input (that
+    task's call ended first, so this one was alone on it) is a bystander: the runtime's
+    flight record names the other request, not this one. It runs again at once on the
+    restarted runtime, and its model is not sent to quarantine."""
+    bystanders = sample("modelfleet_worker_crash_bystanders_total", {"model": "timed"})
+    task = worker.task("late 1.0")
+    await worker.publish(task)
+    await worker.started("late 1.0")
+    target = worker.supervisor.shared[0].runtime
+    assert target is not None
+    # What a runtime process killed by a pill's predict leaves (in-process ones keep none).
+    monkeypatch.setattr(target, "crash_record", lambda: Flight(
+        models=frozenset({"other"}), requests=frozenset({"the-pill"}), loading=frozenset()))
+    await worker.kill_runtime()
+    reply = await worker.reply(timeout_s=30)
+    assert (reply.request_id, reply.status) == (task.request_id, "ok")
+    assert not worker.supervisor.crashing("timed")
+    assert not worker.coordinator._tasks.quarantined
+    assert sample("modelfleet_worker_crash_bystanders_total", {"model": "timed"}) \
+        == bystanders + 1
+    assert [k for k, t, _ in worker.calls() if t == "late 1.0"].count("start") == 2
 
 
 async def test_a_task_that_crashes_its_runtime_alone_each_time_is_dead_lettered(

@@ -342,7 +342,9 @@ class TaskRunner:
                             return await self._infer(runtime, delivery, queue_wait_ms)
                         except RuntimeCrashed as exc:
                             # Its flight record, when the runtime is gone (not merely slow).
-                            raise _Crashed(exc, alone(), target.crash_record()) from exc
+                            record = target.crash_record()
+                            raise _Crashed(exc, charged_alone(alone(), record, task),
+                                           record) from exc
             await runtime.wait_settled(float("inf"))  # bounded by the task's deadline
             if runtime.failure is not None and not runtime.ready:
                 runtime.request_retry()
@@ -467,6 +469,19 @@ class TaskRunner:
         with contextlib.suppress(BrokerUnavailable):
             await self._broker.publish_event({"kind": "demand", "model_id": model_id,
                                               "at": time.time(), "requeued": True})
+
+
+def charged_alone(alone: bool, record: Flight | None, task: Task) -> bool:
+    """Is a task that was alone on a runtime when it died charged with the crash alone?
+
+    Not when the runtime's flight record names model code that ran and not this task:
+    the task reached a runtime already dying of what the record names, whose own calls
+    had ended just before this one began (so nothing else was "in flight" with it). A
+    record that names nothing (a crash on the event loop, in ``preprocess``) or none at
+    all (an in-process runtime, a record not read) leaves the charge as it was."""
+    if not alone or record is None or not record.models:
+        return alone
+    return record.suspects(task.model_id, task.request_id)
 
 
 class _NowQuarantined(Exception):
