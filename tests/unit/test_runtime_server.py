@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
+from pathlib import Path
+
 from modelfleet.messages import PayloadRef, Task, decode_reply, encode_task, now_ms
 from modelfleet.runtime.server import RuntimeService, encode_result
 from modelfleet.settings import Settings
-from tests.procs import EXAMPLES
+from tests.procs import EXAMPLES, write_package
+from tests.waiting import eventually
 
 
-def task(model_id: str, body: bytes, ctype: str, deadline_s: float = 30) -> bytes:
-    return encode_task(Task("r1", model_id, "1", now_ms() + int(deadline_s * 1000), "inbox.x",
+def task(model_id: str, body: bytes, ctype: str, deadline_s: float = 30,
+         request_id: str = "r1") -> bytes:
+    return encode_task(Task(request_id, model_id, "1", now_ms() + int(deadline_s * 1000), "inbox.x",
                             PayloadRef("inline", data=body, size_bytes=len(body)), ctype,
                             now_ms()))
 
@@ -70,4 +75,52 @@ async def test_a_tasks_batching_override_is_what_the_batcher_takes() -> None:
             {"max_batch_size": 0})).data)  # out of bounds: a clear failure, no hang
         assert refused.status == "error" and "[batching] override" in refused.error_message
     finally:
+        await service.close()
+
+
+async def test_a_hang_up_while_waiting_for_a_load_ends_the_task_and_the_load_goes_on(
+        tmp_path: Path) -> None:
+    # A model whose load waits for a file: the task waits for that load when its caller
+    # hangs up. The task is answered at once (client_gone), not when the load ends; the
+    # load is not interrupted, and the next task finds the model loaded.
+    gate = tmp_path / "load-may-finish"
+    write_package(tmp_path / "repo", "gated", """
+        name = "gated"
+        version = "1"
+        entrypoint = "handler:Gated"
+        accepts = ["text/plain"]
+        device = "cpu"
+        """, f"""
+        import os, time
+        from modelfleet import Model
+
+        class Gated(Model):
+            def load(self, ctx):
+                while not os.path.exists({str(gate)!r}):
+                    time.sleep(0.01)
+
+            def predict(self, batch):
+                return [{{"ok": True}} for _ in batch]
+        """)
+    service = RuntimeService(Settings(repo=str(tmp_path / "repo")))
+    try:
+        waiting = asyncio.create_task(service.infer(
+            task("gated", b"x", "text/plain", request_id="gone"), 0, ["text/plain"], "w",
+            0.0))
+        await eventually(lambda: service.host.loading, timeout_s=10)
+        assert service.cancel("gone")  # the task is here, waiting for the load
+        done, _ = await asyncio.wait({waiting}, timeout=10)  # not cancelled by the test
+        assert waiting in done, "the hung-up task waited for the load"
+        hung_up = decode_reply(waiting.result().data)
+        assert hung_up.error_code == "client_disconnected"
+        assert service.host.loading  # still loading: nothing interrupted it
+        gate.touch()
+        await eventually(lambda: not service.host.loading, timeout_s=10)
+        warm = decode_reply((await service.infer(
+            task("gated", b"y", "text/plain", request_id="next"), 0, ["text/plain"], "w",
+            0.0)).data)
+        assert warm.status == "ok"
+        assert not warm.cold  # loaded by the load the hung-up task had started
+    finally:
+        gate.touch()
         await service.close()

@@ -99,8 +99,9 @@ class RuntimeService:
         self._cancelled: dict[str, None] = {}  # hung-up request ids, oldest first
 
     def cancel(self, request_id: str) -> bool:
-        """The caller hung up: a fetch or preprocess under way is stopped, a task not yet
-        at predict never gets there, and one not arrived yet is dropped when it comes.
+        """The caller hung up: a fetch, a wait for its model's load (not the load) or a
+        preprocess under way is stopped, a task not yet at predict never gets there, and
+        one not arrived yet is dropped when it comes.
         (A predict already running on its thread cannot be stopped; its result is
         dropped.) True when the task was here."""
         self._cancelled[request_id] = None
@@ -182,7 +183,10 @@ class RuntimeService:
                         f"the payload URL served {content_type}; model '{task.model_id}' "
                         f"accepts {', '.join(accepts)}")
             started = time.perf_counter()
-            loaded, cold = await self.host.ensure(task.model_id, task.version)
+            # The wait for the model is stopped by a hang-up; the load itself goes on (it
+            # runs apart: other tasks may wait for it, and the next one finds it done).
+            with self._stoppable(task.request_id):
+                loaded, cold = await self.host.ensure(task.model_id, task.version)
             loaded.configure(batching or {})
             timings["model_load"] = (time.perf_counter() - started) * 1000
             request = Request(body, content_type, task.params, task.request_id, task.deadline_ms)
@@ -190,7 +194,6 @@ class RuntimeService:
             if remaining_s <= 0:
                 raise DeadlineExceeded("deadline passed before inference started")
             try:
-                # (A load is not interrupted: other tasks may wait for it too.)
                 with self._stoppable(task.request_id), loaded.using():
                     async with asyncio.timeout(remaining_s):
                         result, phases = await handle_request(loaded.handler, loaded.batcher,
