@@ -55,6 +55,7 @@ from pydantic import (
 
 from modelfleet.errors import ManifestError
 from modelfleet.oip import OIP_CONTENT_TYPE, Datatype
+from modelfleet.repository import plain_toml
 
 MODEL_ID = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,127}$")
 VERSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -223,10 +224,14 @@ class Manifest(_Strict):
 
 def parse_manifest(text: str, path: str) -> Manifest:
     """Validate the TOML text of a manifest; ``path`` names it in errors."""
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ManifestError(path, "(toml)", f"not valid TOML: {exc}") from exc
+    # Most manifests are plain TOML, read several times faster than tomllib reads them;
+    # tomllib reads the rest, and reports what is not TOML.
+    data = plain_toml.loads(text)
+    if data is None:
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise ManifestError(path, "(toml)", f"not valid TOML: {exc}") from exc
     try:
         return Manifest.model_validate(data)
     except ValidationError as exc:

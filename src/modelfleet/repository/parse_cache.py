@@ -17,7 +17,7 @@ Why it never serves a stale manifest:
   (``Catalog.known``): an invalid edit, which keeps its last good version in a running
   catalog, is not;
 - the file names the code that validated it (``fingerprint``: the sources of the
-  manifest schema and the catalog, pydantic's and Python's versions) and the
+  manifest schema, its TOML reader and the catalog, pydantic's and Python's versions) and the
   repository: another code's or repository's cache is not used.
 
 A file that cannot be read back whole (truncated, corrupted, another format: its
@@ -53,6 +53,7 @@ import pydantic
 
 from modelfleet.repository import catalog as catalog_module
 from modelfleet.repository import manifest as manifest_module
+from modelfleet.repository import plain_toml
 from modelfleet.repository.manifest import Batching, Fanout, Isolation, Manifest, TensorSpec
 
 log = logging.getLogger("modelfleet")
@@ -69,7 +70,7 @@ def fingerprint() -> str:
     """What the cached manifests' validity depends on besides their files: the code
     that parsed and validated them."""
     digest = hashlib.blake2b(digest_size=16)
-    for module in (manifest_module, catalog_module):
+    for module in (manifest_module, plain_toml, catalog_module):
         digest.update(Path(str(module.__file__)).read_bytes())
     digest.update(f"{pydantic.VERSION} {sys.version}".encode())
     return digest.hexdigest()
