@@ -247,3 +247,20 @@ def test_an_operators_override_serves_across_refreshes_until_taken_back(
     catalog.configure("a", None)
     assert [m.version for m in catalog.get("a").versions] == ["1", "2"]
     assert catalog.get("a").manifest.batching.max_batch_size == 1
+
+
+@pytest.mark.parametrize("raw", [b'name = "a"\r\nversion = "1"\r\n', b'name = "a"\rversion = "1"\r',
+                                 b'd = """x\r\ny\rz"""\n', "é = 'ü'\n".encode(), b""])
+def test_a_local_manifest_reads_as_a_text_mode_file_reads(tmp_path: Path, raw: bytes) -> None:
+    path = tmp_path / "model.toml"
+    path.write_bytes(raw)
+    with open(path, encoding="utf-8") as file:
+        assert LocalStore(tmp_path).read_manifest(str(path)) == file.read()
+
+
+def test_a_manifest_that_is_not_utf8_is_reported_as_unreadable(tmp_path: Path) -> None:
+    path = tmp_path / "model.toml"
+    path.write_bytes(b'name = "\xff"\n')
+    with pytest.raises(ManifestError, match="can't decode byte 0xff in position 8") as info:
+        LocalStore(tmp_path).read_manifest(str(path))
+    assert info.value.field == "(file)"

@@ -168,11 +168,13 @@ class _Sharing:
         self._field_sets: dict[frozenset[str], set[str]] = {}
 
     def __call__(self, manifest: Manifest) -> Manifest:
-        fields = manifest.__dict__
+        fields, values = manifest.__dict__, self._values
         for name, value in fields.items():
             if name != "name":
-                with contextlib.suppress(TypeError):  # an unhashable value stays as it is
-                    fields[name] = self._values.setdefault((type(value), value), value)
+                try:
+                    fields[name] = values.setdefault((type(value), value), value)
+                except TypeError:  # an unhashable value stays as it is
+                    pass
         fields_set = manifest.__pydantic_fields_set__
         object.__setattr__(manifest, "__pydantic_fields_set__",
                            self._field_sets.setdefault(frozenset(fields_set), fields_set))

@@ -128,11 +128,15 @@ class LocalStore:
         self._versions = listed
 
     def read_manifest(self, location: str) -> str:
+        # Bytes, decoded whole: a text-mode file's decoder and newline translation cost
+        # more than the read at 100,000 manifests (measured). Line breaks are then
+        # translated as text mode does (CR LF and a lone CR read as LF).
         try:
-            with open(location, encoding="utf-8") as file:
-                return file.read()
+            with open(location, "rb") as file:
+                text = file.read().decode("utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise ManifestError(location, "(file)", f"cannot read: {exc}") from exc
+        return text.replace("\r\n", "\n").replace("\r", "\n") if "\r" in text else text
 
     def versions(self, model_id: str) -> list[str]:
         folder = self.root / model_id
