@@ -80,11 +80,12 @@ def open_repository(settings: Settings, cache: ManifestCache | None = None
     store = open_store(settings.repo, settings.disk_cache_path,
                        settings.runtime.disk_cache_bytes)
     catalog = Catalog.from_store(store, known=cache.load() if cache is not None else None)
+    # What start-up made lives for the process: out of the cyclic GC's passes, which
+    # would otherwise walk a large catalog's millions of objects again and again (also
+    # while the cache is written below: 0.5 s of full collections at 100,000, measured).
+    gc.freeze()
     if cache is not None and catalog.parses:
         cache.save(catalog.known())
-    # What start-up made lives for the process: out of the cyclic GC's passes, which
-    # would otherwise walk a large catalog's millions of objects again and again.
-    gc.freeze()
     return store, catalog
 
 

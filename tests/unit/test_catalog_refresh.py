@@ -264,3 +264,14 @@ def test_a_manifest_that_is_not_utf8_is_reported_as_unreadable(tmp_path: Path) -
     with pytest.raises(ManifestError, match="can't decode byte 0xff in position 8") as info:
         LocalStore(tmp_path).read_manifest(str(path))
     assert info.value.field == "(file)"
+
+
+def test_a_manifest_that_cannot_be_read_is_reported_as_open_reports_it(
+        tmp_path: Path) -> None:
+    for path in (tmp_path / "gone.toml", tmp_path):  # missing; a folder
+        with pytest.raises(OSError) as opened:
+            open(path, "rb")
+        with pytest.raises(ManifestError) as info:
+            LocalStore(tmp_path).read_manifest(str(path))
+        assert info.value.field == "(file)"
+        assert info.value.problem == f"cannot read: {opened.value}"
