@@ -12,6 +12,7 @@ import pytest
 
 from modelfleet.errors import ManifestError
 from modelfleet.repository import Catalog, CatalogChange, FsspecStore, LocalStore
+from modelfleet.repository.manifest import parse_manifest
 from modelfleet.repository.store import SETTLE_S
 from tests.procs import EXAMPLES
 
@@ -275,3 +276,15 @@ def test_a_manifest_that_cannot_be_read_is_reported_as_open_reports_it(
             LocalStore(tmp_path).read_manifest(str(path))
         assert info.value.field == "(file)"
         assert info.value.problem == f"cannot read: {opened.value}"
+
+
+def test_manifests_share_equal_values_and_say_what_their_files_say(tmp_path: Path) -> None:
+    paths = [package(tmp_path, name) for name in ("a", "b", "c")]
+    paths.append(package(tmp_path, "d", description="another"))
+    catalog = Catalog.from_store(LocalStore(tmp_path))
+    a, b, c, d = (catalog.get(name).manifest for name in "abcd")
+    assert a.description is b.description is c.description and d.description == "another"
+    assert a.accepts is b.accepts is c.accepts is d.accepts
+    assert a.timeout_s is d.timeout_s and a.batching is d.batching
+    for path, manifest in zip(paths, (a, b, c, d), strict=True):
+        assert manifest == parse_manifest(path.read_text(), str(path))
