@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import gc
 import logging
 import signal
@@ -86,7 +87,21 @@ def open_repository(settings: Settings, cache: ManifestCache | None = None
     gc.freeze()
     if cache is not None and catalog.parses:
         cache.save(catalog.known())
+    _return_freed_memory()
     return store, catalog
+
+
+def _return_freed_memory() -> None:
+    """Give the C heap's free pages back to the OS (glibc's ``malloc_trim``; nothing
+    where there is none). Start-up's large temporaries (the manifest cache's bytes and
+    tables, the manifests it offered) are freed below objects that live on, where
+    ``free`` cannot return them: 22 MB of RSS after a cached start at 100,000
+    manifests (measured)."""
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return
+    trim(0)
 
 
 # After the gateway's drain, how long the HTTP server waits for answers being written
