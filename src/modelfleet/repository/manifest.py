@@ -151,6 +151,14 @@ class Manifest(_Strict):
 
     @model_validator(mode="after")
     def _signature(self) -> Manifest:
+        if self.inputs or self.outputs:  # most manifests declare no tensors
+            self._check_tensors()
+        if OIP_CONTENT_TYPE in self.accepts and not self.inputs:
+            raise ValueError(f"accepts lists {OIP_CONTENT_TYPE} but the model declares no "
+                             "tensor signature ([[inputs]] and [[outputs]])")
+        return self
+
+    def _check_tensors(self) -> None:
         if bool(self.inputs) != bool(self.outputs):
             raise ValueError("a tensor signature declares both [[inputs]] and [[outputs]] "
                              "(at least one of each)")
@@ -164,10 +172,6 @@ class Manifest(_Strict):
             if spec.format != "NONE" and len(image_dims) != 3:
                 raise ValueError(f"input '{spec.name}': format {spec.format} is the layout "
                                  f"of 3 dimensions (past a -1 batch), not {list(spec.shape)}")
-        if OIP_CONTENT_TYPE in self.accepts and not self.inputs:
-            raise ValueError(f"accepts lists {OIP_CONTENT_TYPE} but the model declares no "
-                             "tensor signature ([[inputs]] and [[outputs]])")
-        return self
 
     @property
     def has_signature(self) -> bool:

@@ -179,11 +179,19 @@ class ManifestCache:
         index: dict[object, int] = {}
         field_sets: list[set[str]] = []
         set_index: dict[frozenset[str], int] = {}
+        # The manifests of a scan share their equal values (catalog._Sharing): most
+        # values are found by identity, with no hashing (a pydantic model hashes in
+        # Python). Safe: ``known`` keeps every value alive, so no id is reused meanwhile.
+        by_id: dict[int, int] = {}
         cells = array("I")
         for _, manifest in known.values():
             fields = manifest.__dict__
             for name in names:
-                cells.append(_index_of(fields[name], index, values))
+                value = fields[name]
+                at = by_id.get(id(value))
+                if at is None:
+                    at = by_id[id(value)] = _index_of(value, index, values)
+                cells.append(at)
             fields_set = manifest.__pydantic_fields_set__
             at = set_index.setdefault(frozenset(fields_set), len(field_sets))
             if at == len(field_sets):
