@@ -5,7 +5,7 @@ Python that walks the text a character at a time, was the largest part of a firs
 start's CPU (about 5 s of 19 at 100,000 manifests, measured). Manifests use a small,
 regular part of TOML: bare keys, one-line and multi-line strings, decimal numbers,
 booleans, arrays of those, ``[table]`` and ``[[array of tables]]`` headers, comments.
-``loads`` reads that part with one regular expression a statement, and gives up
+``loads`` reads that part with one regular expression, and gives up
 (``None``) on anything else; the caller then reads the text with ``tomllib``, so
 every other document, and every invalid one, gets ``tomllib``'s result and its error
 message, unchanged.
@@ -44,18 +44,18 @@ _ARRAY = rf"\[[ \t\n]*(?:(?:{_SCALAR})[ \t\n]*,[ \t\n]*)*(?:(?:{_SCALAR})[ \t\n]
 _MULTILINE_RUN = r'[^"\x00-\x08\x0b-\x1f\x7f]*'
 _MULTILINE = f'"""{_MULTILINE_RUN}(?:"(?!""){_MULTILINE_RUN})*"""'
 
-# One statement: a key = value, a header, or nothing; then an optional comment and the
-# end of the line. Every group is flat, so ``lastgroup`` names the kind of value.
+# One statement, captured whole: a key = value, a header, or nothing; then an optional
+# comment and the end of the line. A value's group holds its delimiters too, so a
+# group that matched is never empty ("" in ``findall``'s tuples: did not match).
 _STATEMENT = re.compile(
-    rf"""[ \t]*
+    rf"""([ \t]*
     (?:
-        (?P<key>{_KEY})[ \t]*=[ \t]*
-        (?:(?P<multiline>{_MULTILINE})|(?P<basic>{_BASIC})|(?P<literal>{_LITERAL})
-          |(?P<number>{_NUMBER})|(?P<bool>{_BOOL})|(?P<array>{_ARRAY}))
-      | \[\[[ \t]*(?P<tables>{_KEY})[ \t]*\]\]
-      | \[[ \t]*(?P<table>{_KEY})[ \t]*\]
+        ({_KEY})[ \t]*=[ \t]*
+        (?:({_MULTILINE})|({_BASIC})|({_LITERAL})|({_NUMBER})|({_BOOL})|({_ARRAY}))
+      | \[\[[ \t]*({_KEY})[ \t]*\]\]
+      | \[[ \t]*({_KEY})[ \t]*\]
     )?
-    [ \t]*(?:\#[^{_CTRL_BUT_TAB}]*)?(?:\n|\Z)""",
+    [ \t]*(?:\#[^{_CTRL_BUT_TAB}]*)?(?:\n|\Z))""",
     re.VERBOSE)
 # An array's items: the array matched _ARRAY already (scalars, commas and white space).
 _ITEM = re.compile(rf"(?P<basic>{_BASIC})|(?P<literal>{_LITERAL})|(?P<number>{_NUMBER})"
@@ -99,47 +99,43 @@ _SCALARS: dict[str, Callable[[str], Any]] = {
     "number": _number,
     "bool": lambda text: text == "true",
 }
-_VALUES: dict[str, Callable[[str], Any]] = {**_SCALARS, "multiline": _multiline,
-                                            "array": _array}
 
 
 def loads(text: str) -> dict[str, Any] | None:
     """The document ``text`` as ``tomllib.loads`` gives it, or None where it is not
     plain (outside the subset above, or not valid TOML): read it with ``tomllib``."""
     src = text.replace("\r\n", "\n")  # as tomllib does; a lone CR is then not plain
+    # All statements in one call (a match object a statement cost more than the
+    # matching). They are the document only if they cover it: findall skips what does
+    # not match, and a statement always ends at a line break or at the end.
+    statements = _STATEMENT.findall(src)
+    if sum(len(statement[0]) for statement in statements) != len(src):
+        return None
     document: dict[str, Any] = {}
     table = document
     arrays_of_tables: set[str] = set()
-    match = _STATEMENT.match
-    pos, end = 0, len(src)
     try:
-        while pos < end:
-            statement = match(src, pos)
-            if statement is None:
-                return None
-            pos = statement.end()
-            kind = statement.lastgroup
-            if kind is None:  # a blank line or a comment
-                continue
-            if kind == "table":
-                name = statement.group("table")
+        for (_, key, multiline, basic, literal, number, boolean, array, tables,
+             name) in statements:
+            if key:
+                if key in table:
+                    return None
+                table[key] = (basic[1:-1] if basic else _number(number) if number
+                              else _multiline(multiline) if multiline
+                              else _array(array) if array
+                              else literal[1:-1] if literal else boolean == "true")
+            elif name:  # [name]
                 if name in document:
                     return None
                 table = document[name] = {}
-            elif kind == "tables":
-                name = statement.group("tables")
-                if name not in document:
-                    arrays_of_tables.add(name)
-                    document[name] = []
-                elif name not in arrays_of_tables:
+            elif tables:  # [[tables]]
+                if tables not in document:
+                    arrays_of_tables.add(tables)
+                    document[tables] = []
+                elif tables not in arrays_of_tables:
                     return None
                 table = {}
-                document[name].append(table)
-            else:
-                key = statement.group("key")
-                if key in table:
-                    return None
-                table[key] = _VALUES[kind](statement.group(kind))
+                document[tables].append(table)
     except _NotPlain:
         return None
     return document
