@@ -17,8 +17,8 @@ Why it never serves a stale manifest:
   (``Catalog.known``): an invalid edit, which keeps its last good version in a running
   catalog, is not;
 - the file names the code that validated it (``fingerprint``: the sources of the
-  manifest schema, its TOML reader and the catalog, pydantic's and Python's versions) and the
-  repository: another code's or repository's cache is not used.
+  manifest schema, its TOML reader and the catalog, pydantic's and Python's versions)
+  and the repository: another code's or repository's cache is not used.
 
 A file that cannot be read back whole (truncated, corrupted, another format: its
 digest says so) is ignored with a warning, and the start that ignored it writes a new

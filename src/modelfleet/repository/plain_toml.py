@@ -5,10 +5,10 @@ Python that walks the text a character at a time, was the largest part of a firs
 start's CPU (about 5 s of 19 at 100,000 manifests, measured). Manifests use a small,
 regular part of TOML: bare keys, one-line and multi-line strings, decimal numbers,
 booleans, arrays of those, ``[table]`` and ``[[array of tables]]`` headers, comments.
-``loads`` reads that part with one regular expression, and gives up
-(``None``) on anything else; the caller then reads the text with ``tomllib``, so
-every other document, and every invalid one, gets ``tomllib``'s result and its error
-message, unchanged.
+``loads`` reads that part with one regular expression, and gives up (``None``) on
+anything else; the caller then reads the text with ``tomllib``, so every other
+document, and every invalid one, gets ``tomllib``'s result and its error message,
+unchanged.
 
 What it accepts is a strict subset of TOML 1.0, read to the same values ``tomllib``
 gives (``tests/unit/test_plain_toml.py`` compares the two on the example manifests and
