@@ -14,14 +14,15 @@ every manifest. With ``--restart`` it is started a second time on the same state
 (``<kind>-restart``): a start that finds the manifest cache the first one wrote.
 
     .venv/bin/python bench/catalog_scale.py [--models 100000] [--repo /tmp/catalog-100k]
-        [--idle-s 20] [--broker amqp://guest:guest@127.0.0.1:5672/] [--only serve]
-        [--restart]
+        [--idle-s 20] [--broker amqp://guest:guest@127.0.0.1:5672/ | --private-rabbit]
+        [--only serve] [--restart]
     .venv/bin/python bench/catalog_scale.py --only refresh   # a refresh's loop lag
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -190,6 +191,9 @@ def main() -> None:
     parser.add_argument("--only", choices=("serve", "gateway", "refresh"), default=None)
     parser.add_argument("--no-all-pages", action="store_true",
                         help="skip reading every page (minutes at 100,000 on a busy VM)")
+    parser.add_argument("--private-rabbit", action="store_true",
+                        help="run the gateway on a RabbitMQ node of its own "
+                             "(modelfleet.devtools.rabbit_node), not on --broker")
     parser.add_argument("--restart", action="store_true",
                         help="start each process again on the state dir its first start "
                              "left (the manifest cache)")
@@ -207,18 +211,24 @@ def main() -> None:
     if opts.only == "refresh":
         results["refresh"] = refresh_lag(repo, 1000)
         print("refresh", json.dumps(results["refresh"]), flush=True)
-    for kind in ("serve", "gateway"):
-        if opts.only != kind and opts.only is not None:
-            continue
-        state = {"MODELFLEET_STATE_DIR": str(log_dir / f"state-{kind}")}
-        for run in (kind, f"{kind}-restart") if opts.restart else (kind,):
-            port = free_port()
-            broker = "memory" if kind == "serve" else opts.broker
-            results[run] = measure(run, [kind, "--repo", str(repo), "--port", str(port),
-                                         "--broker", broker], env | state,
-                                   f"http://127.0.0.1:{port}", opts.idle_s, log_dir, cold,
-                                   not opts.no_all_pages)
-            print(run, json.dumps(results[run]), flush=True)
+    with contextlib.ExitStack() as stack:
+        amqp = opts.broker
+        if opts.private_rabbit and opts.only in (None, "gateway"):
+            from modelfleet.devtools.rabbit_node import RabbitNode
+
+            amqp = stack.enter_context(RabbitNode.started(log_dir / "rabbitmq")).url
+        for kind in ("serve", "gateway"):
+            if opts.only != kind and opts.only is not None:
+                continue
+            state = {"MODELFLEET_STATE_DIR": str(log_dir / f"state-{kind}")}
+            for run in (kind, f"{kind}-restart") if opts.restart else (kind,):
+                port = free_port()
+                broker = "memory" if kind == "serve" else amqp
+                results[run] = measure(run, [kind, "--repo", str(repo), "--port", str(port),
+                                             "--broker", broker], env | state,
+                                       f"http://127.0.0.1:{port}", opts.idle_s, log_dir, cold,
+                                       not opts.no_all_pages)
+                print(run, json.dumps(results[run]), flush=True)
     print(f"logs in {log_dir}")
     if os.environ.get("CATALOG_SCALE_JSON"):
         Path(os.environ["CATALOG_SCALE_JSON"]).write_text(json.dumps(results, indent=2))

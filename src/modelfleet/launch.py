@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import gc
 import logging
 import signal
@@ -80,12 +81,27 @@ def open_repository(settings: Settings, cache: ManifestCache | None = None
     store = open_store(settings.repo, settings.disk_cache_path,
                        settings.runtime.disk_cache_bytes)
     catalog = Catalog.from_store(store, known=cache.load() if cache is not None else None)
+    # What start-up made lives for the process: out of the cyclic GC's passes, which
+    # would otherwise walk a large catalog's millions of objects again and again (also
+    # while the cache is written below: 0.5 s of full collections at 100,000, measured).
+    gc.freeze()
     if cache is not None and catalog.parses:
         cache.save(catalog.known())
-    # What start-up made lives for the process: out of the cyclic GC's passes, which
-    # would otherwise walk a large catalog's millions of objects again and again.
-    gc.freeze()
+    _return_freed_memory()
     return store, catalog
+
+
+def _return_freed_memory() -> None:
+    """Give the C heap's free pages back to the OS (glibc's ``malloc_trim``; nothing
+    where there is none). Start-up's large temporaries (the manifest cache's bytes and
+    tables, the manifests it offered) are freed below objects that live on, where
+    ``free`` cannot return them: 22 MB of RSS after a cached start at 100,000
+    manifests (measured)."""
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return
+    trim(0)
 
 
 # After the gateway's drain, how long the HTTP server waits for answers being written

@@ -12,6 +12,7 @@ import pytest
 
 from modelfleet.errors import ManifestError
 from modelfleet.repository import Catalog, CatalogChange, FsspecStore, LocalStore
+from modelfleet.repository.manifest import parse_manifest
 from modelfleet.repository.store import SETTLE_S
 from tests.procs import EXAMPLES
 
@@ -247,3 +248,43 @@ def test_an_operators_override_serves_across_refreshes_until_taken_back(
     catalog.configure("a", None)
     assert [m.version for m in catalog.get("a").versions] == ["1", "2"]
     assert catalog.get("a").manifest.batching.max_batch_size == 1
+
+
+@pytest.mark.parametrize("raw", [b'name = "a"\r\nversion = "1"\r\n', b'name = "a"\rversion = "1"\r',
+                                 b'd = """x\r\ny\rz"""\n', "é = 'ü'\n".encode(), b""])
+def test_a_local_manifest_reads_as_a_text_mode_file_reads(tmp_path: Path, raw: bytes) -> None:
+    path = tmp_path / "model.toml"
+    path.write_bytes(raw)
+    with open(path, encoding="utf-8") as file:
+        assert LocalStore(tmp_path).read_manifest(str(path)) == file.read()
+
+
+def test_a_manifest_that_is_not_utf8_is_reported_as_unreadable(tmp_path: Path) -> None:
+    path = tmp_path / "model.toml"
+    path.write_bytes(b'name = "\xff"\n')
+    with pytest.raises(ManifestError, match="can't decode byte 0xff in position 8") as info:
+        LocalStore(tmp_path).read_manifest(str(path))
+    assert info.value.field == "(file)"
+
+
+def test_a_manifest_that_cannot_be_read_is_reported_as_open_reports_it(
+        tmp_path: Path) -> None:
+    for path in (tmp_path / "gone.toml", tmp_path):  # missing; a folder
+        with pytest.raises(OSError) as opened:
+            open(path, "rb")
+        with pytest.raises(ManifestError) as info:
+            LocalStore(tmp_path).read_manifest(str(path))
+        assert info.value.field == "(file)"
+        assert info.value.problem == f"cannot read: {opened.value}"
+
+
+def test_manifests_share_equal_values_and_say_what_their_files_say(tmp_path: Path) -> None:
+    paths = [package(tmp_path, name) for name in ("a", "b", "c")]
+    paths.append(package(tmp_path, "d", description="another"))
+    catalog = Catalog.from_store(LocalStore(tmp_path))
+    a, b, c, d = (catalog.get(name).manifest for name in "abcd")
+    assert a.description is b.description is c.description and d.description == "another"
+    assert a.accepts is b.accepts is c.accepts is d.accepts
+    assert a.timeout_s is d.timeout_s and a.batching is d.batching
+    for path, manifest in zip(paths, (a, b, c, d), strict=True):
+        assert manifest == parse_manifest(path.read_text(), str(path))

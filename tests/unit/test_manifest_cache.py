@@ -200,3 +200,22 @@ def test_the_cache_holds_manifests_by_location_and_stamp(tmp_path: Path) -> None
     known = cache.load()
     assert list(known) == [str(repo / "a" / "1" / "model.toml")]
     assert known == catalog.known()
+
+
+def test_every_example_manifest_comes_back_from_the_cache_as_it_was_parsed(
+        tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    examples = sorted(Path(__file__).resolve().parents[2].glob("examples/models/*/1"))
+    for example in examples:
+        (repo / example.parent.name / "1").mkdir(parents=True)
+        manifest = repo / example.parent.name / "1" / "model.toml"
+        manifest.write_text((example / "model.toml").read_text())
+        settle(manifest)
+    cache = ManifestCache(tmp_path / "state", str(repo))
+    first, _ = started(repo, cache)
+    second, store = started(repo, ManifestCache(tmp_path / "state", str(repo)))
+    assert store.read == [] and second.reused == len(examples) >= 10
+    for parsed, cached in zip(first, second, strict=True):
+        assert cached.versions == parsed.versions
+        assert [m.model_fields_set for m in cached.versions] == \
+            [m.model_fields_set for m in parsed.versions]

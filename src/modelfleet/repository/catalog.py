@@ -166,13 +166,19 @@ class _Sharing:
     def __init__(self) -> None:
         self._values: dict[tuple[type, object], object] = {}
         self._field_sets: dict[frozenset[str], set[str]] = {}
+        # Per field, the shared value it had last: a default the schema hands out as
+        # one object (a Batching(), an empty tuple) is that very object again, and
+        # needs no hashing (pydantic hashes a model in Python).
+        self._last: dict[str, object] = {}
 
     def __call__(self, manifest: Manifest) -> Manifest:
-        fields = manifest.__dict__
+        fields, values, last = manifest.__dict__, self._values, self._last
         for name, value in fields.items():
-            if name != "name":
-                with contextlib.suppress(TypeError):  # an unhashable value stays as it is
-                    fields[name] = self._values.setdefault((type(value), value), value)
+            if name != "name" and value is not last.get(name):
+                try:
+                    fields[name] = last[name] = values.setdefault((type(value), value), value)
+                except TypeError:  # an unhashable value stays as it is
+                    pass
         fields_set = manifest.__pydantic_fields_set__
         object.__setattr__(manifest, "__pydantic_fields_set__",
                            self._field_sets.setdefault(frozenset(fields_set), fields_set))
@@ -207,6 +213,8 @@ def _configured(entry: CatalogEntry, override: ConfigOverride) -> CatalogEntry:
 
 
 def _entry(manifests: list[Manifest]) -> CatalogEntry:
+    if len(manifests) == 1:  # most models: nothing to sort
+        return CatalogEntry((manifests[0],))
     return CatalogEntry(tuple(sorted(manifests, key=lambda m: _version_key(m.version))))
 
 

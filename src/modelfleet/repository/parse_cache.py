@@ -17,8 +17,8 @@ Why it never serves a stale manifest:
   (``Catalog.known``): an invalid edit, which keeps its last good version in a running
   catalog, is not;
 - the file names the code that validated it (``fingerprint``: the sources of the
-  manifest schema and the catalog, pydantic's and Python's versions) and the
-  repository: another code's or repository's cache is not used.
+  manifest schema, its TOML reader and the catalog, pydantic's and Python's versions)
+  and the repository: another code's or repository's cache is not used.
 
 A file that cannot be read back whole (truncated, corrupted, another format: its
 digest says so) is ignored with a warning, and the start that ignored it writes a new
@@ -53,6 +53,7 @@ import pydantic
 
 from modelfleet.repository import catalog as catalog_module
 from modelfleet.repository import manifest as manifest_module
+from modelfleet.repository import plain_toml
 from modelfleet.repository.manifest import Batching, Fanout, Isolation, Manifest, TensorSpec
 
 log = logging.getLogger("modelfleet")
@@ -69,7 +70,7 @@ def fingerprint() -> str:
     """What the cached manifests' validity depends on besides their files: the code
     that parsed and validated them."""
     digest = hashlib.blake2b(digest_size=16)
-    for module in (manifest_module, catalog_module):
+    for module in (manifest_module, plain_toml, catalog_module):
         digest.update(Path(str(module.__file__)).read_bytes())
     digest.update(f"{pydantic.VERSION} {sys.version}".encode())
     return digest.hexdigest()
@@ -178,11 +179,19 @@ class ManifestCache:
         index: dict[object, int] = {}
         field_sets: list[set[str]] = []
         set_index: dict[frozenset[str], int] = {}
+        # The manifests of a scan share their equal values (catalog._Sharing): most
+        # values are found by identity, with no hashing (a pydantic model hashes in
+        # Python). Safe: ``known`` keeps every value alive, so no id is reused meanwhile.
+        by_id: dict[int, int] = {}
         cells = array("I")
         for _, manifest in known.values():
             fields = manifest.__dict__
             for name in names:
-                cells.append(_index_of(fields[name], index, values))
+                value = fields[name]
+                at = by_id.get(id(value))
+                if at is None:
+                    at = by_id[id(value)] = _index_of(value, index, values)
+                cells.append(at)
             fields_set = manifest.__pydantic_fields_set__
             at = set_index.setdefault(frozenset(fields_set), len(field_sets))
             if at == len(field_sets):

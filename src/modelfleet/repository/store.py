@@ -128,11 +128,14 @@ class LocalStore:
         self._versions = listed
 
     def read_manifest(self, location: str) -> str:
+        # Bytes, decoded whole: a text-mode file's decoder and newline translation cost
+        # more than the read at 100,000 manifests (measured). Line breaks are then
+        # translated as text mode does (CR LF and a lone CR read as LF).
         try:
-            with open(location, encoding="utf-8") as file:
-                return file.read()
+            text = _read_bytes(location).decode("utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise ManifestError(location, "(file)", f"cannot read: {exc}") from exc
+        return text.replace("\r\n", "\n").replace("\r", "\n") if "\r" in text else text
 
     def versions(self, model_id: str) -> list[str]:
         folder = self.root / model_id
@@ -264,6 +267,21 @@ class FsspecStore:
                 continue
             shutil.rmtree(package, ignore_errors=True)
             total -= sizes[package]
+
+
+def _read_bytes(path: str) -> bytes:
+    """The bytes of a file: four system calls for a small one, where ``open().read()``
+    makes nine (its buffering asks fstat, isatty and the position first)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        parts = []
+        while part := os.read(fd, 16384):
+            parts.append(part)
+    except OSError as exc:  # named, as open() names it
+        raise OSError(exc.errno, exc.strerror, path) from None
+    finally:
+        os.close(fd)
+    return b"".join(parts)
 
 
 def _folders(path: str) -> list[str]:
