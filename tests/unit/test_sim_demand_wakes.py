@@ -49,7 +49,7 @@ class EagerCheck(pull.PullAffinity):
         """What the worker's dirty set is now, taking each pending announcement as heard."""
         coord = self._coords[index]
         log = self._heard_log
-        return coord.dirty | {log[k] for k in range(coord.heard_upto, len(log))
+        return self.dirty(coord) | {log[k] for k in range(coord.heard_upto, len(log))
                               if self.passes[index][k]}
 
     def _heard(self, model: int) -> None:
@@ -81,7 +81,7 @@ class EagerCheck(pull.PullAffinity):
         expected = self._dirty_now(index)
         super()._fold_heard(coord)
         assert coord.heard_upto == len(self._heard_log)
-        assert coord.dirty == expected
+        assert self.dirty(coord) == expected
         self.folds += 1
 
 
@@ -122,7 +122,7 @@ def test_an_announcement_wakes_a_worker_once_until_counted_and_not_at_the_cap() 
     router._heard(model)
     assert woken == [0]  # to be counted already: no second wake
     router._count(coord, full=False)  # counted: the next announcement wakes again
-    assert model not in coord.dirty
+    assert model not in router.dirty(coord)
     router._heard(model)
     assert woken == [0, 0]
     # A queue last counted with as many consumers as its fan-out cap does not wake.
@@ -136,7 +136,7 @@ def test_an_announcement_wakes_a_worker_once_until_counted_and_not_at_the_cap() 
     router._heard(other)
     assert woken == [0, 0]
     router._fold_heard(coord)
-    assert other not in coord.dirty  # and it is not counted afresh at a woken re-score
+    assert other not in router.dirty(coord)  # and it is not counted afresh at a woken re-score
 
 
 def test_the_wake_at_cap_ablation_wakes_for_a_queue_at_its_cap() -> None:
@@ -151,7 +151,7 @@ def test_the_wake_at_cap_ablation_wakes_for_a_queue_at_its_cap() -> None:
     router._heard(model)
     assert woken == [0]
     router._fold_heard(coord)
-    assert model in coord.dirty
+    assert model in router.dirty(coord)
 
 
 class ExpiredBacklog(pull.PullAffinity):
