@@ -233,10 +233,14 @@ class PullAffinity:
             # re-scoring and due to again, would not change (_wake): not asked. Nor one
             # that has not folded since the model's previous entry (before >= its
             # heard_upto, below): those that have are the last to fold (_folded's tail).
+            # Under load few workers are wakeable and most have folded since: the shorter
+            # of the two walks gives the same workers.
+            wakeable = self._wakeable
             if before < 0:
-                asked = sorted(self._wakeable)
+                asked = sorted(wakeable)
+            elif len(wakeable) < len(self._folded) // 4:
+                asked = sorted(i for i in wakeable if coords[i].heard_upto > before)
             else:
-                wakeable = self._wakeable
                 asked = []
                 for index in reversed(self._folded):
                     if coords[index].heard_upto <= before:
