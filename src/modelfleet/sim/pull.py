@@ -51,6 +51,7 @@ import sys
 import zlib
 from array import array
 from collections import deque
+from collections.abc import Iterable
 from collections.abc import Set as AbstractSet
 from functools import partial
 from typing import cast
@@ -100,8 +101,11 @@ class PullAffinity:
         self._demand: dict[int, float] = {}  # model -> last announcement heard (workers)
         self._demand_log: deque[tuple[float, int]] = deque()
         self._demand_version = 0  # bumped when a model enters or leaves _demand
-        self._heard_log: list[int] = []  # every announcement heard, in order
-        self._heard_at: dict[int, int] = {}  # model -> its last entry in _heard_log
+        # Every announcement heard, in order, from position _heard_offset on (what no
+        # worker will read again is dropped: _trim_heard). Positions count from the first.
+        self._heard_log: list[int] = []
+        self._heard_offset = 0
+        self._heard_at: dict[int, int] = {}  # model -> its last position in the log
         self._heard_before = array("q")  # per entry of _heard_log: the model's previous one
         # Workers (by index) that folded what they heard (_fold_heard), in the order of
         # their last fold: their heard_upto never decreases along it.
@@ -205,6 +209,7 @@ class PullAffinity:
         sim = self.sim
         for model in list(self._parked):
             self._announce(model)
+        self._trim_heard()
         if sim.now < sim.config.duration_s + sim.config.deadline_s:
             sim.after(sim.config.announce_interval_s, self._announce_waiting)
 
@@ -256,7 +261,7 @@ class PullAffinity:
                         before >= coord.dirty_from and model not in coord.not_taken):
                     continue  # to be counted already (if it passes now, it passed then)
                 self._wake(coord)  # (before < heard_upto: in dirty iff before >= dirty_from)
-        self._heard_at[model] = len(log)
+        self._heard_at[model] = self._heard_offset + len(log)
         log.append(model)
         self._heard_before.append(before)
 
@@ -268,42 +273,78 @@ class PullAffinity:
         ``_unsubscribe``, ``_count``, and ``_gather`` before a ``_set_count``), so it
         reads what was there when each was heard."""
         upto = coord.heard_upto
-        if upto == len(self._heard_log):
+        end = self.heard_end()
+        if upto == end:
             return
-        coord.heard_upto = len(self._heard_log)
+        coord.heard_upto = end
         folded = self._folded
         folded.pop(coord.worker.index, None)
         folded[coord.worker.index] = None  # the last to fold, at the end
         # Heard since upto: those held here or at the cap are not taken now; the others
         # are dirty, whatever they were. What was not taken stays so unless heard again
         # and taken; one not taken now stays dirty if it was already.
-        heard_at = self._heard_at
-        skip = coord.consumers.keys() | coord.at_cap
-        not_taken = {m for m in coord.not_taken if heard_at[m] < upto or m in skip}
-        for m in skip:
-            if heard_at.get(m, -1) >= upto and not self._heard_within(m, coord.dirty_from,
-                                                                        upto):
+        # From the stretch heard when it is the shorter (a small fleet, where many
+        # queues sit at their cap), else from those held or at the cap (a large one).
+        not_taken = coord.not_taken
+        if end - upto <= len(coord.consumers) + len(coord.at_cap) + len(not_taken):
+            offset = self._heard_offset
+            heard = set(self._heard_log[upto - offset:])
+            taken = heard - coord.consumers.keys()
+            taken -= coord.at_cap
+            not_taken -= taken
+            skipped: Iterable[int] = heard - taken
+        else:
+            heard_at = self._heard_at
+            skip = coord.consumers.keys() | coord.at_cap
+            not_taken = coord.not_taken = {m for m in not_taken
+                                           if heard_at[m] < upto or m in skip}
+            skipped = [m for m in skip if heard_at.get(m, -1) >= upto]
+        for m in skipped:
+            if not self._heard_within(m, coord.dirty_from, upto):
                 not_taken.add(m)
-        coord.not_taken = not_taken
 
     def _heard_within(self, model: int, start: int, end: int) -> bool:
         """Is an announcement of ``model`` in ``_heard_log[start:end]``?"""
         position = self._heard_at.get(model, -1)
-        before = self._heard_before
+        before, offset = self._heard_before, self._heard_offset
         while position >= end:
-            position = before[position]
+            position = before[position - offset]
         return position >= start
+
+    def heard_end(self) -> int:
+        """The position the next announcement heard takes in the log."""
+        return self._heard_offset + len(self._heard_log)
+
+    def _trim_heard(self) -> None:
+        """Drop the announcements before every worker's ``dirty_from`` (no worker reads
+        them again: a fold reads from its ``heard_upto``, a dirty set from its
+        ``dirty_from``) once they are half the log: a fleet's gateways announce every
+        model with a request waiting four times a second."""
+        start = min((coord.dirty_from for coord in self._coords), default=0)
+        drop = start - self._heard_offset
+        if drop > len(self._heard_log) // 2:
+            del self._heard_log[:drop]
+            del self._heard_before[:drop]
+            self._heard_offset = start
 
     def dirty(self, coord: Coordinator) -> set[int]:
         """The queues ``coord`` is to count afresh at its next woken re-score: heard since
         its last count (as folded), neither held here nor at the cap when heard."""
-        found = set(self._heard_log[coord.dirty_from:coord.heard_upto])
-        found -= coord.not_taken
-        return found
+        offset = self._heard_offset
+        # A woken re-score asks twice (what to count, then the counts): the models heard
+        # up to the first ask are kept until the count, and only what came since is read.
+        heard_upto, heard = coord.heard_cache
+        if heard is None:
+            heard = set(self._heard_log[coord.dirty_from - offset:coord.heard_upto - offset])
+        elif heard_upto < coord.heard_upto:
+            heard.update(self._heard_log[heard_upto - offset:coord.heard_upto - offset])
+        coord.heard_cache = (coord.heard_upto, heard)
+        return heard - coord.not_taken
 
     def _forget_dirty(self, coord: Coordinator) -> None:
         coord.dirty_from = coord.heard_upto
         coord.not_taken = set()
+        coord.heard_cache = (0, None)
 
     # --- the broker -------------------------------------------------------------------------
 
@@ -594,8 +635,7 @@ class PullAffinity:
     def _backlogged(coord: Coordinator, models: AbstractSet[int]) -> set[int]:
         """Those of ``models`` last counted with a backlog."""
         found = models & coord.counts.keys()
-        found -= coord.empty
-        return found
+        return found - coord.empty  # (set.__sub__ walks the smaller; -= walks empty)
 
     def _set_count(self, coord: Coordinator, model: int) -> tuple[int, int]:
         """Count ``model``'s queue now (the broker's answer) and keep it as last counted.

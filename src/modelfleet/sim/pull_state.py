@@ -52,6 +52,9 @@ class Coordinator:
     # waiting, so a set would hold most of those models per worker.
     dirty_from: int = 0
     not_taken: set[int] = field(default_factory=set)
+    # The models heard from dirty_from to a position, while a woken re-score runs (None:
+    # not asked since the last count).
+    heard_cache: tuple[int, set[int] | None] = (0, None)
     heard_upto: int = 0  # announcements (PullAffinity._heard_log) folded so far
     held_backlog: set[int] = field(default_factory=set)  # held queues last seen with backlog
     changed: bool = False
