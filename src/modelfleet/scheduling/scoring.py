@@ -141,6 +141,18 @@ class QueueScorer:
         u = _held_uniform(self._rng_seed, self._worker_id, self._bucket, "noise", model_id)
         return self._noise_amplitude * (2.0 * u - 1.0)
 
+    def fresh_noise(self, model_id: str) -> float:
+        """``noise(model_id)``, hashed afresh, not through ``held_uniform``'s memo: for a
+        caller that keeps each queue's noise for the window itself (the simulator ranks
+        tens of thousands of starved queues per worker and window, far past the memo,
+        whose bookkeeping then costs more than the hash)."""
+        if self._noise_amplitude == 0:
+            return 0.0
+        digest = _prefix(self._rng_seed, self._worker_id, self._bucket, "noise").copy()
+        digest.update(model_id.encode())
+        u = int.from_bytes(digest.digest(), "big") / 2.0**64
+        return self._noise_amplitude * (2.0 * u - 1.0)
+
     def score(self, queue: QueueView, warmth: float) -> float:
         """The score of ``queue`` given its ``warmth`` (the starvation override included).
 

@@ -49,7 +49,10 @@ import math
 import random
 import sys
 import zlib
+from array import array
 from collections import deque
+from collections.abc import Iterable
+from collections.abc import Set as AbstractSet
 from functools import partial
 from typing import cast
 
@@ -98,8 +101,12 @@ class PullAffinity:
         self._demand: dict[int, float] = {}  # model -> last announcement heard (workers)
         self._demand_log: deque[tuple[float, int]] = deque()
         self._demand_version = 0  # bumped when a model enters or leaves _demand
-        self._heard_log: list[int] = []  # every announcement heard, in order
-        self._heard_at: dict[int, int] = {}  # model -> its last entry in _heard_log
+        # Every announcement heard, in order, from position _heard_offset on (what no
+        # worker will read again is dropped: _trim_heard). Positions count from the first.
+        self._heard_log: list[int] = []
+        self._heard_offset = 0
+        self._heard_at: dict[int, int] = {}  # model -> its last position in the log
+        self._heard_before = array("q")  # per entry of _heard_log: the model's previous one
         # Workers (by index) that folded what they heard (_fold_heard), in the order of
         # their last fold: their heard_upto never decreases along it.
         self._folded: dict[int, None] = {}
@@ -202,6 +209,7 @@ class PullAffinity:
         sim = self.sim
         for model in list(self._parked):
             self._announce(model)
+        self._trim_heard()
         if sim.now < sim.config.duration_s + sim.config.deadline_s:
             sim.after(sim.config.announce_interval_s, self._announce_waiting)
 
@@ -223,17 +231,21 @@ class PullAffinity:
         self._demand[model] = now
         self._demand_log.append((now, model))
         log = self._heard_log
+        before = self._heard_at.get(model, -1)  # its previous entry in the log
         if self.sim.config.event_rescores:
             coords = self._coords
-            before = self._heard_at.get(model, -1)  # its previous entry in the log
             # Those with a free permit, in worker order; one paused before a re-score, or
             # re-scoring and due to again, would not change (_wake): not asked. Nor one
             # that has not folded since the model's previous entry (before >= its
             # heard_upto, below): those that have are the last to fold (_folded's tail).
+            # Under load few workers are wakeable and most have folded since: the shorter
+            # of the two walks gives the same workers.
+            wakeable = self._wakeable
             if before < 0:
-                asked = sorted(self._wakeable)
+                asked = sorted(wakeable)
+            elif len(wakeable) < len(self._folded) // 4:
+                asked = sorted(i for i in wakeable if coords[i].heard_upto > before)
             else:
-                wakeable = self._wakeable
                 asked = []
                 for index in reversed(self._folded):
                     if coords[index].heard_upto <= before:
@@ -245,12 +257,13 @@ class PullAffinity:
                 coord = coords[index]
                 if model in coord.consumers:
                     continue  # a held queue is counted anyway
-                if model in coord.dirty or before >= coord.heard_upto \
-                        or model in coord.at_cap:
+                if before >= coord.heard_upto or model in coord.at_cap or (
+                        before >= coord.dirty_from and model not in coord.not_taken):
                     continue  # to be counted already (if it passes now, it passed then)
-                self._wake(coord)
-        self._heard_at[model] = len(log)
+                self._wake(coord)  # (before < heard_upto: in dirty iff before >= dirty_from)
+        self._heard_at[model] = self._heard_offset + len(log)
         log.append(model)
+        self._heard_before.append(before)
 
     def _fold_heard(self, coord: Coordinator) -> None:
         """Announcements heard since the last fold, each taken as ``_heard`` describes:
@@ -259,18 +272,79 @@ class PullAffinity:
         reads (the consumers, the counts) is folded before it changes (``_subscribed``,
         ``_unsubscribe``, ``_count``, and ``_gather`` before a ``_set_count``), so it
         reads what was there when each was heard."""
-        log = self._heard_log
         upto = coord.heard_upto
-        if upto == len(log):
+        end = self.heard_end()
+        if upto == end:
             return
-        heard = set(log[upto:])
-        coord.heard_upto = len(log)
+        coord.heard_upto = end
         folded = self._folded
         folded.pop(coord.worker.index, None)
         folded[coord.worker.index] = None  # the last to fold, at the end
-        heard -= coord.consumers.keys()
-        heard -= coord.at_cap
-        coord.dirty |= heard
+        # Heard since upto: those held here or at the cap are not taken now; the others
+        # are dirty, whatever they were. What was not taken stays so unless heard again
+        # and taken; one not taken now stays dirty if it was already.
+        # From the stretch heard when it is the shorter (a small fleet, where many
+        # queues sit at their cap), else from those held or at the cap (a large one).
+        not_taken = coord.not_taken
+        if end - upto <= len(coord.consumers) + len(coord.at_cap) + len(not_taken):
+            offset = self._heard_offset
+            heard = set(self._heard_log[upto - offset:])
+            taken = heard - coord.consumers.keys()
+            taken -= coord.at_cap
+            not_taken -= taken
+            skipped: Iterable[int] = heard - taken
+        else:
+            heard_at = self._heard_at
+            skip = coord.consumers.keys() | coord.at_cap
+            not_taken = coord.not_taken = {m for m in not_taken
+                                           if heard_at[m] < upto or m in skip}
+            skipped = [m for m in skip if heard_at.get(m, -1) >= upto]
+        for m in skipped:
+            if not self._heard_within(m, coord.dirty_from, upto):
+                not_taken.add(m)
+
+    def _heard_within(self, model: int, start: int, end: int) -> bool:
+        """Is an announcement of ``model`` in ``_heard_log[start:end]``?"""
+        position = self._heard_at.get(model, -1)
+        before, offset = self._heard_before, self._heard_offset
+        while position >= end:
+            position = before[position - offset]
+        return position >= start
+
+    def heard_end(self) -> int:
+        """The position the next announcement heard takes in the log."""
+        return self._heard_offset + len(self._heard_log)
+
+    def _trim_heard(self) -> None:
+        """Drop the announcements before every worker's ``dirty_from`` (no worker reads
+        them again: a fold reads from its ``heard_upto``, a dirty set from its
+        ``dirty_from``) once they are half the log: a fleet's gateways announce every
+        model with a request waiting four times a second."""
+        start = min((coord.dirty_from for coord in self._coords), default=0)
+        drop = start - self._heard_offset
+        if drop > len(self._heard_log) // 2:
+            del self._heard_log[:drop]
+            del self._heard_before[:drop]
+            self._heard_offset = start
+
+    def dirty(self, coord: Coordinator) -> set[int]:
+        """The queues ``coord`` is to count afresh at its next woken re-score: heard since
+        its last count (as folded), neither held here nor at the cap when heard."""
+        offset = self._heard_offset
+        # A woken re-score asks twice (what to count, then the counts): the models heard
+        # up to the first ask are kept until the count, and only what came since is read.
+        heard_upto, heard = coord.heard_cache
+        if heard is None:
+            heard = set(self._heard_log[coord.dirty_from - offset:coord.heard_upto - offset])
+        elif heard_upto < coord.heard_upto:
+            heard.update(self._heard_log[heard_upto - offset:coord.heard_upto - offset])
+        coord.heard_cache = (coord.heard_upto, heard)
+        return heard - coord.not_taken
+
+    def _forget_dirty(self, coord: Coordinator) -> None:
+        coord.dirty_from = coord.heard_upto
+        coord.not_taken = set()
+        coord.heard_cache = (0, None)
 
     # --- the broker -------------------------------------------------------------------------
 
@@ -453,7 +527,7 @@ class PullAffinity:
         """How many queues this re-score counts (their cost; the counts come later)."""
         self._fold_heard(coord)
         if not full:
-            return len(coord.dirty | coord.held_backlog)
+            return len(self.dirty(coord) | coord.held_backlog)
         self._expire_demand()
         extra = sum(1 for m in coord.consumers if m not in self._demand)
         return len(self._demand) + extra
@@ -509,7 +583,7 @@ class PullAffinity:
         self._meter(coord)
         coord.waiting = waiting
         coord.untaken = untaken
-        coord.held_backlog = coord.consumers.keys() & coord.backlogged \
+        coord.held_backlog = self._backlogged(coord, coord.consumers.keys()) \
             if sim.config.recount_held_backlog else set()
         coord.meter_free = coord.worker.free_permits
         now = sim.now
@@ -557,6 +631,12 @@ class PullAffinity:
         # set.difference takes a dict as it is (a lookup per own candidate).
         return len(self._demand) + len(coord.own.difference(self._demand))
 
+    @staticmethod
+    def _backlogged(coord: Coordinator, models: AbstractSet[int]) -> set[int]:
+        """Those of ``models`` last counted with a backlog."""
+        found = models & coord.counts.keys()
+        return found - coord.empty  # (set.__sub__ walks the smaller; -= walks empty)
+
     def _set_count(self, coord: Coordinator, model: int) -> tuple[int, int]:
         """Count ``model``'s queue now (the broker's answer) and keep it as last counted.
         The caller has folded what was heard (``_fold_heard``): it was heard by the
@@ -570,14 +650,14 @@ class PullAffinity:
         else:
             coord.at_cap.discard(model)
         if count[0] > 0:
-            coord.backlogged.add(model)
+            coord.empty.discard(model)
             if count[1] == 0:
-                coord.starved.add(model)
+                coord.fed.discard(model)
             else:
-                coord.starved.discard(model)
+                coord.fed.add(model)
         else:
-            coord.backlogged.discard(model)
-            coord.starved.discard(model)
+            coord.empty.add(model)
+            coord.fed.discard(model)
         return count
 
     def _count(self, coord: Coordinator, full: bool) -> None:
@@ -592,7 +672,7 @@ class PullAffinity:
             # Every candidate is counted now: what was folded into dirty before this
             # re-score began is forgotten, what was heard since is dirty (by the counts
             # it was heard with, so folded before they are replaced).
-            coord.dirty.clear()
+            self._forget_dirty(coord)
             self._fold_heard(coord)
             # What _set_count does per model, over the sets at once (_qstate, _nonempty,
             # _consumed and _capped say what a count says now): this runs per worker per
@@ -605,15 +685,16 @@ class PullAffinity:
                                              strict=True))
             now_counted = counts.keys()
             coord.at_cap = now_counted & self._capped
-            coord.backlogged = now_counted & self._nonempty
-            coord.starved = coord.backlogged - self._consumed
-            # backlogged and starved follow from the counts: equal counts, nothing changed.
+            # The counted beyond own are all backlogged (of _nonempty).
+            coord.empty = own - self._nonempty
+            coord.fed = (now_counted & self._consumed) & self._nonempty
+            # empty and fed follow from the counts: equal counts, nothing changed.
             if counts != old:
                 coord.version += 1
             return
         self._fold_heard(coord)  # what was heard while the stats were asked, too
         # What _set_count does, over a set at once: this runs per worker per announcement.
-        counted = coord.dirty & demand.keys()
+        counted = self.dirty(coord) & demand.keys()
         counted.update(coord.held_backlog & coord.consumers.keys())  # held, last with backlog
         models = list(counted)
         fresh = list(map(self._qstate.__getitem__, models))
@@ -623,11 +704,11 @@ class PullAffinity:
         coord.at_cap -= counted
         coord.at_cap |= counted & self._capped
         waiting = counted & self._nonempty  # _nonempty: the queues not empty
-        coord.backlogged -= counted
-        coord.backlogged |= waiting
-        coord.starved -= counted
-        coord.starved |= waiting - self._consumed
-        coord.dirty.clear()
+        coord.empty |= counted
+        coord.empty -= waiting
+        coord.fed -= counted
+        coord.fed |= waiting & self._consumed
+        self._forget_dirty(coord)
 
     def observation(self, coord: Coordinator) -> Observation:
         """What this worker's coordinator knows now (``scheduling.Observation``): the
@@ -663,12 +744,12 @@ class PullAffinity:
         for models in busy:
             gather.update(m for m in models if m in demand or m in own)
         if any(slots > 0 for slots in room):
-            cold = demand.keys() & coord.backlogged
+            cold = self._backlogged(coord, demand.keys())
             cold -= gather  # own, and loading here in demand
             for models in busy:
                 cold -= models
-            starved = cold & coord.starved
-            cold -= starved
+            starved = cold - coord.fed
+            cold &= coord.fed
             if len(room) == 1:
                 gather |= cold
                 self._claimable(coord, starved, room[0], gather)

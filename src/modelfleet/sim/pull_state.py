@@ -38,11 +38,24 @@ class Coordinator:
     windows: dict[int, int] = field(default_factory=dict)
     waiters: deque[Consumer] = field(default_factory=deque)  # the permit semaphore's FIFO
     counts: dict[int, tuple[int, int]] = field(default_factory=dict)  # as last counted
-    backlogged: set[int] = field(default_factory=set)  # those of counts with a backlog
-    starved: set[int] = field(default_factory=set)  # ... and no consumer anywhere
+    # Of counts, kept as the few exceptions (a fleet's worker counts tens of thousands of
+    # backlogged queues, nearly all of them starved): those last counted with no backlog,
+    # and those with a backlog and a consumer. The backlogged are the counts' others;
+    # the starved (a backlog, no consumer anywhere), those of them not fed.
+    empty: set[int] = field(default_factory=set)
+    fed: set[int] = field(default_factory=set)
     at_cap: set[int] = field(default_factory=set)  # those of counts at their fan-out cap
-    dirty: set[int] = field(default_factory=set)
-    heard_upto: int = 0  # announcements (PullAffinity._heard_log) folded into dirty so far
+    # The queues to count afresh at the next woken re-score (PullAffinity.dirty): the
+    # models heard from dirty_from to heard_upto in PullAffinity._heard_log, but those in
+    # not_taken (held here or at the cap whenever heard). Kept as a stretch of the shared
+    # log, not a set of its own: the gateways re-announce every model with a request
+    # waiting, so a set would hold most of those models per worker.
+    dirty_from: int = 0
+    not_taken: set[int] = field(default_factory=set)
+    # The models heard from dirty_from to a position, while a woken re-score runs (None:
+    # not asked since the last count).
+    heard_cache: tuple[int, set[int] | None] = (0, None)
+    heard_upto: int = 0  # announcements (PullAffinity._heard_log) folded so far
     held_backlog: set[int] = field(default_factory=set)  # held queues last seen with backlog
     changed: bool = False
     state: int = WAITING

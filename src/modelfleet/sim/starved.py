@@ -9,8 +9,8 @@ those that can be among the best (``StarvedRanks.best``), with the same ranks.
 
 from __future__ import annotations
 
-import heapq
 import math
+from bisect import insort
 from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
@@ -73,12 +73,14 @@ class StarvedRanks:
         # (priority, -backlog, model): in the order to rank them, a group of equal
         # priority and backlog after another.
         order = sorted([(priority[m], -counts[m][0], m) for m in contenders])
-        ranked: list[Rank] = []
+        # The best ``slots`` ranked so far, in order (ranks are unique: the model's index
+        # ends each), kept as each is ranked rather than found again per group.
+        best: list[Rank] = []
         i, n = 0, len(order)
         while i < n:
             level, negative_backlog, _ = order[i]
-            if len(ranked) >= slots:
-                worst = heapq.nsmallest(slots, ranked)[-1]
+            if len(best) >= slots:
+                worst = best[-1]
                 if level > worst[0] or scorer.starving_score(
                         -negative_backlog, amplitude) < -worst[1] - _MARGIN:
                     break  # level == worst[0] in the second test (ranked in order)
@@ -87,9 +89,13 @@ class StarvedRanks:
                 rank = memo.get(key)
                 if rank is None:
                     rank = memo[key] = self._rank(scorer, *key)
-                ranked.append(rank)
+                if len(best) < slots:
+                    insort(best, rank)
+                elif rank < best[-1]:
+                    best.pop()
+                    insort(best, rank)
                 i += 1
-        return [rank[-1] for rank in heapq.nsmallest(slots, ranked)]
+        return [rank[-1] for rank in best]
 
     def _rank(self, scorer: QueueScorer, model: int, backlog: int) -> Rank:
         """Its priority as ``snapshot_of`` ranks it, then ``QueueScorer.score`` of its
@@ -98,6 +104,6 @@ class StarvedRanks:
         name = self.names[model]
         noise = self.noise.get(model)
         if noise is None:
-            noise = self.noise[model] = scorer.noise(name)
+            noise = self.noise[model] = scorer.fresh_noise(name)
         return (self.rank_priority[model], -scorer.starving_score(backlog, noise), name,
                 model)
