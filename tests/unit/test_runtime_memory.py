@@ -15,11 +15,12 @@ import pytest
 
 from modelfleet.cache import LruPolicy, ModelCache
 from modelfleet.errors import NoCapacity
+from modelfleet.libc import trim
 from modelfleet.repository import LocalStore
 from modelfleet.runtime.device import DeviceMemory
 from modelfleet.runtime.host import ModelHost
 from modelfleet.runtime.inprocess import InProcessRuntime
-from modelfleet.runtime.memory import MemoryGuard, configure_allocator, rss_bytes, trim
+from modelfleet.runtime.memory import MemoryGuard, configure_allocator, rss_bytes
 from modelfleet.runtime.server import RuntimeService
 from modelfleet.settings import RuntimeSettings, Settings
 from tests.procs import write_package

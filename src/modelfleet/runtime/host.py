@@ -38,6 +38,7 @@ from modelfleet.cache import POLICIES, Eviction, ModelCache
 from modelfleet.errors import ConfigError, ModelfleetError, ModelLoadFailed, NoCapacity
 from modelfleet.ipc.flight import FlightRecord
 from modelfleet.ipc.protocol import DeviceBudget, Load, RuntimeStats
+from modelfleet.libc import trim
 from modelfleet.model.api import Context, Model
 from modelfleet.model.importer import import_handler
 from modelfleet.model.pipeline import Batcher
@@ -51,7 +52,7 @@ from modelfleet.runtime.device import (
     release_device_memory,
     resolve_device,
 )
-from modelfleet.runtime.memory import MemoryGuard, trim
+from modelfleet.runtime.memory import MemoryGuard
 from modelfleet.settings import RuntimeSettings
 
 log = logging.getLogger("modelfleet.runtime")

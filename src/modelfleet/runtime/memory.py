@@ -42,16 +42,16 @@ The budget is read live from the cache, so ``ModelHost.set_budgets`` moves the l
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import gc
 import logging
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import psutil
 
 from modelfleet.errors import NoCapacity
+from modelfleet.libc import LIBC as _LIBC
+from modelfleet.libc import trim
 from modelfleet.runtime.device import DeviceMemory, device_memory
 
 log = logging.getLogger("modelfleet.runtime")
@@ -61,19 +61,6 @@ _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
 
 
-def _glibc() -> ctypes.CDLL | None:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.gnu_get_libc_version.restype = ctypes.c_char_p
-        libc.gnu_get_libc_version()
-    except (OSError, AttributeError):
-        return None  # not glibc (musl has no gnu_get_libc_version)
-    return libc
-
-
-_LIBC = _glibc()
 
 
 def configure_allocator(mmap_threshold_bytes: int) -> str:
@@ -93,10 +80,6 @@ def configure_allocator(mmap_threshold_bytes: int) -> str:
     return f"mmap threshold fixed at {mmap_threshold_bytes} bytes"
 
 
-def trim() -> bool:
-    """Give freed heap pages back to the system (``malloc_trim(0)``); False if none or
-    not glibc."""
-    return _LIBC is not None and bool(_LIBC.malloc_trim(ctypes.c_size_t(0)))
 
 
 def rss_bytes() -> int:
