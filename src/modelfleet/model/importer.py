@@ -27,6 +27,16 @@ _IMPORT_LOCK = threading.Lock()  # sys.path and sys.modules are process-wide
 _FRAMEWORK_LOCK = threading.RLock()
 
 
+def import_framework(name: str) -> ModuleType:
+    """Import a framework the runtime needs for a model itself (torch, to ask whether
+    CUDA is there), one thread at a time with the handlers' own framework imports."""
+    module = sys.modules.get(name)
+    if module is not None:
+        return module
+    with _FRAMEWORK_LOCK:
+        return importlib.import_module(name)
+
+
 def import_handler(manifest: Manifest, package_dir: Path) -> type[Model]:
     """Import the handler class named by ``entrypoint = "module:Class"``.
 

@@ -29,12 +29,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from modelfleet.model.importer import import_framework
 from modelfleet.model.tiers import SizedModel, TierMovable
 
 
 def cuda_available() -> bool:
+    """Whether torch sees a CUDA device; imports torch (seconds) if it is not yet."""
     try:
-        import torch
+        torch = import_framework("torch")
     except ImportError:
         return False
     return bool(torch.cuda.is_available())

@@ -223,6 +223,28 @@ class ModelHost:
             if done.done() and not done.cancelled():
                 done.exception()  # mark retrieved: a load nobody awaited is not an error
 
+    async def _device_for(self, requested: str) -> str:
+        """The device a model will use. Asking for CUDA imports torch if it is not yet
+        (seconds: in a thread): that import is the model's framework, kept for the
+        zygote like a load's imports, and what it adds to RSS is overhead."""
+        if requested != "cuda":
+            return resolve_device(requested)
+        before = set(sys.modules)
+        rss_before = self.memory.rss() if self.memory is not None else 0
+        device = await asyncio.to_thread(resolve_device, requested)
+        if self._note_frameworks(before) and self.memory is not None:
+            self.memory.count_imports(rss_before, 0)
+        return device
+
+    def _note_frameworks(self, before: set[str], own: str | None = None) -> bool:
+        """Add the modules imported since ``before`` (not ours, not the package's
+        own) to the frameworks the runtime reports; True if any was new."""
+        skipped = ("modelfleet", "_", own) if own else ("modelfleet", "_")
+        imported = {name for name in set(sys.modules) - before if not name.startswith(skipped)}
+        new = bool(imported - self.frameworks)
+        self.frameworks |= imported
+        return new
+
     async def _load_now(self, model_id: str, version: str, pinned: bool) -> LoadedModel:
         key = residency_key(model_id, version)
         current = self._models.get(key)
@@ -238,7 +260,7 @@ class ModelHost:
         package_dir, source = await asyncio.to_thread(self._store.materialize, model_id, version)
         manifest = load_manifest(package_dir / "model.toml")
         pinned = pinned or manifest.fanout.pinned  # pinned stays pinned across restarts
-        device = resolve_device(manifest.device)
+        device = await self._device_for(manifest.device)
         size = self.cache.last_measured_bytes(key) or manifest.memory_estimate_bytes
         if device == "cpu":
             # On CPU a load measures at least its package's bytes: reserve that much, or
@@ -266,10 +288,7 @@ class ModelHost:
                 raise ModelLoadFailed(f"model '{model_id}' failed to load: {exc!r}") from exc
             handler = handlers.pop()
             own = handler.__class__.__module__.split(".")[0]
-            imported = {name for name in set(sys.modules) - before
-                        if not name.startswith(("modelfleet", "_", own))}
-            new_frameworks = bool(imported - self.frameworks)
-            self.frameworks |= imported
+            new_frameworks = self._note_frameworks(before, own)
         except BaseException:
             self.cache.release(key)
             raise
