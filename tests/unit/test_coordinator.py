@@ -415,6 +415,31 @@ async def test_leaving_the_cold_lanes_while_a_task_is_passed_on_leaves_nothing_u
     assert stats["newmodel"].backlog == 1
 
 
+async def test_leaving_the_cold_lanes_as_a_task_it_runs_arrives_loses_nothing(
+        worker: Worker, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker leaves the lanes (its runtime went down) just as a task it would run
+    arrives from them: the task is run, or goes back to the lane, never held unanswered.
+    (It was dropped between the check and the start, its delivery held unsettled until
+    its caller's 60 s deadline: the pill test's innocent neighbour, on a busy machine.)"""
+    lanes = worker.coordinator._lanes
+    accepting = lanes._accepting
+    leaving: list[asyncio.Task[None]] = []
+
+    def runtime_goes_down_now(model_id: str) -> bool:
+        if not leaving:
+            leaving.append(asyncio.create_task(lanes.leave()))
+        return accepting(model_id)
+
+    monkeypatch.setattr(lanes, "_accepting", runtime_goes_down_now)
+    task = worker.task("lane")
+    await worker.broker.publish_task(task, cold_lane(0))
+    reply = await asyncio.wait_for(worker.reply(), 30)
+    assert reply.request_id == task.request_id and reply.status == "ok"
+    assert leaving
+    await leaving[0]
+    await settled(worker.broker, cold_lane(0))
+
+
 async def test_a_cold_lane_task_this_worker_cannot_run_goes_to_its_models_queue(
         worker: Worker) -> None:
     """A model this worker's catalog does not know (published a moment ago, say) is not

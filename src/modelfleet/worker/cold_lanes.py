@@ -101,13 +101,18 @@ class ColdLanes:
 
     async def _consume(self, subscription: Subscription) -> None:
         async for delivery in subscription:
-            # Shielded: leaving the lanes (a runtime down: nothing is accepted, so all
-            # that arrives is being passed on) must not cut a pass-on short, which left
-            # its delivery unsettled, held by a channel that then never closed, until its
-            # caller's deadline (a bystander's 504 in the pill bench on RabbitMQ).
-            if await asyncio.shield(self._passed_on(delivery)):
+            # Decided before any await: leaving the lanes cancels this loop, and a
+            # delivery must then be passed on, started or released, never dropped
+            # between the three (one kept here while the decision was in flight was
+            # held unsettled until its caller's deadline: a 504 after 60 s).
+            if not self._accepting(delivery.task.model_id):
+                # Shielded: leaving the lanes (a runtime down: nothing is accepted, so all
+                # that arrives is passed on) must not cut a pass-on short, which left its
+                # delivery unsettled, held by a channel that then never closed, until its
+                # caller's deadline (a bystander's 504 in the pill bench on RabbitMQ).
+                await asyncio.shield(self._pass_on(delivery))
                 continue
-            task = await self._start(delivery)
+            task = await self._start(delivery)  # released if cancelled before it starts
             metrics.COLD_LANE_TASKS.inc()
             self.in_flight += 1
             task.add_done_callback(self._finished)
@@ -115,16 +120,12 @@ class ColdLanes:
     def _finished(self, _: asyncio.Task[None]) -> None:
         self.in_flight -= 1
 
-    async def _passed_on(self, delivery: Delivery) -> bool:
+    async def _pass_on(self, delivery: Delivery) -> None:
         """A lane task this worker cannot run (a model its catalog does not know yet,
         one only other workers run, or one whose runtime takes nothing now) goes to its
-        model's own queue, announced, where the fleet's scoring finds it. True if so."""
-        model_id = delivery.task.model_id
-        if self._accepting(model_id):
-            return False
+        model's own queue, announced, where the fleet's scoring finds it."""
         with contextlib.suppress(BrokerUnavailable):
             await self._broker.republish(delivery.task)
             await delivery.ack()
             metrics.COLD_LANE_PASSED_ON.inc()
-            await self._announce_queued(model_id)
-        return True
+            await self._announce_queued(delivery.task.model_id)
