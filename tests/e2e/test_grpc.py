@@ -19,7 +19,6 @@ from typing import Any
 import grpc
 import numpy as np
 import pytest
-from kserve import InferenceGRPCClient, InferInput, InferRequest
 
 from modelfleet.gateway.grpc_api import inference_pb2 as pb
 from tests.conftest import rabbitmq_url, require_rabbitmq
@@ -108,6 +107,8 @@ def test_the_readme_grpc_example_runs_as_printed(served: tuple[str, str]) -> Non
 
 
 async def kserve_infer(address: str) -> tuple[bool, bool, np.ndarray, list[Any]]:
+    from kserve import InferenceGRPCClient, InferInput, InferRequest  # ~1 s to import
+
     async with InferenceGRPCClient(address, timeout=60) as client:
         ready = await client.is_server_ready()
         model_ready = await client.is_model_ready("iris")

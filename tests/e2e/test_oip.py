@@ -24,7 +24,6 @@ import pytest
 import tritonclient.http as triton
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kserve import InferenceRESTClient, InferInput, InferRequest, RESTConfig
 from tritonclient.utils import InferenceServerException
 
 from modelfleet.oip.codec import decode_response, encode_request
@@ -424,6 +423,8 @@ def test_damaged_binary_requests_get_4xx_never_5xx(served: str, which: int, cut:
 # --- the KServe SDK's REST client against `modelfleet serve` ---------------------------
 
 def test_kserve_rest_client(served: str) -> None:
+    from kserve import InferenceRESTClient, InferInput, InferRequest, RESTConfig
+
     async def run() -> None:
         client = InferenceRESTClient(RESTConfig(protocol="v2", retries=0, timeout=120))
         assert await client.is_server_live(served) and await client.is_server_ready(served)
@@ -507,6 +508,8 @@ def test_on_rabbitmq(fleet: tuple[str, str]) -> None:
     _, arrays = decode_response(answer.content,
                                 int(answer.headers["inference-header-content-length"]))
     assert arrays["class_index"].tolist() == [0, 1, 2] * 40_000
+
+    from kserve import InferenceRESTClient, InferInput, InferRequest, RESTConfig
 
     async def kserve_infer() -> Any:
         tensor = InferInput("features", list(ROWS.shape), "FP32")

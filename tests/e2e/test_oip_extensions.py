@@ -15,7 +15,6 @@ import httpx
 import numpy as np
 import pytest
 import tritonclient.http as triton
-from sklearn.datasets import load_digits
 from tritonclient.utils import InferenceServerException
 
 from tests.procs import EXAMPLES, provision_key, serve, write_package
@@ -125,6 +124,8 @@ def test_model_config_in_tritons_shape(served: str) -> None:
 
 
 def test_classification_gives_the_top_digits_by_name(served: str) -> None:
+    from sklearn.datasets import load_digits  # imported here: ~1.5 s of every collection
+
     digits = load_digits()
     rows = digits.data[:4].astype(np.float32)
     pixels = triton.InferInput("pixels", list(rows.shape), "FP32")

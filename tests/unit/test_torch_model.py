@@ -5,8 +5,6 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
-import torch
-
 from modelfleet.model import Request
 from modelfleet.model.pipeline import handle_request
 from modelfleet.repository import LocalStore
@@ -70,6 +68,8 @@ async def test_demote_promote_round_trip_keeps_outputs(tmp_path: Path) -> None:
     assert loaded is not None  # the same object, demoted: no reload happened
     assert all(p.device.type == "cpu" for p in loaded.handler.net.parameters())
     assert await infer(host, "a") == before
+    import torch  # here, not at the top: ~2 s of every test collection
+
     expected_device = "cuda" if torch.cuda.is_available() else "cpu"
     assert loaded.handler.device == expected_device
     assert [load.source for load in host.stats().loads] == ["repository", "repository", "host"]
