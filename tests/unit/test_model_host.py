@@ -420,21 +420,41 @@ async def test_a_promotion_whose_host_copy_is_dropped_while_it_waits_loads_afres
     books_match(host)
 
 
+class LoadGate(types.ModuleType):
+    """Holds every load in its handler's ``load`` until opened."""
+
+    def __init__(self) -> None:
+        super().__init__("mf_load_probe")
+        self.entered, self.opened = threading.Event(), threading.Event()
+
+    def enter(self) -> None:
+        self.entered.set()
+        self.opened.wait(30)
+
+    def leave(self) -> None:
+        pass
+
+
 async def test_a_budget_moved_away_during_a_load_does_not_fail_its_request(
-        tmp_path: Path) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The worker's pool lowers this runtime's budget (``set_budgets``) below a pinned
     model and a load in flight: the load lands and its request is served; the next load
-    evicts down to the new budget."""
+    evicts down to the new budget. (The load is held until the budget has moved: with a
+    0.5 s load instead, a busy machine once moved it only after the load had landed.)"""
     package(tmp_path, "keep", 3, pinned=True)
-    package(tmp_path, "a", 3, load_s=0.5)
+    package(tmp_path, "a", 3)
     package(tmp_path, "b", 1)
     host = host_for(tmp_path, 7, 0)
     x = [0.5] * 64
     await infer(host, "keep", x)
+    gate = LoadGate()
+    monkeypatch.setitem(sys.modules, "mf_load_probe", gate)  # read by a's handler module
     loading = asyncio.create_task(infer(host, "a", x))
-    await eventually(lambda: host.cache.reservation("a@1") is not None, 5,
-                     what="a's load started", every_s=0.01)
+    assert await asyncio.to_thread(gate.entered.wait, 30), "a's load never started"
+    assert host.cache.reservation("a@1") is not None
     await host.set_budgets(5 * MiB, 0)
+    gate.opened.set()
+    monkeypatch.delitem(sys.modules, "mf_load_probe")
     assert len(await loading) == 4
     assert host.tier_of("a", "1") == "device"
     books_match(host)
