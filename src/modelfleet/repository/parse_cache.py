@@ -54,13 +54,15 @@ import pydantic
 from modelfleet.repository import catalog as catalog_module
 from modelfleet.repository import manifest as manifest_module
 from modelfleet.repository import plain_toml
+from modelfleet.repository import store as store_module
 from modelfleet.repository.manifest import Batching, Fanout, Isolation, Manifest, TensorSpec
+from modelfleet.repository.store import Folders  # model -> (folder stamp, versions)
 
 log = logging.getLogger("modelfleet")
 
 Known = Mapping[str, tuple[int, Manifest]]  # location -> (stamp digest, manifest)
 
-_MAGIC = b"modelfleet-manifests-4\n"
+_MAGIC = b"modelfleet-manifests-5\n"
 _DIGEST_BYTES = 32
 _CLASSES = {(cls.__module__, cls.__qualname__): cls
             for cls in (Manifest, Batching, Isolation, Fanout, TensorSpec)}
@@ -70,7 +72,7 @@ def fingerprint() -> str:
     """What the cached manifests' validity depends on besides their files: the code
     that parsed and validated them."""
     digest = hashlib.blake2b(digest_size=16)
-    for module in (manifest_module, plain_toml, catalog_module):
+    for module in (manifest_module, plain_toml, catalog_module, store_module):
         digest.update(Path(str(module.__file__)).read_bytes())
     digest.update(f"{pydantic.VERSION} {sys.version}".encode())
     return digest.hexdigest()
@@ -109,35 +111,45 @@ class ManifestCache:
     def load(self) -> dict[str, tuple[int, Manifest]]:
         """The manifests kept (location -> (stamp digest, manifest)); none if there is
         no file, or one that is not whole and this code's and repository's."""
+        return self.load_with_folders()[0]
+
+    def load_with_folders(self) -> tuple[dict[str, tuple[int, Manifest]], Folders]:
+        """The manifests kept, and the model folders' listings kept with them
+        (``LocalStore.folders``: a start then lists only the folders that changed)."""
         try:
             data = self.path.read_bytes()
         except FileNotFoundError:
-            return {}
+            return {}, {}
         except OSError as exc:
             log.warning("repository: cannot read the manifest cache %s (%s): parsing "
                         "every manifest", self.path, exc.strerror)
-            return {}
+            return {}, {}
         try:
             return self._decoded(data)
         except Exception as exc:  # whatever a damaged file raises: ignored, rebuilt
             log.warning("repository: ignoring the manifest cache %s (%s); it is rebuilt "
                         "by this start", self.path, exc)
-            return {}
+            return {}, {}
 
-    def _decoded(self, data: bytes) -> dict[str, tuple[int, Manifest]]:
+    def _decoded(self, data: bytes) -> tuple[dict[str, tuple[int, Manifest]], Folders]:
         head = len(_MAGIC) + _DIGEST_BYTES
         if not data.startswith(_MAGIC) or len(data) < head:
             raise ValueError("not a manifest cache")
         payload = memoryview(data)[head:]
         if hashlib.blake2b(payload, digest_size=_DIGEST_BYTES).digest() != data[len(_MAGIC):head]:
             raise ValueError("damaged: its digest does not match")
-        fingerprint_, repo, joined, stamps, model_ids, names, values, field_sets, cells = \
+        (fingerprint_, repo, joined, stamps, model_ids, names, values, field_sets, cells,
+         folder_names, folder_stamps, version_sets, folder_versions) = \
             _ManifestsOnly(io.BytesIO(payload)).load()
         if fingerprint_ != self._fingerprint or repo != self._repo:
             log.info("repository: the manifest cache %s was made by other code or for "
                      "another repository; rebuilt by this start", self.path)
-            return {}
+            return {}, {}
         if not (isinstance(joined, str) and isinstance(model_ids, str)
+                and isinstance(folder_names, str) and isinstance(folder_stamps, bytes)
+                and isinstance(folder_versions, bytes) and isinstance(version_sets, list)
+                and all(isinstance(each, tuple) and all(isinstance(v, str) for v in each)
+                        for each in version_sets)
                 and isinstance(stamps, bytes)
                 and isinstance(cells, bytes) and isinstance(values, list)
                 and isinstance(field_sets, list)
@@ -164,11 +176,18 @@ class ManifestCache:
             object.__setattr__(manifest, "__pydantic_extra__", None)
             object.__setattr__(manifest, "__pydantic_private__", None)
             manifests.append(manifest)
-        return dict(zip(locations, zip(digests, manifests, strict=True), strict=True))
+        models = folder_names.split("\0") if folder_names else []
+        folder_digests, listed = array("q"), array("I")
+        folder_digests.frombytes(folder_stamps)
+        listed.frombytes(folder_versions)
+        folders = dict(zip(models, zip(folder_digests, map(version_sets.__getitem__, listed),
+                                       strict=True), strict=True))
+        return dict(zip(locations, zip(digests, manifests, strict=True), strict=True)), folders
 
-    def save(self, known: Known) -> None:
-        """Keep ``known`` (``Catalog.known``), replacing the file whole; a failure to
-        write is logged (the next start parses more), never raised."""
+    def save(self, known: Known, folders: Folders | None = None) -> None:
+        """Keep ``known`` (``Catalog.known``) and the store's ``folders`` listings, if
+        given (``LocalStore.folders``), replacing the file whole; a failure to write is
+        logged (the next start parses more), never raised."""
         # NUL never occurs in a path: the locations travel as one string.
         joined = "\0".join(known)
         stamps = array("Q", (stamp for stamp, _ in known.values())).tobytes()
@@ -197,8 +216,20 @@ class ManifestCache:
             if at == len(field_sets):
                 field_sets.append(set(fields_set))
             cells.append(at)
+        folders = folders or {}
+        version_sets: list[tuple[str, ...]] = []
+        version_index: dict[tuple[str, ...], int] = {}
+        listed = array("I")
+        for _, versions in folders.values():
+            at = version_index.setdefault(versions, len(version_sets))
+            if at == len(version_sets):
+                version_sets.append(versions)
+            listed.append(at)
         payload = pickle.dumps((self._fingerprint, self._repo, joined, stamps, model_ids,
-                                names, values, field_sets, cells.tobytes()),
+                                names, values, field_sets, cells.tobytes(),
+                                "\0".join(folders),
+                                array("q", (stamp for stamp, _ in folders.values())).tobytes(),
+                                version_sets, listed.tobytes()),
                                protocol=pickle.HIGHEST_PROTOCOL)
         digest = hashlib.blake2b(payload, digest_size=_DIGEST_BYTES).digest()
         staging = self.path.with_name(f".{self.path.name}.{uuid.uuid4().hex[:12]}")
