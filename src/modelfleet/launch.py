@@ -35,7 +35,6 @@ from modelfleet import metrics
 from modelfleet.broker import Broker, create_broker
 from modelfleet.control.orders import OrderStore
 from modelfleet.database import default_location
-from modelfleet.dlq.embedded import archiving
 from modelfleet.errors import ConfigError
 from modelfleet.gateway.app import create_app
 from modelfleet.gateway.auth import guarded, tenant_gate
@@ -53,9 +52,6 @@ from modelfleet.repository.store import PackageWriter, store_folders
 from modelfleet.settings import Settings
 from modelfleet.tenancy.plans import with_plans_file
 from modelfleet.tenancy.store import store_location
-from modelfleet.worker.coordinator import Coordinator
-from modelfleet.worker.health import create_health_app
-from modelfleet.worker.supervisor import RuntimeSupervisor
 
 log = logging.getLogger("modelfleet")
 
@@ -238,6 +234,8 @@ def _dead_letters_archived(broker: Broker, settings: Settings
     """On the embedded broker, serve archives its own dead letters (nobody else can)."""
     if settings.broker.url != "memory":
         return contextlib.nullcontext()
+    from modelfleet.dlq.embedded import archiving
+
     return archiving(broker, default_location(settings.state_dir))
 
 
@@ -257,6 +255,10 @@ async def serve(settings: Settings) -> None:
     settings = with_plans_file(settings)  # a plans file's fan-out and priorities
     _secure_logs(settings)
     metrics.bound_models(settings.metrics_models)
+    # The worker's parts here, not at import: the gateway alone does without them.
+    from modelfleet.worker.coordinator import Coordinator
+    from modelfleet.worker.supervisor import RuntimeSupervisor
+
     cache = manifest_cache(settings)
     store, catalog = open_repository(settings, cache)
     with _listen(settings.gateway.host, settings.gateway.port) as listener, \
@@ -338,6 +340,10 @@ async def worker(settings: Settings, host: str, port: int) -> None:
     settings = with_plans_file(settings)  # a plans file's fan-out and priorities
     _secure_logs(settings)
     metrics.bound_models(settings.metrics_models)
+    from modelfleet.worker.coordinator import Coordinator
+    from modelfleet.worker.health import create_health_app
+    from modelfleet.worker.supervisor import RuntimeSupervisor
+
     cache = manifest_cache(settings)
     store, catalog = open_repository(settings, cache)
     with _listen(host, port) as listener:

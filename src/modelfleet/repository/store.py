@@ -28,7 +28,7 @@ import time
 import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Literal, Protocol, runtime_checkable
+from typing import Literal, Protocol, cast, runtime_checkable
 
 from modelfleet.errors import (
     ConfigError,
@@ -95,14 +95,15 @@ class LocalStore:
         self.root = root
         # model -> (its folder's stamp, its version folders): a folder is listed again
         # only when its stamp moved (``folder_stamp``; None: listed before it settled).
-        self._versions: Folders = {}
+        self._versions: dict[str, tuple[int | None, tuple[str, ...]]] = {}
         self._version_names: dict[tuple[str, ...], tuple[str, ...]] = {}
 
     def folders(self) -> Folders:
         """The model folders' listings the last walk took while they had settled (the
         folder's stamp with them): what a later start may take instead of listing a
         folder whose stamp is the same then (``seed_folders``)."""
-        return {model: seen for model, seen in self._versions.items() if seen[0] is not None}
+        return cast(Folders, {model: seen for model, seen in self._versions.items()
+                              if seen[0] is not None})
 
     def seed_folders(self, folders: Folders) -> None:
         """Take listings an earlier process's ``folders`` gave, before the first walk: a
@@ -120,7 +121,7 @@ class LocalStore:
         settled = time.time() - SETTLE_S
         settled_ns = int(settled * 1e9)
         known_folders, version_names = self._versions, self._version_names
-        listed: Folders = {}
+        listed: dict[str, tuple[int | None, tuple[str, ...]]] = {}
         for model in _folders(root):
             folder = prefix + model
             try:
