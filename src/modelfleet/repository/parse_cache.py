@@ -41,6 +41,7 @@ import contextlib
 import hashlib
 import io
 import logging
+import operator
 import os
 import pickle
 import sys
@@ -165,17 +166,28 @@ class ManifestCache:
         width = len(names) + 1  # the field set's index last
         if not len(locations) == len(ids) == len(digests) == len(indices) // width:
             raise ValueError("its columns differ in length")
-        manifests = []
-        for model_id, row in zip(ids, zip(*[iter(indices)] * width, strict=True),
-                                 strict=True):
-            manifest = Manifest.__new__(Manifest)  # what pickle does, less its state dicts
-            fields = {"name": model_id}  # the schema's first field
-            fields.update(zip(names, map(values.__getitem__, row), strict=False))
-            object.__setattr__(manifest, "__dict__", fields)
-            object.__setattr__(manifest, "__pydantic_fields_set__", field_sets[row[-1]])
-            object.__setattr__(manifest, "__pydantic_extra__", None)
-            object.__setattr__(manifest, "__pydantic_private__", None)
-            manifests.append(manifest)
+        manifests: list[Manifest] = []
+        # Rows repeat (manifests that differ in their names alone): each distinct row's
+        # fields are looked up once, and copied into each manifest's own dict.
+        templates: dict[bytes, tuple[dict[str, object], set[str]]] = {}
+        row_bytes = width * indices.itemsize
+        new, set_slot, append = Manifest.__new__, object.__setattr__, manifests.append
+        for model_id, at in zip(ids, range(0, len(cells), row_bytes), strict=True):
+            key = cells[at:at + row_bytes]
+            template = templates.get(key)
+            if template is None:
+                row = indices[at // indices.itemsize:(at + row_bytes) // indices.itemsize]
+                template = templates[key] = (
+                    dict(zip(names, map(values.__getitem__, row), strict=False)),
+                    field_sets[row[-1]])
+            manifest = new(Manifest)  # what pickle does, less its state dicts
+            fields: dict[str, object] = {"name": model_id}  # the schema's first field
+            fields.update(template[0])
+            set_slot(manifest, "__dict__", fields)
+            set_slot(manifest, "__pydantic_fields_set__", template[1])
+            set_slot(manifest, "__pydantic_extra__", None)
+            set_slot(manifest, "__pydantic_private__", None)
+            append(manifest)
         models = folder_names.split("\0") if folder_names else []
         folder_digests, listed = array("q"), array("I")
         folder_digests.frombytes(folder_stamps)
@@ -203,19 +215,27 @@ class ManifestCache:
         # Python). Safe: ``known`` keeps every value alive, so no id is reused meanwhile.
         by_id: dict[int, int] = {}
         cells = array("I")
+        # Most manifests' rows repeat (the same shared values, by identity): a row is
+        # worked out once per distinct tuple of value ids, and copied after that.
+        rows: dict[tuple[int, ...], array[int]] = {}
+        field_values = operator.itemgetter(*names)
         for _, manifest in known.values():
-            fields = manifest.__dict__
-            for name in names:
-                value = fields[name]
-                at = by_id.get(id(value))
-                if at is None:
-                    at = by_id[id(value)] = _index_of(value, index, values)
-                cells.append(at)
             fields_set = manifest.__pydantic_fields_set__
-            at = set_index.setdefault(frozenset(fields_set), len(field_sets))
-            if at == len(field_sets):
-                field_sets.append(set(fields_set))
-            cells.append(at)
+            row_values = field_values(manifest.__dict__)
+            key = (*map(id, row_values), id(fields_set))
+            row = rows.get(key)
+            if row is None:
+                row = rows[key] = array("I")
+                for value in row_values:
+                    at = by_id.get(id(value))
+                    if at is None:
+                        at = by_id[id(value)] = _index_of(value, index, values)
+                    row.append(at)
+                at = set_index.setdefault(frozenset(fields_set), len(field_sets))
+                if at == len(field_sets):
+                    field_sets.append(set(fields_set))
+                row.append(at)
+            cells.extend(row)
         folders = folders or {}
         version_sets: list[tuple[str, ...]] = []
         version_index: dict[tuple[str, ...], int] = {}
