@@ -289,7 +289,7 @@ class Catalog:
                 reused += 1
                 scanned[location] = _Seen(stamped, kept[1], True)
                 if old is None or old.manifest != kept[1]:
-                    touched.add(model_of_location(location))
+                    touched.add(kept[1].name)  # its folder's name (it validated there)
                 continue
             parses += 1
             current = True
@@ -303,7 +303,8 @@ class Catalog:
                 manifest, current = (old.manifest if old is not None else None), False
             scanned[location] = _Seen(stamped, manifest, current)
             if old is None or old.manifest != manifest:
-                touched.add(model_of_location(location))
+                touched.add(manifest.name if manifest is not None
+                            else model_of_location(location))
         touched.update(model_of_location(gone) for gone in before.keys() - scanned.keys()
                        if before[gone].manifest is not None)
         if not touched:
@@ -313,6 +314,13 @@ class Catalog:
         for _, manifest, _ in scanned.values():
             if manifest is not None and manifest.name in touched:
                 versions.setdefault(manifest.name, []).append(manifest)
+        if not self._entries:  # start-up: every model is new, in one pass and one sort
+            added = tuple(sorted(versions))
+            entries = {model_id: _entry(versions[model_id]) for model_id in added}
+            return CatalogUpdate(generation, scanned, entries, list(added) if added else None,
+                                 frozenset(model_id for model_id, entry in entries.items()
+                                           if entry.versions[-1].fanout.pinned),
+                                 added, (), (), parses, stamps, reused)
         entries = dict(self._entries)
         for model_id in touched:
             if model_id in versions:
