@@ -170,18 +170,31 @@ class _Sharing:
         # one object (a Batching(), an empty tuple) is that very object again, and
         # needs no hashing (pydantic hashes a model in Python).
         self._last: dict[str, object] = {}
+        self._last_set: set[str] | None = None
 
     def __call__(self, manifest: Manifest) -> Manifest:
         fields, values, last = manifest.__dict__, self._values, self._last
         for name, value in fields.items():
-            if name != "name" and value is not last.get(name):
-                try:
-                    fields[name] = last[name] = values.setdefault((type(value), value), value)
-                except TypeError:  # an unhashable value stays as it is
-                    pass
+            if name == "name":
+                continue
+            previous = last.get(name)
+            if value is previous:
+                continue
+            # Equal to the value this field had last (most are): that shared value, as
+            # the table below would give it (the same type, equal), without its key.
+            if previous is not None and type(value) is type(previous) and value == previous:
+                fields[name] = previous
+                continue
+            try:
+                fields[name] = last[name] = values.setdefault((type(value), value), value)
+            except TypeError:  # an unhashable value stays as it is
+                pass
         fields_set = manifest.__pydantic_fields_set__
-        object.__setattr__(manifest, "__pydantic_fields_set__",
-                           self._field_sets.setdefault(frozenset(fields_set), fields_set))
+        shared = self._last_set
+        if shared is None or fields_set != shared:
+            shared = self._last_set = self._field_sets.setdefault(frozenset(fields_set),
+                                                                  fields_set)
+        object.__setattr__(manifest, "__pydantic_fields_set__", shared)
         return manifest
 
 
