@@ -288,3 +288,22 @@ def test_manifests_share_equal_values_and_say_what_their_files_say(tmp_path: Pat
     assert a.timeout_s is d.timeout_s and a.batching is d.batching
     for path, manifest in zip(paths, (a, b, c, d), strict=True):
         assert manifest == parse_manifest(path.read_text(), str(path))
+
+
+def test_equal_field_values_are_shared_and_others_kept_apart() -> None:
+    from modelfleet.repository.catalog import _Sharing
+
+    def manifest(name: str, memory: str, description: str) -> str:
+        return (f'name = "{name}"\nentrypoint = "handler:M"\nmemory_estimate_mb = {memory}\n'
+                f'description = "{description}"\n')
+
+    share = _Sharing()
+    a, b, c, d = (share(parse_manifest(manifest(name, memory, text), f"/r/{name}/1/model.toml"))
+                  for name, memory, text in (("a", "1", "x"), ("b", "2", "x"),
+                                             ("c", "1.0", "y"), ("d", "2", "x")))
+    assert (a.memory_estimate_mb, b.memory_estimate_mb, c.memory_estimate_mb) == (1, 2, 1)
+    assert c.memory_estimate_mb is a.memory_estimate_mb  # 1.0 again, two values later
+    assert d.memory_estimate_mb is b.memory_estimate_mb
+    assert a.description is b.description is d.description and c.description == "y"
+    assert a.__pydantic_fields_set__ is b.__pydantic_fields_set__ is c.__pydantic_fields_set__
+    assert [m.name for m in (a, b, c, d)] == ["a", "b", "c", "d"]

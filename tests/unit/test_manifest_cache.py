@@ -9,6 +9,7 @@ import hashlib
 import logging
 import os
 import pickle
+import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from modelfleet.launch import manifest_cache, open_repository
 from modelfleet.repository import Catalog, LocalStore, parse_cache
 from modelfleet.repository.parse_cache import ManifestCache
 from modelfleet.repository.refresher import CatalogRefresher
+from modelfleet.repository.store import SETTLE_S
 from modelfleet.settings import Settings
 from tests.unit.test_catalog_refresh import BANNER, CountingStore, package, settle
 
@@ -27,9 +29,11 @@ MODELS = 2000
 def started(repo: Path, cache: ManifestCache) -> tuple[Catalog, CountingStore]:
     """One start-up's catalog, as ``open_repository`` makes it, and what it read."""
     store = CountingStore(repo)
-    catalog = Catalog.from_store(store, known=cache.load())
+    known, folders = cache.load_with_folders()
+    store.seed_folders(folders)
+    catalog = Catalog.from_store(store, known=known)
     if catalog.parses:
-        cache.save(catalog.known())
+        cache.save(catalog.known(), store.folders())
     return catalog, store
 
 
@@ -219,3 +223,58 @@ def test_every_example_manifest_comes_back_from_the_cache_as_it_was_parsed(
         assert cached.versions == parsed.versions
         assert [m.model_fields_set for m in cached.versions] == \
             [m.model_fields_set for m in parsed.versions]
+
+
+def _settle_folders(repo: Path) -> None:
+    """Date the model folders back past the settling window, as a repository's are."""
+    old = time.time() - SETTLE_S - 60
+    for folder in repo.iterdir():
+        os.utime(folder, (old, old))
+
+
+def test_a_restart_lists_only_the_model_folders_that_changed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from modelfleet.repository import store as store_module
+
+    repo = tmp_path / "repo"
+    many(repo, 20)
+    _settle_folders(repo)
+    listed: list[str] = []
+    folders = store_module._folders
+
+    def counting(path: str) -> list[str]:
+        listed.append(Path(path).name)
+        return folders(path)
+
+    monkeypatch.setattr(store_module, "_folders", counting)
+    settings = Settings(repo=str(repo), state_dir=tmp_path / "state")
+    _, first = open_repository(settings, manifest_cache(settings))
+    assert first.parses == 20 and len(listed) == 21  # the root and every model folder
+    listed.clear()
+    _, second = open_repository(settings, manifest_cache(settings))
+    assert listed == ["repo"] and second.reused == 20  # the root only
+    # While no process ran: a version added to one model, another's version folder
+    # replaced by one that holds a second version too, its mtime put back.
+    package(repo, "m00003", version="2")
+    mtime_ns = os.stat(repo / "m00007").st_mtime_ns
+    package(repo, "m00007", version="3")
+    os.utime(repo / "m00007", ns=(mtime_ns, mtime_ns))
+    listed.clear()
+    _, third = open_repository(settings, manifest_cache(settings))
+    assert sorted(listed) == ["m00003", "m00007", "repo"]
+    assert [m.version for m in third.get("m00003").versions] == ["1", "2"]
+    assert [m.version for m in third.get("m00007").versions] == ["1", "3"]
+
+
+def test_a_model_folder_listed_before_it_settled_is_not_kept(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    for name in ("a", "b"):
+        package(repo, name)
+    old = time.time() - SETTLE_S - 60
+    os.utime(repo / "a", (old, old))  # b's folder changed just now: the same mtime tick
+    store = LocalStore(repo)         # may still change it, unseen by its mtime
+    Catalog.from_store(store)
+    assert list(store.folders()) == ["a"]
+    cache = ManifestCache(tmp_path / "state", str(repo))
+    started(repo, cache)
+    assert list(cache.load_with_folders()[1]) == ["a"]

@@ -19,9 +19,7 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Literal
-
-import httpx
+from typing import TYPE_CHECKING, Literal
 
 from modelfleet.broker.base import Broker, Inbox
 from modelfleet.dlq.archive import Archive
@@ -30,6 +28,9 @@ from modelfleet.dlq.records import DeadLetterRecord, Selection
 from modelfleet.errors import BrokerUnavailable, ConfigError
 from modelfleet.messages import Task, now_ms
 from modelfleet.redaction import redact  # the gateway URL may carry an API key
+
+if TYPE_CHECKING:
+    import httpx
 
 DEFAULT_TIMEOUT_MS = 30_000  # when the archived task has no usable original timeout
 REPLY_GRACE_MS = 2_000  # a reply may be in flight when its deadline passes
@@ -206,6 +207,8 @@ async def replay_through_gateway(base_url: str, archive: Archive, plan: ReplayPl
     as a caller's would, to the version that died (``/v1/models/M/versions/V/infer``),
     with the payload it had (inline bytes, or its URL as ``{"url": ...}``).
     """
+    import httpx  # here, not at import: serve imports this module, and httpx's CLI with it
+
     outcomes = []
     async with httpx.AsyncClient(base_url=base_url.rstrip("/")) as client:
         for record in plan.records:

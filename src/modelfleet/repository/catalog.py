@@ -170,18 +170,31 @@ class _Sharing:
         # one object (a Batching(), an empty tuple) is that very object again, and
         # needs no hashing (pydantic hashes a model in Python).
         self._last: dict[str, object] = {}
+        self._last_set: set[str] | None = None
 
     def __call__(self, manifest: Manifest) -> Manifest:
         fields, values, last = manifest.__dict__, self._values, self._last
         for name, value in fields.items():
-            if name != "name" and value is not last.get(name):
-                try:
-                    fields[name] = last[name] = values.setdefault((type(value), value), value)
-                except TypeError:  # an unhashable value stays as it is
-                    pass
+            if name == "name":
+                continue
+            previous = last.get(name)
+            if value is previous:
+                continue
+            # Equal to the value this field had last (most are): that shared value, as
+            # the table below would give it (the same type, equal), without its key.
+            if previous is not None and type(value) is type(previous) and value == previous:
+                fields[name] = previous
+                continue
+            try:
+                fields[name] = last[name] = values.setdefault((type(value), value), value)
+            except TypeError:  # an unhashable value stays as it is
+                pass
         fields_set = manifest.__pydantic_fields_set__
-        object.__setattr__(manifest, "__pydantic_fields_set__",
-                           self._field_sets.setdefault(frozenset(fields_set), fields_set))
+        shared = self._last_set
+        if shared is None or fields_set != shared:
+            shared = self._last_set = self._field_sets.setdefault(frozenset(fields_set),
+                                                                  fields_set)
+        object.__setattr__(manifest, "__pydantic_fields_set__", shared)
         return manifest
 
 
@@ -289,7 +302,7 @@ class Catalog:
                 reused += 1
                 scanned[location] = _Seen(stamped, kept[1], True)
                 if old is None or old.manifest != kept[1]:
-                    touched.add(model_of_location(location))
+                    touched.add(kept[1].name)  # its folder's name (it validated there)
                 continue
             parses += 1
             current = True
@@ -303,7 +316,8 @@ class Catalog:
                 manifest, current = (old.manifest if old is not None else None), False
             scanned[location] = _Seen(stamped, manifest, current)
             if old is None or old.manifest != manifest:
-                touched.add(model_of_location(location))
+                touched.add(manifest.name if manifest is not None
+                            else model_of_location(location))
         touched.update(model_of_location(gone) for gone in before.keys() - scanned.keys()
                        if before[gone].manifest is not None)
         if not touched:
@@ -313,6 +327,13 @@ class Catalog:
         for _, manifest, _ in scanned.values():
             if manifest is not None and manifest.name in touched:
                 versions.setdefault(manifest.name, []).append(manifest)
+        if not self._entries:  # start-up: every model is new, in one pass and one sort
+            added = tuple(sorted(versions))
+            entries = {model_id: _entry(versions[model_id]) for model_id in added}
+            return CatalogUpdate(generation, scanned, entries, list(added) if added else None,
+                                 frozenset(model_id for model_id, entry in entries.items()
+                                           if entry.versions[-1].fanout.pinned),
+                                 added, (), (), parses, stamps, reused)
         entries = dict(self._entries)
         for model_id in touched:
             if model_id in versions:

@@ -28,7 +28,7 @@ import time
 from modelfleet.errors import ManifestError
 from modelfleet.repository.catalog import Catalog, CatalogChange
 from modelfleet.repository.parse_cache import ManifestCache
-from modelfleet.repository.store import ModelStore
+from modelfleet.repository.store import ModelStore, store_folders
 
 log = logging.getLogger("modelfleet")
 
@@ -84,7 +84,8 @@ class CatalogRefresher:
     async def _keep(self, cache: ManifestCache) -> float:
         """Write the manifest cache (in a thread); its CPU seconds."""
         started = time.process_time()
-        await asyncio.to_thread(lambda: cache.save(self._catalog.known()))
+        await asyncio.to_thread(lambda: cache.save(self._catalog.known(),
+                                                   store_folders(self._store)))
         return time.process_time() - started
 
     async def _refresh(self) -> tuple[CatalogChange, int, float]:

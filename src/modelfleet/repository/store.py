@@ -28,7 +28,7 @@ import time
 import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Literal, Protocol, runtime_checkable
+from typing import Literal, Protocol, cast, runtime_checkable
 
 from modelfleet.errors import (
     ConfigError,
@@ -85,37 +85,62 @@ def _exists(model_id: str, version: str, where: str) -> VersionExists:
                          "another version, or leave the version out to get the next one)")
 
 
+Folders = dict[str, tuple[int, tuple[str, ...]]]  # model -> (folder stamp, versions)
+
+
 class LocalStore:
     def __init__(self, root: Path) -> None:
         if not root.is_dir():
             raise ConfigError(f"model repository {root} is not a folder")
         self.root = root
-        self._versions: dict[str, tuple[int, tuple[str, ...]]] = {}  # model -> (mtime, ..)
+        # model -> (its folder's stamp, its version folders): a folder is listed again
+        # only when its stamp moved (``folder_stamp``; None: listed before it settled).
+        self._versions: dict[str, tuple[int | None, tuple[str, ...]]] = {}
         self._version_names: dict[tuple[str, ...], tuple[str, ...]] = {}
+
+    def folders(self) -> Folders:
+        """The model folders' listings the last walk took while they had settled (the
+        folder's stamp with them): what a later start may take instead of listing a
+        folder whose stamp is the same then (``seed_folders``)."""
+        return cast(Folders, {model: seen for model, seen in self._versions.items()
+                              if seen[0] is not None})
+
+    def seed_folders(self, folders: Folders) -> None:
+        """Take listings an earlier process's ``folders`` gave, before the first walk: a
+        model folder whose stamp is the same now is not listed again."""
+        if not self._versions:
+            self._versions = dict(folders)
 
     def manifest_stamps(self) -> Iterator[tuple[str, str]]:
         # One listing of the root, then per model folder a stat: its versions are listed
-        # again only when its mtime moved (a version folder came or went), so a refresh
-        # costs two stats a package and opens no file.
+        # again only when its stamp moved (a version folder came or went), so a refresh
+        # costs two stats a package and opens no file. Paths are joined by hand, as
+        # os.path.join joins these (no component is absolute or empty): 200,000 joins.
         root = str(self.root)
+        prefix = os.path.join(root, "")
         settled = time.time() - SETTLE_S
-        listed: dict[str, tuple[int, tuple[str, ...]]] = {}
+        settled_ns = int(settled * 1e9)
+        known_folders, version_names = self._versions, self._version_names
+        listed: dict[str, tuple[int | None, tuple[str, ...]]] = {}
         for model in _folders(root):
-            folder = os.path.join(root, model)
+            folder = prefix + model
             try:
-                mtime_ns = os.stat(folder).st_mtime_ns
+                st = os.stat(folder)
             except OSError:
                 continue
-            known = self._versions.get(model)
-            if known is not None and known[0] == mtime_ns \
-                    and mtime_ns / 1e9 <= settled:
+            stamp = folder_stamp(st)
+            known = known_folders.get(model)
+            if known is not None and known[0] == stamp:
+                listed[model] = known
                 versions = known[1]
             else:  # most models hold the same few version names: one tuple for them all
                 found = tuple(_folders(folder))
-                versions = self._version_names.setdefault(found, found)
-            listed[model] = (mtime_ns, versions)
+                versions = version_names.setdefault(found, found)
+                # Trusted later only if nothing can have changed it within this mtime
+                # tick: a change after this listing then moves the stamp.
+                listed[model] = (stamp if st.st_mtime_ns <= settled_ns else None, versions)
             for version in versions:
-                path = os.path.join(folder, version, "model.toml")
+                path = f"{folder}/{version}/model.toml"
                 try:
                     st = os.stat(path)
                 except OSError:
@@ -284,6 +309,13 @@ def _read_bytes(path: str) -> bytes:
     return b"".join(parts)
 
 
+def folder_stamp(st: os.stat_result) -> int:
+    """A model folder's stamp: it moves when a version folder comes or goes (mtime), or
+    when the folder is replaced or its mtime set back (ctime, inode). One int, the same
+    in every process (a tuple of ints hashes the same everywhere)."""
+    return hash((st.st_mtime_ns, st.st_ctime_ns, st.st_ino))
+
+
 def _folders(path: str) -> list[str]:
     """The sub-folders of ``path`` (not hidden), sorted; none if it cannot be listed."""
     try:
@@ -298,6 +330,11 @@ def _fsspec_stamp(info: Mapping[str, object]) -> str:
     the backend tells nothing that changes (read the file every time)."""
     known = [f"{key}={info[key]}" for key in _FSSPEC_STAMP_KEYS if info.get(key) is not None]
     return ";".join([*known, f"size={info.get('size')}"]) if known else ""
+
+
+def store_folders(store: ModelStore) -> Folders | None:
+    """The model folders' listings a store can hand a later start (a local one's)."""
+    return store.folders() if isinstance(store, LocalStore) else None
 
 
 def open_store(root: str, cache_dir: Path, cache_bytes: int) -> ModelStore:
