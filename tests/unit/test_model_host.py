@@ -17,6 +17,7 @@ from modelfleet.errors import ModelLoadFailed, ModelTooLarge
 from modelfleet.model import Request
 from modelfleet.model.pipeline import handle_request
 from modelfleet.repository import LocalStore
+from modelfleet.runtime.device import package_bytes
 from modelfleet.runtime.host import ModelHost
 from modelfleet.settings import MiB, RuntimeSettings
 from tests.waiting import eventually
@@ -418,6 +419,18 @@ async def test_a_promotion_whose_host_copy_is_dropped_while_it_waits_loads_afres
     assert sources.count("host") == 0  # a came back from the repository, not from nothing
     assert await infer(host, "a", x) == before
     books_match(host)
+
+
+def test_a_packages_size_leaves_out_the_bytecode_its_import_writes(tmp_path: Path) -> None:
+    """Importing a handler writes ``__pycache__`` beside it (unless the environment says
+    not to) during the load being measured: that is not the model's memory, and counting
+    it made a first load measure more than it reserved."""
+    package(tmp_path, "a", 1)
+    folder = tmp_path / "a" / "1"
+    before = package_bytes(folder)
+    (folder / "__pycache__").mkdir()
+    (folder / "__pycache__" / "handler.cpython-311.pyc").write_bytes(b"\0" * 4096)
+    assert package_bytes(folder) == before
 
 
 class LoadGate(types.ModuleType):

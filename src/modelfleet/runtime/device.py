@@ -48,7 +48,12 @@ def resolve_device(requested: str) -> str:
 
 
 def package_bytes(package_dir: Path) -> int:
-    return sum(f.stat().st_size for f in package_dir.rglob("*") if f.is_file())
+    """The package's files, less the bytecode Python caches beside its modules: importing
+    the handler writes that (``__pycache__``) during the very load being measured, which
+    then measured bigger than it had reserved and, with no room for the difference, was
+    unloaded again and refused."""
+    return sum(f.stat().st_size for f in package_dir.rglob("*")
+               if f.is_file() and "__pycache__" not in f.relative_to(package_dir).parts)
 
 
 @dataclass(frozen=True)
