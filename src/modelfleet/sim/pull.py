@@ -100,7 +100,11 @@ class PullAffinity:
         self._announced: dict[int, float] = {}  # model -> last announcement (gateway)
         self._demand: dict[int, float] = {}  # model -> last announcement heard (workers)
         self._demand_log: deque[tuple[float, int]] = deque()
-        self._demand_version = 0  # bumped when a model enters or leaves _demand
+        # The models that entered or left _demand, in order, from position
+        # _demand_moves_offset on (what no worker will read again is dropped:
+        # _trim_demand_moves). A worker's last gathering notes the position it saw.
+        self._demand_moves: list[int] = []
+        self._demand_moves_offset = 0
         # Every announcement heard, in order, from position _heard_offset on (what no
         # worker will read again is dropped: _trim_heard). Positions count from the first.
         self._heard_log: list[int] = []
@@ -210,6 +214,7 @@ class PullAffinity:
         for model in list(self._parked):
             self._announce(model)
         self._trim_heard()
+        self._trim_demand_moves()
         if sim.now < sim.config.duration_s + sim.config.deadline_s:
             sim.after(sim.config.announce_interval_s, self._announce_waiting)
 
@@ -227,7 +232,7 @@ class PullAffinity:
         which it did if it passes now (nothing the test reads changed since that fold)."""
         now = self.sim.now
         if model not in self._demand:
-            self._demand_version += 1
+            self._demand_moves.append(model)
         self._demand[model] = now
         self._demand_log.append((now, model))
         log = self._heard_log
@@ -540,7 +545,7 @@ class PullAffinity:
             seen, model = log.popleft()
             if self._demand.get(model) == seen:
                 del self._demand[model]
-                self._demand_version += 1
+                self._demand_moves.append(model)
 
     def _observed(self, coord: Coordinator, full: bool) -> None:
         sim = self.sim
@@ -553,13 +558,13 @@ class PullAffinity:
         # Nothing _gather reads changed since a decision that holds: the gathering, its
         # key and so the decision would be the same (no need to gather to know it).
         reuse = (coord.last_key is not None and last is not None
-                 and coord.gathered == (coord.version, self._demand_version, window)
+                 and self._gathering_stands(coord, window)
                  and not (recent and now - recent[0] >= COLD_WINDOW_S)
                  and self._last_holds(coord))
         if not reuse:
             counted = self._gather(coord)
             key = self._observed_key(coord, counted)
-            coord.gathered = (coord.version, self._demand_version, window)
+            coord.gathered = (coord.version, self._demand_moves_end(), window)
             # Nothing this worker observes changed since its last decision (within one
             # noise window, its recent cold subscriptions the same) but the instant, and
             # that decision holds at every later instant (scheduling.decision_holds):
@@ -596,6 +601,42 @@ class PullAffinity:
                  + sim.config.rescore_cpu_per_model_s * len(self._names))
         steps = deque(steps_for)
         sim.work(coord.worker, cpu_s, lambda: self._act(coord, steps), "serve")
+
+    def _gathering_stands(self, coord: Coordinator, window: int) -> bool:
+        """Would ``_gather`` gather the same as last time? Yes if nothing it reads of this
+        worker changed (``coord.version``), the noise window is the same, and no model
+        that entered or left the demand since is one it reads: counted here, gathered
+        last time, or loading or running here (``_gather`` asks the demand of no other)."""
+        if coord.gathered is None:
+            return False
+        version, demand_at, gathered_window = coord.gathered
+        if version != coord.version or gathered_window != window:
+            return False
+        moves = self._demand_moves
+        start = demand_at - self._demand_moves_offset
+        if start == len(moves):
+            return True
+        counts, gathered = coord.counts, coord.gathered_models
+        running, seen_loading = coord.worker.running, coord.residency[2]
+        for model in moves[start:]:
+            if model in counts or model in gathered or model in running or any(
+                    model in loading for loading in seen_loading):
+                return False
+        return True
+
+    def _demand_moves_end(self) -> int:
+        """The position the next model to enter or leave the demand takes."""
+        return self._demand_moves_offset + len(self._demand_moves)
+
+    def _trim_demand_moves(self) -> None:
+        """Drop the demand's moves before every worker's last gathering (none reads
+        them again) once they are half the list."""
+        start = min((coord.gathered[1] for coord in self._coords if coord.gathered),
+                    default=self._demand_moves_end())
+        drop = start - self._demand_moves_offset
+        if drop > len(self._demand_moves) // 2:
+            del self._demand_moves[:drop]
+            self._demand_moves_offset = start
 
     def _last_holds(self, coord: Coordinator) -> bool:
         """``scheduling.decision_holds`` of the last decision, asked once, when first
@@ -698,7 +739,8 @@ class PullAffinity:
         counted.update(coord.held_backlog & coord.consumers.keys())  # held, last with backlog
         models = list(counted)
         fresh = list(map(self._qstate.__getitem__, models))
-        if fresh != list(map(coord.counts.get, models)):
+        last = list(map(coord.counts.get, models))
+        if fresh != last and self._moves_gathering(coord, models, last, fresh):
             coord.version += 1
         coord.counts.update(zip(models, fresh, strict=True))
         coord.at_cap -= counted
@@ -709,6 +751,28 @@ class PullAffinity:
         coord.fed -= counted
         coord.fed |= waiting & self._consumed
         self._forget_dirty(coord)
+
+    @staticmethod
+    def _moves_gathering(coord: Coordinator, models: list[int],
+                         last: list[tuple[int, int] | None],
+                         fresh: list[tuple[int, int]]) -> bool:
+        """Can these recounts (``models``, from ``last`` to ``fresh``) change what the
+        next ``_gather`` gathers, so what it decides on? Only through a model it gathered
+        last time, or, when it looked at cold queues (a loader had room), through a
+        queue with a backlog before or after (what makes one cold, fed or starved, and
+        ranks the starved). A queue that stays empty and was not gathered is not read
+        (the other counts' changes, and the rest of what ``_gather`` reads, bump
+        ``coord.version`` themselves)."""
+        gathered = coord.gathered_models
+        looked_cold = coord.gathered_cold
+        for model, before, after in zip(models, last, fresh, strict=True):
+            if before == after:
+                continue
+            if model in gathered:
+                return True
+            if looked_cold and (after[0] > 0 or (before is not None and before[0] > 0)):
+                return True
+        return False
 
     def observation(self, coord: Coordinator) -> Observation:
         """What this worker's coordinator knows now (``scheduling.Observation``): the
@@ -743,7 +807,8 @@ class PullAffinity:
         gather = set(own)
         for models in busy:
             gather.update(m for m in models if m in demand or m in own)
-        if any(slots > 0 for slots in room):
+        coord.gathered_cold = any(slots > 0 for slots in room)
+        if coord.gathered_cold:
             cold = self._backlogged(coord, demand.keys())
             cold -= gather  # own, and loading here in demand
             for models in busy:
@@ -761,6 +826,7 @@ class PullAffinity:
                 for slots, waiting in zip(room, by_runtime, strict=True):
                     if slots > 0:
                         self._claimable(coord, waiting, slots, gather)
+        coord.gathered_models = gather
         gathered = list(gather)
         found = list(map(counts.get, gathered))
         counted: dict[int, tuple[int, int]]
@@ -788,9 +854,11 @@ class PullAffinity:
         facts_of = self._facts
         device, _, seen_loading = coord.residency
         runtimes = worker.runtimes
+        # By name, in the order of counted (zip and map: this runs per decision).
+        ids = list(map(names.__getitem__, counted))
         return Observation(
-            self.sim.now, worker.name, {names[m]: c for m, c in counted.items()},
-            {names[m]: facts_of[m] for m in counted},
+            self.sim.now, worker.name, dict(zip(ids, counted.values(), strict=True)),
+            dict(zip(ids, map(facts_of.__getitem__, counted), strict=True)),
             subscriptions=worker.subscriptions,  # the names of coord.consumers' models
             resident_device=coord.residency_names[0],
             resident_host=coord.residency_names[1],

@@ -83,4 +83,10 @@ class Coordinator:
     # counts, tasks, consumers and windows, residency, cold subscriptions): with the
     # noise window and the demand's models the same, the last gathering still stands.
     version: int = 0
-    gathered: tuple[int, int, int] | None = None  # (version, demand version, window)
+    # (version, PullAffinity._demand_moves_end(), noise window) at the last gathering.
+    gathered: tuple[int, int, int] | None = None
+    # What that gathering took: the models (counted or not), and whether it looked at
+    # cold queues (a loader had room). A recount moves it only through these
+    # (PullAffinity._moves_gathering).
+    gathered_models: set[int] = field(default_factory=set)
+    gathered_cold: bool = False
