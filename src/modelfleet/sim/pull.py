@@ -502,13 +502,36 @@ class PullAffinity:
         did not change since the last stats keeps its objects (the decision's key
         compares them first by identity)."""
         runtimes = coord.worker.runtimes
-        ids = [runtime.cache.resident_ids() for runtime in runtimes]
+        old_device, old_host, old_loading = coord.residency
+        old_device_names, old_host_names = coord.residency_names
+        # No reserve or commit on any runtime's cache since the last stats: the same ids.
+        stamps = [runtime.cache_changes for runtime in runtimes]
+        if stamps == coord.cache_stamps:
+            device, host = old_device, old_host
+            device_names, host_names = old_device_names, old_host_names
+        else:
+            coord.cache_stamps = stamps
+            device, host, device_names, host_names = self._resident(coord)
+        loading = [set(runtime.loading) for runtime in runtimes]
+        if loading == old_loading:
+            loading = old_loading
+        if device is not old_device or host is not old_host or loading is not old_loading:
+            coord.version += 1
+        coord.residency = (device, host, loading)
+        coord.residency_names = (device_names, host_names)
+        coord.refreshed_at = self.sim.now
+
+    def _resident(self, coord: Coordinator
+                  ) -> tuple[set[int], set[int], frozenset[str], frozenset[str]]:
+        """Device and host residents of the runtimes' caches (indices, then names); the
+        last stats' objects where they did not change."""
+        ids = [runtime.cache.resident_ids() for runtime in coord.worker.runtimes]
         if len(ids) == 1:
             device_names, host_names = ids[0]
         else:
             device_names = frozenset().union(*(d for d, _ in ids))
             host_names = frozenset().union(*(h for _, h in ids))
-        old_device, old_host, old_loading = coord.residency
+        old_device, old_host, _ = coord.residency
         old_device_names, old_host_names = coord.residency_names
         index_of = self.sim.index_of
         if device_names == old_device_names:
@@ -519,14 +542,7 @@ class PullAffinity:
             host, host_names = old_host, old_host_names
         else:
             host = {index_of[n] for n in host_names}
-        loading = [set(runtime.loading) for runtime in runtimes]
-        if loading == old_loading:
-            loading = old_loading
-        if device is not old_device or host is not old_host or loading is not old_loading:
-            coord.version += 1
-        coord.residency = (device, host, loading)
-        coord.residency_names = (device_names, host_names)
-        coord.refreshed_at = self.sim.now
+        return device, host, device_names, host_names
 
     def _to_count(self, coord: Coordinator, full: bool) -> int:
         """How many queues this re-score counts (their cost; the counts come later)."""
@@ -588,8 +604,14 @@ class PullAffinity:
         self._meter(coord)
         coord.waiting = waiting
         coord.untaken = untaken
-        coord.held_backlog = self._backlogged(coord, coord.consumers.keys()) \
-            if sim.config.recount_held_backlog else set()
+        if not sim.config.recount_held_backlog:
+            coord.held_backlog = set()
+        elif coord.held_backlog_at != coord.version:
+            # Only a change of the consumers or of a held queue's count changes it, and
+            # each bumps the version: held queues are gathered, and a recount of a
+            # gathered queue bumps it (_moves_gathering).
+            coord.held_backlog = self._backlogged(coord, coord.consumers.keys())
+            coord.held_backlog_at = coord.version
         coord.meter_free = coord.worker.free_permits
         now = sim.now
         if sim.config.warmup_s <= now <= sim.config.duration_s:
@@ -669,8 +691,24 @@ class PullAffinity:
     def _candidate_count(self, coord: Coordinator) -> int:
         """How many queues ``scheduling.candidates`` gives the coordinator (every runtime
         here takes work): those announced within the window, plus its own."""
-        # set.difference takes a dict as it is (a lookup per own candidate).
-        return len(self._demand) + len(coord.own.difference(self._demand))
+        own = coord.own
+        end = self._demand_moves_end()
+        memo = coord.own_outside_demand
+        if memo is not None and memo[0] is own and not self._moved_since(own, memo[1]):
+            outside = memo[2]  # the same own candidates, none of them in or out since
+        else:
+            # set.difference takes a dict as it is (a lookup per own candidate).
+            outside = len(own.difference(self._demand))
+        coord.own_outside_demand = (own, end, outside)
+        return len(self._demand) + outside
+
+    def _moved_since(self, models: set[int], position: int) -> bool:
+        """Did any of ``models`` enter or leave the demand from ``position`` on? (True if
+        that stretch was trimmed.)"""
+        start = position - self._demand_moves_offset
+        if start < 0:
+            return True
+        return any(model in models for model in self._demand_moves[start:])
 
     @staticmethod
     def _backlogged(coord: Coordinator, models: AbstractSet[int]) -> set[int]:
