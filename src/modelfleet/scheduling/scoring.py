@@ -220,8 +220,11 @@ class QueueScorer:
         if served is None:
             stickiness = 0.0
         else:
-            age = max(self._now - served, 0.0)
-            stickiness = self._sticky_w * max(0.0, 1.0 - age / self._sticky_window)
+            # stickiness(), with max() written as the comparison it makes (the same floats).
+            age = self._now - served
+            age = 0.0 if 0.0 > age else age  # max(age, 0.0)
+            left = 1.0 - age / self._sticky_window
+            stickiness = self._sticky_w * (left if left > 0.0 else 0.0)  # max(0.0, left)
         return warmth + stickiness + base
 
 

@@ -116,6 +116,9 @@ class PullAffinity:
         self._folded: dict[int, None] = {}
         self._names: tuple[str, ...] = ()
         self._facts: list[QueueFacts] = []  # per model: what its queue view carries
+        # The same by model id, for every model: what an observation's facts are read
+        # from (snapshot_of looks up only the counted ones, so the whole table serves).
+        self._facts_by_name: dict[str, QueueFacts] = {}
         self._cap: list[int] = []  # per model: consumers at its fan-out cap (_heard)
         self._rank_priority: list[int] = []  # per model: snapshot_of's rank by priority
         # Per model, what a count of its queue says now: (ready, consumers), kept by
@@ -156,6 +159,7 @@ class PullAffinity:
         # gives it its plan's priority (ScoringSettings.plan_priority), as on a worker.
         self._facts = [QueueFacts(cat.fanout_max_workers[m], cat.plans[m], m in cat.pinned,
                                   batch, f"runtime-{cat.runtime[m]}") for m in range(models)]
+        self._facts_by_name = dict(zip(self._names, self._facts, strict=True))
         self._rank_priority = [-max(self.settings.priority(f.plan), f.priority)
                                for f in self._facts]
         # Per model, the consumers a count must show for an announcement not to wake a
@@ -893,10 +897,10 @@ class PullAffinity:
         device, _, seen_loading = coord.residency
         runtimes = worker.runtimes
         # By name, in the order of counted (zip and map: this runs per decision).
-        ids = list(map(names.__getitem__, counted))
+        ids = map(names.__getitem__, counted)
         return Observation(
             self.sim.now, worker.name, dict(zip(ids, counted.values(), strict=True)),
-            dict(zip(ids, map(facts_of.__getitem__, counted), strict=True)),
+            self._facts_by_name,  # every model's: snapshot_of reads the counted ones
             subscriptions=worker.subscriptions,  # the names of coord.consumers' models
             resident_device=coord.residency_names[0],
             resident_host=coord.residency_names[1],
