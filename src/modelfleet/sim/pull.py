@@ -779,6 +779,9 @@ class PullAffinity:
         # What _set_count does, over a set at once: this runs per worker per announcement.
         counted = self.dirty(coord) & demand.keys()
         counted.update(coord.held_backlog & coord.consumers.keys())  # held, last with backlog
+        if not counted:  # nothing to count: the sets below stay as they are
+            self._forget_dirty(coord)
+            return
         models = list(counted)
         fresh = list(map(self._qstate.__getitem__, models))
         last = list(map(coord.counts.get, models))
