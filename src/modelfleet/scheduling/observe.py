@@ -102,9 +102,6 @@ _VIEWS_MAX = 1 << 15
 # from: a worker re-scoring many times a second sees mostly the same counts again. A view
 # is a pure function of those and its facts, so a hit is the view that would be built.
 _views: dict[tuple[str, int, int], tuple[QueueFacts, QueueView]] = {}
-# The view last used for each model id (with its facts): most queues keep their counts
-# from one decision to the next, and a lookup by id alone is cheaper than by the triple.
-_last_views: dict[str, tuple[QueueFacts, QueueView]] = {}
 _by_model_id = attrgetter("model_id")
 
 
@@ -140,7 +137,6 @@ def snapshot_of(obs: Observation, settings: ScoringSettings, rng_seed: int) -> S
     subscriptions = worker.subscriptions
     facts_of = obs.facts
     views = _views
-    last_views = _last_views
     for model_id, (backlog, consumers) in obs.counts.items():
         facts = facts_of.get(model_id)
         if facts is None:
@@ -150,21 +146,12 @@ def snapshot_of(obs: Observation, settings: ScoringSettings, rng_seed: int) -> S
         # cannot_matter(backlog, held, not cold), inlined: this loop is the hot path.
         if (cold and backlog <= 0) or (cold and room.get(facts.runtime, 0) <= 0):
             continue
-        # The model's last view if its counts and facts are the same, else _view (its
-        # hit written out: this loop is the hot path).
-        last = last_views.get(model_id)
-        if last is not None and last[1].backlog == backlog and last[1].consumers == consumers \
-                and (last[0] is facts or last[0] == facts):
-            view = last[1]
+        # _view, its hit written out (this loop is the hot path).
+        known = views.get((model_id, backlog, consumers))
+        if known is not None and (known[0] is facts or known[0] == facts):
+            view = known[1]
         else:
-            known = views.get((model_id, backlog, consumers))
-            if known is not None and (known[0] is facts or known[0] == facts):
-                view = known[1]
-            else:
-                view = _view(model_id, backlog, consumers, facts)
-            if len(last_views) >= _VIEWS_MAX:
-                last_views.clear()
-            last_views[model_id] = (facts, view)
+            view = _view(model_id, backlog, consumers, facts)
         if cold and consumers == 0:
             starving.setdefault(facts.runtime, []).append(view)
         else:
