@@ -45,9 +45,7 @@ def held_uniform(rng_seed: int, worker_id: str, model_id: str, bucket: int, salt
 
 @functools.lru_cache(maxsize=1 << 16)
 def _held_uniform(rng_seed: int, worker_id: str, bucket: int, salt: str, model_id: str) -> float:
-    digest = _prefix(rng_seed, worker_id, bucket, salt).copy()
-    digest.update(model_id.encode())
-    return int.from_bytes(digest.digest(), "big") / 2.0**64
+    return _fresh_uniform(rng_seed, worker_id, bucket, salt, model_id)
 
 
 @functools.lru_cache(maxsize=1 << 12)
@@ -57,6 +55,40 @@ def _prefix(rng_seed: int, worker_id: str, bucket: int, salt: str) -> Any:
     hashing it all at once."""
     return hashlib.blake2b(f"{rng_seed}\x1f{worker_id}\x1f{bucket}\x1f{salt}\x1f".encode(),
                            digest_size=8)
+
+
+# Scoring's noise by model id, one table per (seed, worker, noise window), filled as
+# asked: a worker scores the same queues many times within a window, and a lookup by
+# model id alone is cheaper than held_uniform's memo. Only the tables of the newest
+# window seen and the one before it are kept (and never more than _NOISE_TABLES_MAX).
+_NOISE_TABLES_MAX = 1 << 14
+_noise_tables: dict[tuple[int, str, int], dict[str, float]] = {}
+_newest_noise_bucket: list[int] = [-(1 << 62)]
+
+
+def _noise_table(rng_seed: int, worker_id: str, bucket: int) -> dict[str, float]:
+    """The table of ``held_uniform(rng_seed, worker_id, model_id, bucket, "noise")`` by
+    model id for this worker and window, as far as it has been asked."""
+    key = (rng_seed, worker_id, bucket)
+    table = _noise_tables.get(key)
+    if table is not None:
+        return table
+    if bucket > _newest_noise_bucket[0]:
+        _newest_noise_bucket[0] = bucket
+        for old in [k for k in _noise_tables if k[2] < bucket - 1]:
+            del _noise_tables[old]
+    if len(_noise_tables) >= _NOISE_TABLES_MAX:
+        _noise_tables.clear()
+    table = _noise_tables[key] = {}
+    return table
+
+
+def _fresh_uniform(rng_seed: int, worker_id: str, bucket: int, salt: str,
+                   model_id: str) -> float:
+    """``held_uniform``, hashed afresh (for callers that keep the values themselves)."""
+    digest = _prefix(rng_seed, worker_id, bucket, salt).copy()
+    digest.update(model_id.encode())
+    return int.from_bytes(digest.digest(), "big") / 2.0**64
 
 
 class QueueScorer:
@@ -71,6 +103,7 @@ class QueueScorer:
         "_host_w",
         "_loading",
         "_noise_amplitude",
+        "_noise_of",
         "_now",
         "_pinned_w",
         "_pressure_scale",
@@ -104,6 +137,7 @@ class QueueScorer:
         self._bucket = math.floor(now / settings.noise_hold_s)
         self._rng_seed = rng_seed
         self._worker_id = worker.worker_id
+        self._noise_of = _noise_table(rng_seed, worker.worker_id, self._bucket)
 
     def warmth(self, queue: QueueView) -> float:
         """Device tier over host tier; pinned or loading here count as device-warm; else 0."""
@@ -138,8 +172,15 @@ class QueueScorer:
     def noise(self, model_id: str) -> float:
         if self._noise_amplitude == 0:
             return 0.0
-        u = _held_uniform(self._rng_seed, self._worker_id, self._bucket, "noise", model_id)
-        return self._noise_amplitude * (2.0 * u - 1.0)
+        return self._noise_amplitude * (2.0 * self._uniform(model_id) - 1.0)
+
+    def _uniform(self, model_id: str) -> float:
+        """``held_uniform`` of the noise for ``model_id`` (kept in this window's table)."""
+        u = self._noise_of.get(model_id)
+        if u is None:
+            u = self._noise_of[model_id] = _fresh_uniform(
+                self._rng_seed, self._worker_id, self._bucket, "noise", model_id)
+        return u
 
     def fresh_noise(self, model_id: str) -> float:
         """``noise(model_id)``, hashed afresh, not through ``held_uniform``'s memo: for a
@@ -148,9 +189,7 @@ class QueueScorer:
         whose bookkeeping then costs more than the hash)."""
         if self._noise_amplitude == 0:
             return 0.0
-        digest = _prefix(self._rng_seed, self._worker_id, self._bucket, "noise").copy()
-        digest.update(model_id.encode())
-        u = int.from_bytes(digest.digest(), "big") / 2.0**64
+        u = _fresh_uniform(self._rng_seed, self._worker_id, self._bucket, "noise", model_id)
         return self._noise_amplitude * (2.0 * u - 1.0)
 
     def score(self, queue: QueueView, warmth: float) -> float:
@@ -169,7 +208,10 @@ class QueueScorer:
         if self._noise_amplitude == 0:
             noise = 0.0
         else:
-            u = _held_uniform(self._rng_seed, self._worker_id, self._bucket, "noise", model_id)
+            # _uniform, its hit written out (this runs per queue per decision).
+            u = self._noise_of.get(model_id)
+            if u is None:
+                u = self._uniform(model_id)
             noise = self._noise_amplitude * (2.0 * u - 1.0)
         base = pressure + noise
         if backlog > 0 and queue.consumers == 0:
@@ -178,8 +220,11 @@ class QueueScorer:
         if served is None:
             stickiness = 0.0
         else:
-            age = max(self._now - served, 0.0)
-            stickiness = self._sticky_w * max(0.0, 1.0 - age / self._sticky_window)
+            # stickiness(), with max() written as the comparison it makes (the same floats).
+            age = self._now - served
+            age = 0.0 if 0.0 > age else age  # max(age, 0.0)
+            left = 1.0 - age / self._sticky_window
+            stickiness = self._sticky_w * (left if left > 0.0 else 0.0)  # max(0.0, left)
         return warmth + stickiness + base
 
 

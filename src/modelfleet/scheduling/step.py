@@ -44,9 +44,15 @@ def decide(snapshot: Snapshot, settings: ScoringSettings, rng_seed: int) -> Deci
         queue = queues.get(model_id)
         if queue is None:
             continue
-        # _window, written out (this runs per held queue per decision).
+        # _window, written out with conditional expressions rather than max() and min()
+        # (this runs per held queue per decision; the same integers).
         runs = running.get(model_id, 0)
-        wanted = max(1, queue.batch_size, min(max(share, runs + queue.backlog), runs + free))
+        waiting = runs + queue.backlog
+        wanted = share if share > waiting else waiting  # max(share, waiting)
+        limit = runs + free
+        wanted = limit if wanted > limit else wanted  # min(wanted, limit)
+        least = queue.batch_size if queue.batch_size > 1 else 1  # max(1, batch_size)
+        wanted = least if least > wanted else wanted  # max(least, wanted)
         current = prefetch.get(model_id)
         # Grow at once (a window smaller than what waits idles free permits); shrink only
         # once it halves, so that the window does not follow every task's start and end.

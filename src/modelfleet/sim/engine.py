@@ -415,6 +415,7 @@ class Simulation:
             except NoCapacity:
                 self.schedule(self.now + RETRY_S, RETRY, worker, task)
                 return
+            runtime.cache_changes += 1
             runtime.promoting[model] = [task]
             worker.mark_busy(self.now, +1)
             self.schedule(self.now + self.catalog.promote_s[model], PROMOTE_DONE, worker,
@@ -446,6 +447,7 @@ class Simulation:
                 if not runtime.loads_running:
                     self.schedule(self.now + RETRY_S, RETRY, worker, runtime)
                 return
+            runtime.cache_changes += 1
             runtime.load_queue.popleft()
             runtime.loads_running += 1
             worker.mark_busy(self.now, +1)
@@ -558,6 +560,7 @@ class Simulation:
         worker.mark_busy(self.now, -1)
         runtime.cache.commit(cat.names[model], cat.measured_bytes[model], cat.load_s[model],
                              "repository")
+        runtime.cache_changes += 1
         self.load_times.append(self.now)
         self._ready(worker, runtime, runtime.loading.pop(model))
         self._kick_loader(worker, runtime)
@@ -568,6 +571,7 @@ class Simulation:
         worker.mark_busy(self.now, -1)
         runtime.cache.commit(cat.names[model], cat.measured_bytes[model], cat.promote_s[model],
                              "host")
+        runtime.cache_changes += 1
         self.promotion_times.append(self.now)
         self._ready(worker, runtime, runtime.promoting.pop(model))
         self.router.on_free(worker)
@@ -579,9 +583,11 @@ class Simulation:
         for worker in self.workers:
             for model in sorted(cat.pinned):
                 name = cat.names[model]
-                cache = self.runtime_of(worker, model).cache
-                cache.reserve(name, cat.size_bytes[model], pinned=True)
-                cache.commit(name, cat.measured_bytes[model], cat.load_s[model], "repository")
+                runtime = self.runtime_of(worker, model)
+                runtime.cache.reserve(name, cat.size_bytes[model], pinned=True)
+                runtime.cache.commit(name, cat.measured_bytes[model], cat.load_s[model],
+                                     "repository")
+                runtime.cache_changes += 1
 
     def _sample(self) -> None:
         self.sample_times.append(self.now)

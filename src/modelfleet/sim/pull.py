@@ -100,7 +100,11 @@ class PullAffinity:
         self._announced: dict[int, float] = {}  # model -> last announcement (gateway)
         self._demand: dict[int, float] = {}  # model -> last announcement heard (workers)
         self._demand_log: deque[tuple[float, int]] = deque()
-        self._demand_version = 0  # bumped when a model enters or leaves _demand
+        # The models that entered or left _demand, in order, from position
+        # _demand_moves_offset on (what no worker will read again is dropped:
+        # _trim_demand_moves). A worker's last gathering notes the position it saw.
+        self._demand_moves: list[int] = []
+        self._demand_moves_offset = 0
         # Every announcement heard, in order, from position _heard_offset on (what no
         # worker will read again is dropped: _trim_heard). Positions count from the first.
         self._heard_log: list[int] = []
@@ -112,6 +116,9 @@ class PullAffinity:
         self._folded: dict[int, None] = {}
         self._names: tuple[str, ...] = ()
         self._facts: list[QueueFacts] = []  # per model: what its queue view carries
+        # The same by model id, for every model: what an observation's facts are read
+        # from (snapshot_of looks up only the counted ones, so the whole table serves).
+        self._facts_by_name: dict[str, QueueFacts] = {}
         self._cap: list[int] = []  # per model: consumers at its fan-out cap (_heard)
         self._rank_priority: list[int] = []  # per model: snapshot_of's rank by priority
         # Per model, what a count of its queue says now: (ready, consumers), kept by
@@ -152,6 +159,7 @@ class PullAffinity:
         # gives it its plan's priority (ScoringSettings.plan_priority), as on a worker.
         self._facts = [QueueFacts(cat.fanout_max_workers[m], cat.plans[m], m in cat.pinned,
                                   batch, f"runtime-{cat.runtime[m]}") for m in range(models)]
+        self._facts_by_name = dict(zip(self._names, self._facts, strict=True))
         self._rank_priority = [-max(self.settings.priority(f.plan), f.priority)
                                for f in self._facts]
         # Per model, the consumers a count must show for an announcement not to wake a
@@ -210,6 +218,7 @@ class PullAffinity:
         for model in list(self._parked):
             self._announce(model)
         self._trim_heard()
+        self._trim_demand_moves()
         if sim.now < sim.config.duration_s + sim.config.deadline_s:
             sim.after(sim.config.announce_interval_s, self._announce_waiting)
 
@@ -227,7 +236,7 @@ class PullAffinity:
         which it did if it passes now (nothing the test reads changed since that fold)."""
         now = self.sim.now
         if model not in self._demand:
-            self._demand_version += 1
+            self._demand_moves.append(model)
         self._demand[model] = now
         self._demand_log.append((now, model))
         log = self._heard_log
@@ -497,13 +506,36 @@ class PullAffinity:
         did not change since the last stats keeps its objects (the decision's key
         compares them first by identity)."""
         runtimes = coord.worker.runtimes
-        ids = [runtime.cache.resident_ids() for runtime in runtimes]
+        old_device, old_host, old_loading = coord.residency
+        old_device_names, old_host_names = coord.residency_names
+        # No reserve or commit on any runtime's cache since the last stats: the same ids.
+        stamps = [runtime.cache_changes for runtime in runtimes]
+        if stamps == coord.cache_stamps:
+            device, host = old_device, old_host
+            device_names, host_names = old_device_names, old_host_names
+        else:
+            coord.cache_stamps = stamps
+            device, host, device_names, host_names = self._resident(coord)
+        loading = [set(runtime.loading) for runtime in runtimes]
+        if loading == old_loading:
+            loading = old_loading
+        if device is not old_device or host is not old_host or loading is not old_loading:
+            coord.version += 1
+        coord.residency = (device, host, loading)
+        coord.residency_names = (device_names, host_names)
+        coord.refreshed_at = self.sim.now
+
+    def _resident(self, coord: Coordinator
+                  ) -> tuple[set[int], set[int], frozenset[str], frozenset[str]]:
+        """Device and host residents of the runtimes' caches (indices, then names); the
+        last stats' objects where they did not change."""
+        ids = [runtime.cache.resident_ids() for runtime in coord.worker.runtimes]
         if len(ids) == 1:
             device_names, host_names = ids[0]
         else:
             device_names = frozenset().union(*(d for d, _ in ids))
             host_names = frozenset().union(*(h for _, h in ids))
-        old_device, old_host, old_loading = coord.residency
+        old_device, old_host, _ = coord.residency
         old_device_names, old_host_names = coord.residency_names
         index_of = self.sim.index_of
         if device_names == old_device_names:
@@ -514,14 +546,7 @@ class PullAffinity:
             host, host_names = old_host, old_host_names
         else:
             host = {index_of[n] for n in host_names}
-        loading = [set(runtime.loading) for runtime in runtimes]
-        if loading == old_loading:
-            loading = old_loading
-        if device is not old_device or host is not old_host or loading is not old_loading:
-            coord.version += 1
-        coord.residency = (device, host, loading)
-        coord.residency_names = (device_names, host_names)
-        coord.refreshed_at = self.sim.now
+        return device, host, device_names, host_names
 
     def _to_count(self, coord: Coordinator, full: bool) -> int:
         """How many queues this re-score counts (their cost; the counts come later)."""
@@ -540,7 +565,7 @@ class PullAffinity:
             seen, model = log.popleft()
             if self._demand.get(model) == seen:
                 del self._demand[model]
-                self._demand_version += 1
+                self._demand_moves.append(model)
 
     def _observed(self, coord: Coordinator, full: bool) -> None:
         sim = self.sim
@@ -553,13 +578,13 @@ class PullAffinity:
         # Nothing _gather reads changed since a decision that holds: the gathering, its
         # key and so the decision would be the same (no need to gather to know it).
         reuse = (coord.last_key is not None and last is not None
-                 and coord.gathered == (coord.version, self._demand_version, window)
+                 and self._gathering_stands(coord, window)
                  and not (recent and now - recent[0] >= COLD_WINDOW_S)
                  and self._last_holds(coord))
         if not reuse:
             counted = self._gather(coord)
             key = self._observed_key(coord, counted)
-            coord.gathered = (coord.version, self._demand_version, window)
+            coord.gathered = (coord.version, self._demand_moves_end(), window)
             # Nothing this worker observes changed since its last decision (within one
             # noise window, its recent cold subscriptions the same) but the instant, and
             # that decision holds at every later instant (scheduling.decision_holds):
@@ -583,8 +608,14 @@ class PullAffinity:
         self._meter(coord)
         coord.waiting = waiting
         coord.untaken = untaken
-        coord.held_backlog = self._backlogged(coord, coord.consumers.keys()) \
-            if sim.config.recount_held_backlog else set()
+        if not sim.config.recount_held_backlog:
+            coord.held_backlog = set()
+        elif coord.held_backlog_at != coord.version:
+            # Only a change of the consumers or of a held queue's count changes it, and
+            # each bumps the version: held queues are gathered, and a recount of a
+            # gathered queue bumps it (_moves_gathering).
+            coord.held_backlog = self._backlogged(coord, coord.consumers.keys())
+            coord.held_backlog_at = coord.version
         coord.meter_free = coord.worker.free_permits
         now = sim.now
         if sim.config.warmup_s <= now <= sim.config.duration_s:
@@ -596,6 +627,42 @@ class PullAffinity:
                  + sim.config.rescore_cpu_per_model_s * len(self._names))
         steps = deque(steps_for)
         sim.work(coord.worker, cpu_s, lambda: self._act(coord, steps), "serve")
+
+    def _gathering_stands(self, coord: Coordinator, window: int) -> bool:
+        """Would ``_gather`` gather the same as last time? Yes if nothing it reads of this
+        worker changed (``coord.version``), the noise window is the same, and no model
+        that entered or left the demand since is one it reads: counted here, gathered
+        last time, or loading or running here (``_gather`` asks the demand of no other)."""
+        if coord.gathered is None:
+            return False
+        version, demand_at, gathered_window = coord.gathered
+        if version != coord.version or gathered_window != window:
+            return False
+        moves = self._demand_moves
+        start = demand_at - self._demand_moves_offset
+        if start == len(moves):
+            return True
+        counts, gathered = coord.counts, coord.gathered_models
+        running, seen_loading = coord.worker.running, coord.residency[2]
+        for model in moves[start:]:
+            if model in counts or model in gathered or model in running or any(
+                    model in loading for loading in seen_loading):
+                return False
+        return True
+
+    def _demand_moves_end(self) -> int:
+        """The position the next model to enter or leave the demand takes."""
+        return self._demand_moves_offset + len(self._demand_moves)
+
+    def _trim_demand_moves(self) -> None:
+        """Drop the demand's moves before every worker's last gathering (none reads
+        them again) once they are half the list."""
+        start = min((coord.gathered[1] for coord in self._coords if coord.gathered),
+                    default=self._demand_moves_end())
+        drop = start - self._demand_moves_offset
+        if drop > len(self._demand_moves) // 2:
+            del self._demand_moves[:drop]
+            self._demand_moves_offset = start
 
     def _last_holds(self, coord: Coordinator) -> bool:
         """``scheduling.decision_holds`` of the last decision, asked once, when first
@@ -628,8 +695,24 @@ class PullAffinity:
     def _candidate_count(self, coord: Coordinator) -> int:
         """How many queues ``scheduling.candidates`` gives the coordinator (every runtime
         here takes work): those announced within the window, plus its own."""
-        # set.difference takes a dict as it is (a lookup per own candidate).
-        return len(self._demand) + len(coord.own.difference(self._demand))
+        own = coord.own
+        end = self._demand_moves_end()
+        memo = coord.own_outside_demand
+        if memo is not None and memo[0] is own and not self._moved_since(own, memo[1]):
+            outside = memo[2]  # the same own candidates, none of them in or out since
+        else:
+            # set.difference takes a dict as it is (a lookup per own candidate).
+            outside = len(own.difference(self._demand))
+        coord.own_outside_demand = (own, end, outside)
+        return len(self._demand) + outside
+
+    def _moved_since(self, models: set[int], position: int) -> bool:
+        """Did any of ``models`` enter or leave the demand from ``position`` on? (True if
+        that stretch was trimmed.)"""
+        start = position - self._demand_moves_offset
+        if start < 0:
+            return True
+        return any(model in models for model in self._demand_moves[start:])
 
     @staticmethod
     def _backlogged(coord: Coordinator, models: AbstractSet[int]) -> set[int]:
@@ -696,9 +779,13 @@ class PullAffinity:
         # What _set_count does, over a set at once: this runs per worker per announcement.
         counted = self.dirty(coord) & demand.keys()
         counted.update(coord.held_backlog & coord.consumers.keys())  # held, last with backlog
+        if not counted:  # nothing to count: the sets below stay as they are
+            self._forget_dirty(coord)
+            return
         models = list(counted)
         fresh = list(map(self._qstate.__getitem__, models))
-        if fresh != list(map(coord.counts.get, models)):
+        last = list(map(coord.counts.get, models))
+        if fresh != last and self._moves_gathering(coord, models, last, fresh):
             coord.version += 1
         coord.counts.update(zip(models, fresh, strict=True))
         coord.at_cap -= counted
@@ -709,6 +796,28 @@ class PullAffinity:
         coord.fed -= counted
         coord.fed |= waiting & self._consumed
         self._forget_dirty(coord)
+
+    @staticmethod
+    def _moves_gathering(coord: Coordinator, models: list[int],
+                         last: list[tuple[int, int] | None],
+                         fresh: list[tuple[int, int]]) -> bool:
+        """Can these recounts (``models``, from ``last`` to ``fresh``) change what the
+        next ``_gather`` gathers, so what it decides on? Only through a model it gathered
+        last time, or, when it looked at cold queues (a loader had room), through a
+        queue with a backlog before or after (what makes one cold, fed or starved, and
+        ranks the starved). A queue that stays empty and was not gathered is not read
+        (the other counts' changes, and the rest of what ``_gather`` reads, bump
+        ``coord.version`` themselves)."""
+        gathered = coord.gathered_models
+        looked_cold = coord.gathered_cold
+        for model, before, after in zip(models, last, fresh, strict=True):
+            if before == after:
+                continue
+            if model in gathered:
+                return True
+            if looked_cold and (after[0] > 0 or (before is not None and before[0] > 0)):
+                return True
+        return False
 
     def observation(self, coord: Coordinator) -> Observation:
         """What this worker's coordinator knows now (``scheduling.Observation``): the
@@ -743,7 +852,8 @@ class PullAffinity:
         gather = set(own)
         for models in busy:
             gather.update(m for m in models if m in demand or m in own)
-        if any(slots > 0 for slots in room):
+        coord.gathered_cold = any(slots > 0 for slots in room)
+        if coord.gathered_cold:
             cold = self._backlogged(coord, demand.keys())
             cold -= gather  # own, and loading here in demand
             for models in busy:
@@ -761,6 +871,7 @@ class PullAffinity:
                 for slots, waiting in zip(room, by_runtime, strict=True):
                     if slots > 0:
                         self._claimable(coord, waiting, slots, gather)
+        coord.gathered_models = gather
         gathered = list(gather)
         found = list(map(counts.get, gathered))
         counted: dict[int, tuple[int, int]]
@@ -788,9 +899,11 @@ class PullAffinity:
         facts_of = self._facts
         device, _, seen_loading = coord.residency
         runtimes = worker.runtimes
+        # By name, in the order of counted (zip and map: this runs per decision).
+        ids = map(names.__getitem__, counted)
         return Observation(
-            self.sim.now, worker.name, {names[m]: c for m, c in counted.items()},
-            {names[m]: facts_of[m] for m in counted},
+            self.sim.now, worker.name, dict(zip(ids, counted.values(), strict=True)),
+            self._facts_by_name,  # every model's: snapshot_of reads the counted ones
             subscriptions=worker.subscriptions,  # the names of coord.consumers' models
             resident_device=coord.residency_names[0],
             resident_host=coord.residency_names[1],

@@ -57,6 +57,7 @@ class Coordinator:
     heard_cache: tuple[int, set[int] | None] = (0, None)
     heard_upto: int = 0  # announcements (PullAffinity._heard_log) folded so far
     held_backlog: set[int] = field(default_factory=set)  # held queues last seen with backlog
+    held_backlog_at: int = -1  # the version held_backlog was found at
     changed: bool = False
     state: int = WAITING
     generation: int = 0  # invalidates a pending timeout when a wake comes first
@@ -66,6 +67,8 @@ class Coordinator:
     refreshed_at: float = -1e9  # the runtimes' stats last asked
     residency: tuple[set[int], set[int], list[set[int]]] = (set(), set(), [])
     residency_names: tuple[frozenset[str], frozenset[str]] = (frozenset(), frozenset())
+    # Each runtime's SimRuntime.cache_changes when its cache's ids were last asked.
+    cache_stamps: list[int] = field(default_factory=list)
     # The last decision and what it was decided on (PullAffinity._observed_key).
     last_key: tuple[object, ...] | None = None
     last_result: tuple[Snapshot, Decision, bool, bool, tuple[Action, ...]] | None = None
@@ -79,8 +82,16 @@ class Coordinator:
     rescores: int = 0
     ranks: StarvedRanks | None = None  # its ranks of starved cold queues (set by attach)
     own: set[int] = field(default_factory=set)  # its own candidates, as last gathered
+    # (own, PullAffinity._demand_moves_end(), how many of own are not in the demand).
+    own_outside_demand: tuple[set[int], int, int] | None = None
     # Bumped by every change of what _gather and _observed_key read of this worker (its
     # counts, tasks, consumers and windows, residency, cold subscriptions): with the
     # noise window and the demand's models the same, the last gathering still stands.
     version: int = 0
-    gathered: tuple[int, int, int] | None = None  # (version, demand version, window)
+    # (version, PullAffinity._demand_moves_end(), noise window) at the last gathering.
+    gathered: tuple[int, int, int] | None = None
+    # What that gathering took: the models (counted or not), and whether it looked at
+    # cold queues (a loader had room). A recount moves it only through these
+    # (PullAffinity._moves_gathering).
+    gathered_models: set[int] = field(default_factory=set)
+    gathered_cold: bool = False

@@ -41,6 +41,9 @@ class SimRuntime:
     promoting: dict[int, list[Task]] = field(default_factory=dict)
     batchers: dict[int, Batcher] = field(default_factory=dict)
     collected_at: float = -1e9  # the last full gc this runtime ran
+    # Bumped by every reserve and commit on its cache (the only calls that move models
+    # between tiers): equal stamps, the same models resident (PullAffinity._refresh).
+    cache_changes: int = 0
 
     @property
     def loader_free(self) -> bool:
