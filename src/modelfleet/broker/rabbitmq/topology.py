@@ -167,10 +167,13 @@ class ChannelSlot:
         if self._channel is None or self._channel.is_closed:
             try:
                 channel = self._connection.channel(publisher_confirms=self._confirms)
-            except RuntimeError as exc:  # aio-pika's "Connection was not opened"
+                await channel.initialize()
+            except RuntimeError as exc:
+                # aio-pika's "Connection was not opened", or aiormq's "<Connection ...>
+                # closed" when the connection is lost while the channel opens (seen: the
+                # keeper's renewal failed a publish with it instead of retrying).
                 raise BrokerUnavailable("open a channel: the connection to RabbitMQ is "
                                         "down; reconnecting in the background") from exc
-            await channel.initialize()
             self._channel = channel
         return self._channel
 
