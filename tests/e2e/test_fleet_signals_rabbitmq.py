@@ -68,7 +68,9 @@ def test_every_gateway_reports_the_fleets_backlog_and_desired_workers(
 
         loop.run_until_complete(asyncio.to_thread(
             eventually_blocking, backlog_seen, 90, what="the backlog at both gateways",
-            every_s=0.3))
+            every_s=0.3, state=lambda: [
+                (httpx.get(f"{b}/v1/fleet/summary", timeout=10).json()["totals"],
+                 gauge(b, "modelfleet_gateway_parked_requests")) for b in bases]))
         for base in bases:
             # One worker, and nobody held slowload: all four took the cold lane, whose
             # backlog has a label of its own (nobody can tell whose its tasks are).
