@@ -19,15 +19,15 @@ serve: $(STAMP)
 
 # Bytecode is cached (__pycache__) even where the shell says PYTHONDONTWRITEBYTECODE: the
 # tests start hundreds of modelfleet processes, and each compiled all it imported (~0.4 s
-# of CPU). The first pytest runs the test modules in the order tests/conftest.py gives; the
-# second collects only the modules that mark a test serial (collecting all takes ~10 s).
+# of CPU). The second pytest collects only the modules that mark a test serial (collecting
+# all of them takes ~10 s).
 test: $(STAMP)
 	bash .ci/rabbitmq-up || test "$$CI" != "true"
 	bash .ci/tools-up || test "$$CI" != "true"
 	bash .ci/redis-up || test "$$CI" != "true"
 	bash .ci/postgres-up || test "$$CI" != "true"
 	env -u PYTHONDONTWRITEBYTECODE $(VENV)/bin/python -m pytest -q -n 2 --dist loadfile \
-		--no-loadscope-reorder -m 'not serial'
+		-m 'not serial'
 	env -u PYTHONDONTWRITEBYTECODE $(VENV)/bin/python -m pytest -q -m serial \
 		$$(grep -rl --include='test_*.py' 'mark.serial' tests)
 

@@ -14,17 +14,6 @@ pytest_plugins = ["tests.hang_report"]
 # that a real worker process keeps, metrics_models).
 metrics.bound_models(1_000_000)
 
-# Modules that start servers and brokers first, the unit tests after them: make test's two
-# processes take whole modules (--dist loadfile) in this order (--no-loadscope-reorder),
-# so the long ones start early and the short ones fill in at the end. (xdist's own order,
-# the most tests first, left the 70 s image test to start near the end in one process
-# while the other had nothing left.)
-PROCESS_TESTS = ("tests/e2e/", "tests/contract/")
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    items.sort(key=lambda item: not item.nodeid.startswith(PROCESS_TESTS))
-
 
 def rabbitmq_url() -> str:
     return os.environ.get("MODELFLEET_TEST_AMQP", "amqp://guest:guest@127.0.0.1:5672/")
