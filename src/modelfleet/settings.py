@@ -179,6 +179,13 @@ class WorkerSettings(_Section):
     # workers that all saw one announcement do not decide in the same instant.
     rescore_jitter_s: float = Field(default=0.01, ge=0)
     state_interval_s: float = Field(default=1.0, gt=0)
+    # A cold take of a capped queue waits its turn: the workers that said they have a
+    # permit free rank alike for each model (scheduling.keep_rank), the best ``cap`` of
+    # them take it at once and each next ``cap`` this much later (at most
+    # scheduling.MAX_TAKE_TURNS turns), after a fresh count. Workers that all heard one
+    # announcement then do not all take a cap-1 queue in the same instant, each load
+    # the model and share its tasks. 0: no turns.
+    cold_take_turn_s: float = Field(default=0.1, ge=0)
     cold_lane: bool = True  # take tasks from the cold lane (gateway.cold_lane_per_model)
     # Unacked tasks each cold lane may hand this worker (running or waiting for a
     # permit); 0: follow the permits: the lane's tasks running here plus the free

@@ -19,9 +19,11 @@ from tests.procs import Proc, gateway, worker, write_package
 from tests.waiting import eventually_blocking
 
 # serial: with the other test process busy beside it, the three workers' re-scores fall
-# into step, and all three once took m2's queue (cap 1) in the same instant twice over,
-# so m2 was served by three workers where this test allows two. That is the scheduling's
-# randomized step-back at work on a starved machine, not a harness fault; it runs alone.
+# into step. Before workers took capped queues in turns (worker.cold_take_turn_s) and
+# stepped back in an agreed order (scheduling.keep_rank), all three took m2's queue
+# (cap 1) in the same instant and it was served by three workers where this test allows
+# two (2 of 12 runs beside a busy loop; 0 of 12 since). It still runs alone: how far a
+# starved machine stretches the turns is not what it is about.
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.serial]
 MODELS = [f"m{i}" for i in range(6)]
 CAP = {"m0": 2, "m1": 1, "m2": 1, "m3": 1, "m4": 1, "m5": 1}  # [fanout] max_workers

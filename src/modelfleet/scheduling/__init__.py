@@ -7,7 +7,7 @@ steps: ``snapshot_of`` (observe), ``decide``, ``actions_for`` (act); time and
 randomness come in as arguments.
 """
 
-from modelfleet.scheduling.act import Action, actions_for
+from modelfleet.scheduling.act import MAX_TAKE_TURNS, Action, actions_for, take_turn
 from modelfleet.scheduling.observe import (
     Observation,
     QueueFacts,
@@ -20,6 +20,7 @@ from modelfleet.scheduling.scoring import (
     choose_queues,
     cold_budget,
     is_starving,
+    keep_rank,
     loader_room,
     noise,
     score_queue,
@@ -35,6 +36,7 @@ from modelfleet.scheduling.step import (
 from modelfleet.scheduling.views import Decision, QueueView, Reason, WorkerView
 
 __all__ = [
+    "MAX_TAKE_TURNS",
     "Action",
     "Decision",
     "Observation",
@@ -53,10 +55,12 @@ __all__ = [
     "decide",
     "decision_holds",
     "is_starving",
+    "keep_rank",
     "loader_room",
     "noise",
     "prefetch_window",
     "score_queue",
     "snapshot_of",
+    "take_turn",
     "work_waiting",
 ]

@@ -13,7 +13,7 @@ counts only for :func:`candidates`.
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from operator import attrgetter
 from typing import TypeVar
 
@@ -62,6 +62,10 @@ class Observation:
     free_permits: int = 1
     permits_cap: int = 1
     prefetch: Mapping[str, int] = field(default_factory=dict)
+    # Held queues over their fan-out cap -> how many of the other consumers this worker
+    # knows of outrank it to keep the queue (QueueView.outranked_by); a held queue over
+    # its cap missing here steps back at random.
+    outranked_by: Mapping[str, int] = field(default_factory=dict)
 
 
 def candidates(demand: Iterable[_Id], subscriptions: Iterable[_Id], device: Iterable[_Id],
@@ -136,6 +140,7 @@ def snapshot_of(obs: Observation, settings: ScoringSettings, rng_seed: int) -> S
     starving: dict[str, list[QueueView]] = {}
     subscriptions = worker.subscriptions
     facts_of = obs.facts
+    outranked_by = obs.outranked_by
     views = _views
     for model_id, (backlog, consumers) in obs.counts.items():
         facts = facts_of.get(model_id)
@@ -152,6 +157,10 @@ def snapshot_of(obs: Observation, settings: ScoringSettings, rng_seed: int) -> S
             view = known[1]
         else:
             view = _view(model_id, backlog, consumers, facts)
+        if held and outranked_by:
+            ahead = outranked_by.get(model_id)
+            if ahead is not None:
+                view = replace(view, outranked_by=ahead)
         if cold and consumers == 0:
             starving.setdefault(facts.runtime, []).append(view)
         else:

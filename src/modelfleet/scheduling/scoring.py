@@ -44,6 +44,19 @@ def held_uniform(rng_seed: int, worker_id: str, model_id: str, bucket: int, salt
 
 
 @functools.lru_cache(maxsize=1 << 16)
+def keep_rank(worker_id: str, model_id: str) -> bytes:
+    """Where ``worker_id`` stands among the consumers of ``model_id``'s queue when they
+    are more than its fan-out cap: the lowest ranks keep it, the rest step back.
+
+    Rendezvous hashing: every worker computes every other's rank alike (no seed of its
+    own), so workers that know the same consumers agree on who steps back, without a
+    word between them, and no two of them both leave a queue one of them should keep.
+    Across models the ranks are independent, so no worker is everyone's first."""
+    return hashlib.blake2b(f"keep\x1f{model_id}\x1f{worker_id}".encode(),
+                           digest_size=8).digest()
+
+
+@functools.lru_cache(maxsize=1 << 16)
 def _held_uniform(rng_seed: int, worker_id: str, bucket: int, salt: str, model_id: str) -> float:
     return _fresh_uniform(rng_seed, worker_id, bucket, salt, model_id)
 
@@ -248,6 +261,21 @@ def is_starving(queue: QueueView) -> bool:
     return queue.backlog > 0 and queue.consumers == 0
 
 
+def _steps_back(queue: QueueView, cap: int, worker_id: str, rng_seed: int,
+                bucket: int) -> bool:
+    """Does this worker leave a queue it holds with more consumers than ``cap``?
+
+    When it knows who else consumes the queue, it leaves if ``cap`` or more of them
+    outrank it (``keep_rank``): two workers that took a cap-1 queue in the same instant
+    agree which one keeps it, so the queue is never left with nobody (which would let a
+    third worker take it, cold). Knowing nothing of the others, it leaves with the share
+    of consumers over the cap, drawn afresh each noise window."""
+    if queue.outranked_by is not None:
+        return queue.outranked_by >= cap
+    shed = (queue.consumers - cap) / queue.consumers
+    return held_uniform(rng_seed, worker_id, queue.model_id, bucket, "shed") < shed
+
+
 def score_queue(queue: QueueView, worker: WorkerView, settings: ScoringSettings, now: float,
                 rng_seed: int) -> float:
     """The score of one queue for one worker (the starvation override included)."""
@@ -346,13 +374,11 @@ def choose_queues(queues: Sequence[QueueView], worker: WorkerView, settings: Sco
                 cap = caps[cap_key] = settings.fanout_cap(*cap_key)
 
         if held:
-            if cap is not None and queue.consumers > cap:
-                shed = (queue.consumers - cap) / queue.consumers
-                u = held_uniform(rng_seed, worker.worker_id, model_id, bucket, "shed")
-                if u < shed:
-                    unsubscribe.add(model_id)
-                    reasons[model_id] = "over-cap"
-                    continue
+            if cap is not None and queue.consumers > cap and _steps_back(
+                    queue, cap, worker.worker_id, rng_seed, bucket):
+                unsubscribe.add(model_id)
+                reasons[model_id] = "over-cap"
+                continue
             if queue.backlog == 0 and not warm and not _worth_keeping_idle(queue, worker,
                                                                             scorer):
                 unsubscribe.add(model_id)

@@ -42,6 +42,11 @@ class QueueView:
     # The highest plan priority among its recent callers (gateways' demand events); the
     # queue's own plan's priority counts too (ScoringSettings.priority).
     priority: int = 0
+    # Held and over its fan-out cap: how many of the other consumers this worker knows
+    # of rank ahead of it to keep the queue (``scoring.keep_rank``); it steps back when
+    # that is the cap or more. None: it knows nothing of the others, and steps back at
+    # random with the share of consumers over the cap.
+    outranked_by: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,9 +32,10 @@ O(gateways announcing it) per estimate.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Iterable
 from typing import Any
+
+from modelfleet.scheduling import keep_rank
 
 
 class AnnouncedCounts:
@@ -46,7 +47,8 @@ class AnnouncedCounts:
         self._worker_id = worker_id
         self._waiting: dict[str, dict[str, tuple[int, float]]] = {}  # model -> gateway ->
         self._peers: dict[str, tuple[float, frozenset[str]]] = {}  # worker -> (at, subs)
-        self._consumers: Counter[str] = Counter()  # model -> peers that consume it
+        self._holders: dict[str, set[str]] = {}  # model -> the peers that consume it
+        self._free: set[str] = set()  # peers whose last state had a permit free
         self._exact_until: dict[str, float] = {}  # model -> counted exactly until (requeued)
 
     def observe(self, event: dict[str, Any], now: float) -> None:
@@ -67,6 +69,11 @@ class AnnouncedCounts:
                     and isinstance(subscriptions, list):
                 self._set_peer(worker_id, now,
                                frozenset(s for s in subscriptions if isinstance(s, str)))
+                in_use, cap = event.get("permits_in_use"), event.get("permits_cap")
+                if isinstance(in_use, int) and isinstance(cap, int) and in_use >= cap:
+                    self._free.discard(worker_id)
+                else:
+                    self._free.add(worker_id)
         elif kind == "worker_gone":
             worker_id = event.get("worker_id")
             if isinstance(worker_id, str):
@@ -94,7 +101,21 @@ class AnnouncedCounts:
         if not said:
             del self._waiting[model_id]
             return None
-        return waiting, self._consumers[model_id]
+        return waiting, len(self._holders.get(model_id, ()))
+
+    def outranked_by(self, model_id: str) -> int:
+        """How many of the peers that said they consume ``model_id`` rank ahead of this
+        worker to keep its queue (``scheduling.keep_rank``): O(those peers)."""
+        mine = keep_rank(self._worker_id, model_id)
+        return sum(1 for peer in self._holders.get(model_id, ())
+                   if keep_rank(peer, model_id) < mine)
+
+    def free_ahead(self, model_id: str) -> int:
+        """How many peers with a permit free (by their last state) rank ahead of this
+        worker for ``model_id`` (``scheduling.keep_rank``): whose turn to take it comes
+        first. O(free peers)."""
+        mine = keep_rank(self._worker_id, model_id)
+        return sum(1 for peer in self._free if keep_rank(peer, model_id) < mine)
 
     def expire_peers(self, now: float) -> None:
         """Forget workers not heard from lately (O(workers), once per re-score)."""
@@ -110,18 +131,20 @@ class AnnouncedCounts:
     def _set_peer(self, worker_id: str, now: float, subscriptions: frozenset[str]) -> None:
         _, before = self._peers.get(worker_id, (now, frozenset()))
         for model_id in before - subscriptions:
-            self._discount(model_id)
-        self._consumers.update(subscriptions - before)
+            self._discount(model_id, worker_id)
+        for model_id in subscriptions - before:
+            self._holders.setdefault(model_id, set()).add(worker_id)
         self._peers[worker_id] = (now, subscriptions)
 
     def _drop_peer(self, worker_id: str) -> None:
         _, before = self._peers.pop(worker_id, (0.0, frozenset()))
+        self._free.discard(worker_id)
         for model_id in before:
-            self._discount(model_id)
+            self._discount(model_id, worker_id)
 
-    def _discount(self, model_id: str) -> None:
-        left = self._consumers[model_id] - 1
-        if left > 0:
-            self._consumers[model_id] = left
-        else:
-            del self._consumers[model_id]
+    def _discount(self, model_id: str, worker_id: str) -> None:
+        holders = self._holders.get(model_id)
+        if holders is not None:
+            holders.discard(worker_id)
+            if not holders:
+                del self._holders[model_id]

@@ -63,6 +63,7 @@ from modelfleet.scheduling import (
     cannot_matter,
     decide,
     snapshot_of,
+    take_turn,
     work_waiting,
 )
 from modelfleet.scheduling.demand import DemandPriority
@@ -145,6 +146,7 @@ class Coordinator:
         self._observed: tuple[float, set[str], frozenset[str], frozenset[str],
                               frozenset[str]] | None = None
         self._dirty: set[str] = set()  # queues to count afresh at the next re-score
+        self._turns: dict[str, float] = {}  # cold takes waiting their turn -> when it comes
         self._idle = IdleMeter(self._cap, time.monotonic)
         self._untaken_work = False  # it saw tasks waiting in queues this worker does not pull
         self._held_backlog: set[str] = set()  # held queues it saw tasks waiting in
@@ -504,7 +506,9 @@ class Coordinator:
         """What this worker knows now, for ``scheduling.snapshot_of``: O(candidates)."""
         counts: dict[str, tuple[int, int]] = {}
         facts: dict[str, QueueFacts] = {}
+        outranked_by: dict[str, int] = {}  # held and over the cap
         running = self._tasks.running
+        scheduling = self._settings.scheduling
         for model_id in wanted:
             qs = self._counts.get(model_id)
             if qs is None or model_id not in self._catalog:  # gone while we asked
@@ -515,11 +519,15 @@ class Coordinator:
                 continue  # snapshot_of would leave it out: its facts are not needed
             manifest = self._catalog.get(model_id).manifest
             counts[model_id] = (qs.backlog, qs.consumers)
+            pinned = self.control.pinned(model_id)
             facts[model_id] = QueueFacts(
-                manifest.fanout.max_workers, manifest.plan, self.control.pinned(model_id),
+                manifest.fanout.max_workers, manifest.plan, pinned,
                 manifest.batching.max_batch_size,
                 self._supervisor.runtime_for(model_id).name,
                 self._demand_priority.of(model_id, now))
+            if model_id in self._consumers and not pinned and qs.consumers > \
+                    scheduling.fanout_cap(manifest.fanout.max_workers, manifest.plan):
+                outranked_by[model_id] = self._announced.outranked_by(model_id)
         slots = self._settings.runtime.max_concurrent_loads
         runtimes = self._supervisor.placed()
         return Observation(
@@ -532,25 +540,30 @@ class Coordinator:
             running=dict(self._tasks.running), last_served=dict(self._tasks.last_served),
             recent_cold_subscribes=tuple(self._cold_subscribes),
             free_permits=self._cap - len(self._in_flight), permits_cap=self._cap,
-            prefetch={m: c.prefetch for m, c in self._consumers.items()})
+            prefetch={m: c.prefetch for m, c in self._consumers.items()},
+            outranked_by=outranked_by)
 
     async def _act(self, decision: Decision, snapshot: Snapshot) -> None:
         """Carry out ``scheduling.actions_for``: the steps the simulator takes too."""
         now = snapshot.now
+        for model_id in [m for m in self._turns if m not in decision.subscribe]:
+            del self._turns[model_id]  # no longer worth taking: its wait is over
         for action in actions_for(decision, snapshot, self._settings.scheduling):
             model_id = action.model_id
             if action.kind == "unsubscribe":
                 metrics.SUBSCRIBE_EVENTS.labels("unsubscribe", "cold" if action.cold
                                                 else "warm").inc()
-                await self._unsubscribe(model_id)
+                await self._unsubscribe(model_id, decision.reasons.get(model_id, ""))
             elif action.kind == "subscribe":
-                if action.cold and not await self._still_open(action):
+                if action.cold and not (self._my_turn(action, now)
+                                        and await self._still_open(action)):
                     continue
                 if action.cold:
                     self._cold_subscribes.append(now)
                 metrics.SUBSCRIBE_EVENTS.labels("subscribe", "cold" if action.cold
                                                 else "warm").inc()
-                await self._subscribe(model_id, action.window)
+                await self._subscribe(model_id, action.window,
+                                      decision.reasons.get(model_id, ""))
             else:
                 consumer = self._consumers.get(model_id)
                 if consumer is not None and consumer.prefetch != action.window:
@@ -580,6 +593,26 @@ class Coordinator:
             await self._supervisor.retire(model_id)
             self._isolated_since.pop(model_id, None)
         await self._supervisor.retire_quarantine()  # once unused for quarantine_idle_s
+
+    def _my_turn(self, action: Action, now: float) -> bool:
+        """Is it this worker's turn to take a cold capped queue (``scheduling.take_turn``)?
+        If not, the turn is noted and a re-score woken when it comes."""
+        turn_s = self._settings.worker.cold_take_turn_s
+        if action.cap is None or turn_s <= 0:
+            return True
+        model_id = action.model_id
+        due = self._turns.get(model_id)
+        if due is None:
+            turn = take_turn(self._announced.free_ahead(model_id), action.cap)
+            if turn == 0:
+                return True
+            self._turns[model_id] = now + turn * turn_s
+            asyncio.get_running_loop().call_later(turn * turn_s, self._wake)
+            return False
+        if now < due:
+            return False
+        del self._turns[model_id]
+        return True
 
     async def _still_open(self, action: Action) -> bool:
         """Is a cold queue still under its fan-out cap, by a fresh count (~1 ms)?
@@ -614,7 +647,7 @@ class Coordinator:
             return self._supervisor.quarantine_accepting()
         return self._supervisor.runtime_for(model_id).accepting
 
-    async def _subscribe(self, model_id: str, prefetch: int) -> None:
+    async def _subscribe(self, model_id: str, prefetch: int, reason: str = "") -> None:
         if model_id in self._consumers or self._stopping:
             return
         subscription = await self._broker.subscribe(model_id, prefetch)
@@ -622,14 +655,15 @@ class Coordinator:
             self._consume(subscription), name=f"consume-{model_id}"))
         consumer.prefetch = prefetch
         self._consumers[model_id] = consumer
-        log.info("subscribed to %s (prefetch %d)", model_id, prefetch)
+        log.info("subscribed to %s (prefetch %d%s)", model_id, prefetch,
+                 f", {reason}" if reason else "")
 
-    async def _unsubscribe(self, model_id: str) -> None:
+    async def _unsubscribe(self, model_id: str, reason: str = "") -> None:
         consumer = self._consumers.pop(model_id, None)
         if consumer is None:
             return
         await leave(consumer)
-        log.info("unsubscribed from %s", model_id)
+        log.info("unsubscribed from %s%s", model_id, f" ({reason})" if reason else "")
 
     # -- running tasks -------------------------------------------------------------
     async def _consume(self, subscription: Subscription) -> None:
