@@ -57,6 +57,10 @@ OPEN_CONNECTIONS = Gauge("modelfleet_gateway_open_connections",
                          "HTTP connections open on this gateway")
 CONNECTIONS_REFUSED = Counter("modelfleet_gateway_connections_refused_total",
                               "Connections refused (503) beyond gateway.max_connections")
+IDLE_CONNECTIONS_CLOSED = Counter(
+    "modelfleet_gateway_idle_connections_closed_total",
+    "Kept-alive connections with no request begun closed to make room for a new one "
+    "over gateway.max_connections")
 READ_TIMEOUTS = Counter("modelfleet_gateway_read_timeouts_total",
                         "Requests whose headers or body did not arrive in time", ["phase"])
 LATE_REPLIES = Counter("modelfleet_gateway_late_replies_total",

@@ -110,7 +110,11 @@ class GatewaySettings(_Section):
     # the previous answer on it); the whole body within body_read_timeout_s. 408 if not.
     header_read_timeout_s: float = Field(default=10, gt=0)
     body_read_timeout_s: float = Field(default=60, gt=0)
-    keep_alive_timeout_s: float = Field(default=5, gt=0)  # idle kept-alive connections close
+    # A kept-alive connection with no request begun closes after this long. Longer than
+    # the idle expiry of the clients and proxies in front (httpx 5 s, aiohttp 15 s, an AWS
+    # load balancer 60 s): a server that closes first races a client reusing the
+    # connection, which then gets a reset instead of an answer.
+    keep_alive_timeout_s: float = Field(default=75, gt=0)
     max_connections: int = Field(default=1000, gt=0)  # open at once; more get 503 at once
     max_header_bytes: int = Field(default=16 * 1024, ge=1024)  # a request's head; 431 above
     max_headers: int = Field(default=100, ge=8)  # header fields in one request; 431 above

@@ -7,6 +7,7 @@ gateway; every answer that can still be given is JSON.
 from __future__ import annotations
 
 import asyncio
+import http.client
 import http.server
 import json
 import re
@@ -111,6 +112,28 @@ def test_headers_that_never_end_get_408_and_the_connection_is_closed(
     status, _, error = json_error(answer)
     assert (status, error["code"]) == (408, "request_timeout")
     assert metric_sum(base, "modelfleet_gateway_read_timeouts_total", phase="header") >= 1
+
+
+def test_a_kept_alive_connection_idle_past_the_header_timeout_takes_the_next_request(
+        edge: tuple[Proc, str]) -> None:
+    """The header read timeout (1 s here) times a request's head from its first byte; an
+    idle kept-alive connection is kept for gateway.keep_alive_timeout_s (75 s), longer
+    than clients keep theirs: a client reusing it must not race the server closing it."""
+    _, base = edge
+    host, port = address(base)
+    conn = http.client.HTTPConnection(host, port, timeout=10)
+    try:
+        conn.request("GET", "/livez")
+        assert conn.getresponse().read() and conn.sock is not None
+        sock = conn.sock
+        time.sleep(1.6)
+        conn.request("GET", "/livez")
+        answer = conn.getresponse()
+        assert answer.status == 200, answer.read()
+        answer.read()
+        assert conn.sock is sock  # the same connection answered
+    finally:
+        conn.close()
 
 
 def test_a_body_shorter_than_its_content_length_gets_408(edge: tuple[Proc, str]) -> None:
@@ -419,6 +442,32 @@ def test_connections_beyond_the_cap_are_refused_at_once(tmp_path: Path) -> None:
         assert metric_sum(base, "modelfleet_gateway_connections_refused_total") >= 161
     finally:
         for conn in held:
+            conn.close()
+        proc.stop()
+
+
+def test_over_the_cap_a_new_connection_takes_the_place_of_an_idle_kept_alive_one(
+        tmp_path: Path) -> None:
+    """Callers that keep connections alive do not lock new callers out: at the cap, the
+    connection idle longest is closed for a new one; the busy ones are left alone."""
+    proc, base = serve(tmp_path, name="idlecap", env={"MODELFLEET_GATEWAY__MAX_CONNECTIONS": "2"})
+    host, port = address(base)
+    kept = [http.client.HTTPConnection(host, port, timeout=10) for _ in range(2)]
+    try:
+        for conn in kept:  # both answered, both kept alive and idle
+            conn.request("GET", "/livez")
+            assert conn.getresponse().read()
+        fresh = httpx.get(f"{base}/livez", timeout=10)
+        assert fresh.status_code == 200, fresh.text
+        assert metric_sum(base, "modelfleet_gateway_idle_connections_closed_total") >= 1
+        assert metric_sum(base, "modelfleet_gateway_connections_refused_total") == 0
+        # The oldest idle one was closed (the server said so: end of stream).
+        oldest = kept[0].sock
+        assert oldest is not None
+        oldest.settimeout(10)
+        assert oldest.recv(1) == b""
+    finally:
+        for conn in kept:
             conn.close()
         proc.stop()
 

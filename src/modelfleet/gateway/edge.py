@@ -7,19 +7,26 @@ one in plain text, and accepts Content-Length together with Transfer-Encoding. H
 
 - ``EdgeProtocol`` (uvicorn's h11 protocol, subclassed) gives each connection
   ``header_read_timeout_s`` to deliver a request's headers, counted from when it opened
-  or from the previous answer; it answers 408 (JSON) and closes, or closes silently if
-  not a byte of a next request came. A body still arriving ``BODY_GRACE_S`` after its
-  body read timeout (the app's own ``RequestGuard`` answers 408 at the timeout) has its
-  connection closed: also when the app answered without reading it.
+  or, on a kept-alive connection, from the first byte of its next request; it answers
+  408 (JSON) and closes, or closes silently if not a byte came. A kept-alive connection
+  with no request begun is idle: uvicorn closes it after ``keep_alive_timeout_s`` (75 s
+  by default, longer than the idle expiry of common clients and proxies: httpx's 5 s,
+  aiohttp's 15 s, an AWS load balancer's 60 s; with a server that closes first, a client
+  reusing the connection in the same instant gets no answer, only a reset). A body still
+  arriving ``BODY_GRACE_S`` after its body read timeout (the app's own ``RequestGuard``
+  answers 408 at the timeout) has its connection closed: also when the app answered
+  without reading it.
 - A chunked body whose chunk size is no length (over 63 bits: 400) or takes the body
   past ``max_body_bytes`` (413) is answered as soon as the size line is read
   (``modelfleet.gateway.chunked``), not at the body read timeout; so is a chunk size
   h11 cannot parse (400). These answers, like every one written here once a request's
   head has been read, are in the error dialect of its path (/v2's ``{"error": ...}``),
   each a modelfleet error rendered by ``gateway/http.py`` with its own status.
-- A connection beyond ``max_connections`` is refused at once: a JSON 503
-  ``too_many_connections`` (Retry-After: 1) as soon as its request's headers arrive, or
-  after ``REFUSE_WAIT_S`` if they do not, then closed. (Not uvicorn's
+- A connection beyond ``max_connections`` takes the place of the connection idle
+  longest, if one is (closed as uvicorn closes an idle one at its keep-alive timeout);
+  else it is refused at once: a JSON 503 ``too_many_connections`` (Retry-After: 1) as
+  soon as its request's headers arrive, or after ``REFUSE_WAIT_S`` if they do not, then
+  closed. (Not uvicorn's
   ``limit_concurrency``, which answers in plain text and only after the headers.)
 - ``EdgeApp`` wraps the ASGI app: Content-Length with Transfer-Encoding is refused
   (400, closed: the framing that request smuggling relies on), and a request cancelled
@@ -99,6 +106,7 @@ class EdgeProtocol(H11Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._phase = ""  # "head", "body", "refused" or "" (nothing timed)
         self._refused = False
+        self._idle_since: float | None = None  # kept alive, no request begun: since when
         # uvicorn's connection, with chunk sizes bounded (no request has been read yet).
         head_limit = self.config.h11_max_incomplete_event_size
         self.conn = ChunkGuardedConnection(
@@ -113,7 +121,7 @@ class EdgeProtocol(H11Protocol):
         # response's head and body leave in one send (gateway/corked.py).
         self.transport = CorkedTransport(transport, self.loop)  # type: ignore[assignment]
         metrics.OPEN_CONNECTIONS.set(len(self.connections))
-        if len(self.connections) > self.limits.max_connections:
+        if len(self.connections) > self.limits.max_connections and not self._evict_idle():
             self._refused = True
             metrics.CONNECTIONS_REFUSED.inc()
             self.app = _refuse  # answered as soon as its request's headers arrive...
@@ -127,6 +135,7 @@ class EdgeProtocol(H11Protocol):
         metrics.OPEN_CONNECTIONS.set(len(self.connections))
 
     def data_received(self, data: bytes) -> None:
+        self._idle_since = None
         super().data_received(data)
         self._follow()
 
@@ -147,7 +156,13 @@ class EdgeProtocol(H11Protocol):
             return
         theirs = self.conn.their_state
         if theirs is h11.IDLE and self.conn.our_state is h11.IDLE:
-            phase, timeout_s = "head", self.limits.header_read_timeout_s
+            if self.conn.trailing_data[0] or self.cycle is None:
+                # A request's head begun, or none yet on a new connection.
+                phase, timeout_s = "head", self.limits.header_read_timeout_s
+            else:  # kept alive between requests: uvicorn's keep-alive timer is running
+                phase, timeout_s = "", 0.0
+                if self._idle_since is None:
+                    self._idle_since = self.loop.time()
         elif theirs is h11.SEND_BODY:
             phase, timeout_s = "body", self.limits.body_read_timeout_s + BODY_GRACE_S
         else:
@@ -156,6 +171,20 @@ class EdgeProtocol(H11Protocol):
             self._disarm()
             if phase:
                 self._arm(phase, timeout_s)
+
+    def _evict_idle(self) -> bool:
+        """Close the connection idle longest (not this one) to make room; False if none is
+        idle. O(open connections), and only when they are over the cap."""
+        idle = [c for c in self.connections
+                if isinstance(c, EdgeProtocol) and c is not self and c._idle_since is not None
+                and not c.transport.is_closing()]
+        if not idle:
+            return False
+        oldest = min(idle, key=lambda c: c._idle_since or 0.0)
+        oldest._idle_since = None
+        oldest.timeout_keep_alive_handler()  # as its keep-alive timeout would
+        metrics.IDLE_CONNECTIONS_CLOSED.inc()
+        return True
 
     def _arm(self, phase: str, timeout_s: float) -> None:
         self._phase = phase
