@@ -114,6 +114,18 @@ def test_peers_announced_states_say_who_outranks_this_worker() -> None:
     assert (counts.outranked_by(model_id), counts.free_ahead(model_id)) == (0, 0)
 
 
+def test_only_peers_that_could_take_a_cold_queue_come_before_this_worker() -> None:
+    counts = AnnouncedCounts(fresh_s=1.0, forget_s=10.0, peer_stale_s=3.0, worker_id="w-a")
+    model_id = next(m for m in MODELS if ahead("w-a", ["w-b", "w-c"], m) == 2)
+    counts.observe({**state("w-b", []), "accepting_cold_work": False}, 0.0)  # loader full
+    counts.observe({**state("w-c", []), "gpus": 1}, 0.0)
+    assert counts.free_ahead(model_id) == 1
+    counts.observe({**state("w-b", []), "accepting_cold_work": True}, 0.5)
+    assert counts.free_ahead(model_id) == 2
+    # A CUDA-only model: a CPU worker will never take it, so it takes no turn.
+    assert counts.free_ahead(model_id, cuda_only=True) == 1
+
+
 MODEL = '''
     from modelfleet import Model
 

@@ -48,7 +48,10 @@ class AnnouncedCounts:
         self._waiting: dict[str, dict[str, tuple[int, float]]] = {}  # model -> gateway ->
         self._peers: dict[str, tuple[float, frozenset[str]]] = {}  # worker -> (at, subs)
         self._holders: dict[str, set[str]] = {}  # model -> the peers that consume it
-        self._free: set[str] = set()  # peers whose last state had a permit free
+        # Peers whose last state had a permit free and a load slot (a cold take's
+        # competitors), and those of them with a CUDA device.
+        self._free: set[str] = set()
+        self._free_gpu: set[str] = set()
         self._exact_until: dict[str, float] = {}  # model -> counted exactly until (requeued)
 
     def observe(self, event: dict[str, Any], now: float) -> None:
@@ -70,10 +73,16 @@ class AnnouncedCounts:
                 self._set_peer(worker_id, now,
                                frozenset(s for s in subscriptions if isinstance(s, str)))
                 in_use, cap = event.get("permits_in_use"), event.get("permits_cap")
-                if isinstance(in_use, int) and isinstance(cap, int) and in_use >= cap:
-                    self._free.discard(worker_id)
-                else:
-                    self._free.add(worker_id)
+                busy = ((isinstance(in_use, int) and isinstance(cap, int) and in_use >= cap)
+                        or event.get("accepting_cold_work") is False)
+                gpus = event.get("gpus")
+                has_gpu = isinstance(gpus, int) and gpus > 0
+                for free, member in ((self._free, not busy),
+                                     (self._free_gpu, not busy and has_gpu)):
+                    if member:
+                        free.add(worker_id)
+                    else:
+                        free.discard(worker_id)
         elif kind == "worker_gone":
             worker_id = event.get("worker_id")
             if isinstance(worker_id, str):
@@ -110,12 +119,14 @@ class AnnouncedCounts:
         return sum(1 for peer in self._holders.get(model_id, ())
                    if keep_rank(peer, model_id) < mine)
 
-    def free_ahead(self, model_id: str) -> int:
-        """How many peers with a permit free (by their last state) rank ahead of this
-        worker for ``model_id`` (``scheduling.keep_rank``): whose turn to take it comes
-        first. O(free peers)."""
+    def free_ahead(self, model_id: str, cuda_only: bool = False) -> int:
+        """How many peers free to take a cold queue (a permit and a load slot free, by
+        their last state; for a CUDA-only model, with a GPU) rank ahead of this worker for
+        ``model_id`` (``scheduling.keep_rank``): whose turn to take it comes first.
+        O(free peers)."""
         mine = keep_rank(self._worker_id, model_id)
-        return sum(1 for peer in self._free if keep_rank(peer, model_id) < mine)
+        return sum(1 for peer in (self._free_gpu if cuda_only else self._free)
+                   if keep_rank(peer, model_id) < mine)
 
     def expire_peers(self, now: float) -> None:
         """Forget workers not heard from lately (O(workers), once per re-score)."""
@@ -139,6 +150,7 @@ class AnnouncedCounts:
     def _drop_peer(self, worker_id: str) -> None:
         _, before = self._peers.pop(worker_id, (0.0, frozenset()))
         self._free.discard(worker_id)
+        self._free_gpu.discard(worker_id)
         for model_id in before:
             self._discount(model_id, worker_id)
 

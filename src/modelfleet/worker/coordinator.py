@@ -603,7 +603,9 @@ class Coordinator:
         model_id = action.model_id
         due = self._turns.get(model_id)
         if due is None:
-            turn = take_turn(self._announced.free_ahead(model_id), action.cap)
+            cuda_only = model_id in self._catalog \
+                and self._catalog.get(model_id).manifest.device == "cuda"
+            turn = take_turn(self._announced.free_ahead(model_id, cuda_only), action.cap)
             if turn == 0:
                 return True
             self._turns[model_id] = now + turn * turn_s
