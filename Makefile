@@ -27,7 +27,7 @@ test: $(STAMP)
 	bash .ci/redis-up || test "$$CI" != "true"
 	bash .ci/postgres-up || test "$$CI" != "true"
 	env -u PYTHONDONTWRITEBYTECODE $(VENV)/bin/python -m pytest -q -n 2 --dist loadfile \
-		-m 'not serial'
+		-m 'not serial' --durations=15
 	env -u PYTHONDONTWRITEBYTECODE $(VENV)/bin/python -m pytest -q -m serial \
 		$$(grep -rl --include='test_*.py' 'mark.serial' tests)
 
