@@ -322,14 +322,6 @@ def choose_queues(queues: Sequence[QueueView], worker: WorkerView, settings: Sco
     device, loading, host = worker.resident_device, worker.loading, worker.resident_host
     device_w, host_w = settings.device_warmth_weight, settings.host_warmth_weight
     pinned_w = settings.pinned_warmth_weight
-    # QueueScorer.score, inlined with its settings as locals (the same operations in the
-    # same order: this loop runs per queue per decision).
-    pressure_w, pressure_scale = settings.pressure_weight, settings.pressure_scale
-    amplitude, starvation = settings.noise_amplitude, settings.starvation_score
-    sticky_w, sticky_window = settings.stickiness_weight, settings.stickiness_window_s
-    served_at = worker.last_served
-    noise_of, uniform = scorer._noise_of, scorer._uniform
-    log1p = math.log1p
 
     for queue in queues:
         model_id = queue.model_id
@@ -342,32 +334,7 @@ def choose_queues(queues: Sequence[QueueView], worker: WorkerView, settings: Sco
             heat = 0.0
         if queue.pinned:
             heat = max(heat, pinned_w)
-        backlog = queue.backlog
-        if backlog <= 0:
-            pressure = 0.0
-        else:
-            others = queue.consumers - 1 if held else queue.consumers
-            pressure = pressure_w * log1p(backlog / (max(others, 0) + 1) / pressure_scale)
-        if amplitude == 0:
-            noise_term = 0.0
-        else:
-            u = noise_of.get(model_id)
-            if u is None:
-                u = uniform(model_id)
-            noise_term = amplitude * (2.0 * u - 1.0)
-        base = pressure + noise_term
-        if backlog > 0 and queue.consumers == 0:
-            score = starvation + base
-        else:
-            served = served_at.get(model_id)
-            if served is None:
-                stickiness = 0.0
-            else:
-                age = now - served
-                age = 0.0 if 0.0 > age else age
-                left = 1.0 - age / sticky_window
-                stickiness = sticky_w * (left if left > 0.0 else 0.0)
-            score = heat + stickiness + base
+        score = scorer.score(queue, heat)
         scores[model_id] = score
         warm = heat > 0
         if queue.pinned:
