@@ -41,6 +41,10 @@ last counted; each runtime's loads, and models with a task running here that are
 on the device), turns it into the snapshot with ``scheduling.snapshot_of`` and
 carries the decision out step by step with ``scheduling.actions_for``. Simulated
 callers all have priority 0; a queue's plan still gives it its plan's priority.
+
+The parts, one module each: the state (``pull_state``), the announcements heard and
+what each worker takes of them (``pull_heard``), counting and gathering for a re-score
+(``pull_gather``), carrying a decision out (``pull_act``); this module joins them.
 """
 
 from __future__ import annotations
@@ -51,18 +55,13 @@ import sys
 import zlib
 from array import array
 from collections import deque
-from collections.abc import Iterable
-from collections.abc import Set as AbstractSet
 from functools import partial
-from typing import cast
 
 from modelfleet.scheduling import (
-    Action,
     Observation,
     QueueFacts,
     ScoringSettings,
     actions_for,
-    candidates,
     decide,
     decision_holds,
     keep_rank,
@@ -71,12 +70,13 @@ from modelfleet.scheduling import (
 from modelfleet.scheduling import work_waiting as scheduling_work_waiting
 from modelfleet.scheduling.scoring import COLD_WINDOW_S
 from modelfleet.sim.engine import Simulation
+from modelfleet.sim.pull_act import PullActing
 from modelfleet.sim.pull_state import PAUSING, RESCORING, WAITING, Consumer, Coordinator
 from modelfleet.sim.starved import StarvedRanks
 from modelfleet.sim.worker import CacheFactory, SimWorker, Task, gdsf_with_host, lru_device_only
 
 
-class PullAffinity:
+class PullAffinity(PullActing):
     """Pull-affinity with modelfleet's cache (GDSF, demoting to host memory); with
     ``device_only_lru`` it runs the push routers' cache instead (an ablation that
     isolates what the routing alone is worth)."""
@@ -132,11 +132,6 @@ class PullAffinity:
         self._wakeable: set[int] = set()
         self._announce_interval_s = 0.0
         self._announce_s = 0.0
-
-    @property
-    def sim(self) -> Simulation:
-        assert self._sim is not None, "attach() first"
-        return self._sim
 
     def cache_factory(self, device_budget_bytes: int, host_budget_bytes: int) -> CacheFactory:
         if self.device_only_lru:
@@ -222,139 +217,6 @@ class PullAffinity:
         self._trim_demand_moves()
         if sim.now < sim.config.duration_s + sim.config.deadline_s:
             sim.after(sim.config.announce_interval_s, self._announce_waiting)
-
-    def _heard(self, model: int) -> None:
-        """Every worker's event listener gets a demand announcement, and takes it as the
-        coordinator's ``_listen_events`` does: a model it does not pull, not already to be
-        counted (``dirty``) and not last counted at its fan-out cap is to be counted
-        afresh at the next re-score, and wakes it if a permit is free. Once per model
-        until it is counted: gateways re-announce every model with a request waiting,
-        and in a fleet most of them are other workers' to serve.
-
-        A worker folds what it heard into ``dirty`` from the log when it next needs it
-        (``_fold_heard``). Whether ``model`` is dirty already needs no fold: it is if it
-        is in ``dirty``, or if it was heard since the worker's last fold and passed then,
-        which it did if it passes now (nothing the test reads changed since that fold)."""
-        now = self.sim.now
-        if model not in self._demand:
-            self._demand_moves.append(model)
-        self._demand[model] = now
-        self._demand_log.append((now, model))
-        log = self._heard_log
-        before = self._heard_at.get(model, -1)  # its previous entry in the log
-        if self.sim.config.event_rescores:
-            coords = self._coords
-            # Those with a free permit, in worker order; one paused before a re-score, or
-            # re-scoring and due to again, would not change (_wake): not asked. Nor one
-            # that has not folded since the model's previous entry (before >= its
-            # heard_upto, below): those that have are the last to fold (_folded's tail).
-            # Under load few workers are wakeable and most have folded since: the shorter
-            # of the two walks gives the same workers.
-            wakeable = self._wakeable
-            if before < 0:
-                asked = sorted(wakeable)
-            elif len(wakeable) < len(self._folded) // 4:
-                asked = sorted(i for i in wakeable if coords[i].heard_upto > before)
-            else:
-                asked = []
-                for index in reversed(self._folded):
-                    if coords[index].heard_upto <= before:
-                        break
-                    if index in wakeable:
-                        asked.append(index)
-                asked.sort()
-            for index in asked:
-                coord = coords[index]
-                if model in coord.consumers:
-                    continue  # a held queue is counted anyway
-                if before >= coord.heard_upto or model in coord.at_cap or (
-                        before >= coord.dirty_from and model not in coord.not_taken):
-                    continue  # to be counted already (if it passes now, it passed then)
-                self._wake(coord)  # (before < heard_upto: in dirty iff before >= dirty_from)
-        self._heard_at[model] = self._heard_offset + len(log)
-        log.append(model)
-        self._heard_before.append(before)
-
-    def _fold_heard(self, coord: Coordinator) -> None:
-        """Announcements heard since the last fold, each taken as ``_heard`` describes:
-        those of models not pulled here and not last counted at their fan-out cap are
-        dirty. Exact, not an approximation of taking each when heard: everything this
-        reads (the consumers, the counts) is folded before it changes (``_subscribed``,
-        ``_unsubscribe``, ``_count``, and ``_gather`` before a ``_set_count``), so it
-        reads what was there when each was heard."""
-        upto = coord.heard_upto
-        end = self.heard_end()
-        if upto == end:
-            return
-        coord.heard_upto = end
-        folded = self._folded
-        folded.pop(coord.worker.index, None)
-        folded[coord.worker.index] = None  # the last to fold, at the end
-        # Heard since upto: those held here or at the cap are not taken now; the others
-        # are dirty, whatever they were. What was not taken stays so unless heard again
-        # and taken; one not taken now stays dirty if it was already.
-        # From the stretch heard when it is the shorter (a small fleet, where many
-        # queues sit at their cap), else from those held or at the cap (a large one).
-        not_taken = coord.not_taken
-        if end - upto <= len(coord.consumers) + len(coord.at_cap) + len(not_taken):
-            offset = self._heard_offset
-            heard = set(self._heard_log[upto - offset:])
-            taken = heard - coord.consumers.keys()
-            taken -= coord.at_cap
-            not_taken -= taken
-            skipped: Iterable[int] = heard - taken
-        else:
-            heard_at = self._heard_at
-            skip = coord.consumers.keys() | coord.at_cap
-            not_taken = coord.not_taken = {m for m in not_taken
-                                           if heard_at[m] < upto or m in skip}
-            skipped = [m for m in skip if heard_at.get(m, -1) >= upto]
-        for m in skipped:
-            if not self._heard_within(m, coord.dirty_from, upto):
-                not_taken.add(m)
-
-    def _heard_within(self, model: int, start: int, end: int) -> bool:
-        """Is an announcement of ``model`` in ``_heard_log[start:end]``?"""
-        position = self._heard_at.get(model, -1)
-        before, offset = self._heard_before, self._heard_offset
-        while position >= end:
-            position = before[position - offset]
-        return position >= start
-
-    def heard_end(self) -> int:
-        """The position the next announcement heard takes in the log."""
-        return self._heard_offset + len(self._heard_log)
-
-    def _trim_heard(self) -> None:
-        """Drop the announcements before every worker's ``dirty_from`` (no worker reads
-        them again: a fold reads from its ``heard_upto``, a dirty set from its
-        ``dirty_from``) once they are half the log: a fleet's gateways announce every
-        model with a request waiting four times a second."""
-        start = min((coord.dirty_from for coord in self._coords), default=0)
-        drop = start - self._heard_offset
-        if drop > len(self._heard_log) // 2:
-            del self._heard_log[:drop]
-            del self._heard_before[:drop]
-            self._heard_offset = start
-
-    def dirty(self, coord: Coordinator) -> set[int]:
-        """The queues ``coord`` is to count afresh at its next woken re-score: heard since
-        its last count (as folded), neither held here nor at the cap when heard."""
-        offset = self._heard_offset
-        # A woken re-score asks twice (what to count, then the counts): the models heard
-        # up to the first ask are kept until the count, and only what came since is read.
-        heard_upto, heard = coord.heard_cache
-        if heard is None:
-            heard = set(self._heard_log[coord.dirty_from - offset:coord.heard_upto - offset])
-        elif heard_upto < coord.heard_upto:
-            heard.update(self._heard_log[heard_upto - offset:coord.heard_upto - offset])
-        coord.heard_cache = (coord.heard_upto, heard)
-        return heard - coord.not_taken
-
-    def _forget_dirty(self, coord: Coordinator) -> None:
-        coord.dirty_from = coord.heard_upto
-        coord.not_taken = set()
-        coord.heard_cache = (0, None)
 
     # --- the broker -------------------------------------------------------------------------
 
@@ -502,53 +364,6 @@ class PullAffinity:
         else:
             sim.after(count_s, lambda: self._observed(coord, count_all))
 
-    def _refresh(self, coord: Coordinator) -> None:
-        """What the runtimes' ``stats`` say: device, host, and loading per runtime. What
-        did not change since the last stats keeps its objects (the decision's key
-        compares them first by identity)."""
-        runtimes = coord.worker.runtimes
-        old_device, old_host, old_loading = coord.residency
-        old_device_names, old_host_names = coord.residency_names
-        # No reserve or commit on any runtime's cache since the last stats: the same ids.
-        stamps = [runtime.cache_changes for runtime in runtimes]
-        if stamps == coord.cache_stamps:
-            device, host = old_device, old_host
-            device_names, host_names = old_device_names, old_host_names
-        else:
-            coord.cache_stamps = stamps
-            device, host, device_names, host_names = self._resident(coord)
-        loading = [set(runtime.loading) for runtime in runtimes]
-        if loading == old_loading:
-            loading = old_loading
-        if device is not old_device or host is not old_host or loading is not old_loading:
-            coord.version += 1
-        coord.residency = (device, host, loading)
-        coord.residency_names = (device_names, host_names)
-        coord.refreshed_at = self.sim.now
-
-    def _resident(self, coord: Coordinator
-                  ) -> tuple[set[int], set[int], frozenset[str], frozenset[str]]:
-        """Device and host residents of the runtimes' caches (indices, then names); the
-        last stats' objects where they did not change."""
-        ids = [runtime.cache.resident_ids() for runtime in coord.worker.runtimes]
-        if len(ids) == 1:
-            device_names, host_names = ids[0]
-        else:
-            device_names = frozenset().union(*(d for d, _ in ids))
-            host_names = frozenset().union(*(h for _, h in ids))
-        old_device, old_host, _ = coord.residency
-        old_device_names, old_host_names = coord.residency_names
-        index_of = self.sim.index_of
-        if device_names == old_device_names:
-            device, device_names = old_device, old_device_names
-        else:
-            device = {index_of[n] for n in device_names}
-        if host_names == old_host_names:
-            host, host_names = old_host, old_host_names
-        else:
-            host = {index_of[n] for n in host_names}
-        return device, host, device_names, host_names
-
     def _to_count(self, coord: Coordinator, full: bool) -> int:
         """How many queues this re-score counts (their cost; the counts come later)."""
         self._fold_heard(coord)
@@ -557,16 +372,6 @@ class PullAffinity:
         self._expire_demand()
         extra = sum(1 for m in coord.consumers if m not in self._demand)
         return len(self._demand) + extra
-
-    def _expire_demand(self) -> None:
-        sim = self.sim
-        horizon = sim.now - sim.config.demand_window_s
-        log = self._demand_log
-        while log and log[0][0] < horizon:
-            seen, model = log.popleft()
-            if self._demand.get(model) == seen:
-                del self._demand[model]
-                self._demand_moves.append(model)
 
     def _observed(self, coord: Coordinator, full: bool) -> None:
         sim = self.sim
@@ -629,42 +434,6 @@ class PullAffinity:
         steps = deque(steps_for)
         sim.work(coord.worker, cpu_s, lambda: self._act(coord, steps), "serve")
 
-    def _gathering_stands(self, coord: Coordinator, window: int) -> bool:
-        """Would ``_gather`` gather the same as last time? Yes if nothing it reads of this
-        worker changed (``coord.version``), the noise window is the same, and no model
-        that entered or left the demand since is one it reads: counted here, gathered
-        last time, or loading or running here (``_gather`` asks the demand of no other)."""
-        if coord.gathered is None:
-            return False
-        version, demand_at, gathered_window = coord.gathered
-        if version != coord.version or gathered_window != window:
-            return False
-        moves = self._demand_moves
-        start = demand_at - self._demand_moves_offset
-        if start == len(moves):
-            return True
-        counts, gathered = coord.counts, coord.gathered_models
-        running, seen_loading = coord.worker.running, coord.residency[2]
-        for model in moves[start:]:
-            if model in counts or model in gathered or model in running or any(
-                    model in loading for loading in seen_loading):
-                return False
-        return True
-
-    def _demand_moves_end(self) -> int:
-        """The position the next model to enter or leave the demand takes."""
-        return self._demand_moves_offset + len(self._demand_moves)
-
-    def _trim_demand_moves(self) -> None:
-        """Drop the demand's moves before every worker's last gathering (none reads
-        them again) once they are half the list."""
-        start = min((coord.gathered[1] for coord in self._coords if coord.gathered),
-                    default=self._demand_moves_end())
-        drop = start - self._demand_moves_offset
-        if drop > len(self._demand_moves) // 2:
-            del self._demand_moves[:drop]
-            self._demand_moves_offset = start
-
     def _last_holds(self, coord: Coordinator) -> bool:
         """``scheduling.decision_holds`` of the last decision, asked once, when first
         needed: only a re-score whose observation is that decision's can reuse it."""
@@ -675,223 +444,11 @@ class PullAffinity:
                                               self.rng_seed)
         return coord.last_holds
 
-    def _observed_key(self, coord: Coordinator, counted: dict[int, tuple[int, int]]
-                      ) -> tuple[object, ...]:
-        """What a decision depends on besides the instant: the observation's fields that
-        change (the others are fixed per worker and model), by model index, the noise
-        window, and how many tasks this worker has finished (``last_served`` is updated
-        in place). Equal keys, equal observations (``_observation_of``) but for ``now``."""
-        worker = coord.worker
-        device, host, seen_loading = coord.residency
-        return (math.floor(self.sim.now / self.settings.noise_hold_s), worker.served,
-                counted, worker.subscriptions, device, host, seen_loading,
-                dict(worker.running), tuple(worker.recent_cold), worker.free_permits,
-                coord.windows.copy())
-
-    def _own(self, coord: Coordinator) -> set[int]:
-        """The candidates that are not there by demand alone: held, resident, pinned."""
-        device, host, _ = coord.residency
-        return candidates((), coord.consumers, device, host, self.sim.catalog.pinned)
-
-    def _candidate_count(self, coord: Coordinator) -> int:
-        """How many queues ``scheduling.candidates`` gives the coordinator (every runtime
-        here takes work): those announced within the window, plus its own."""
-        own = coord.own
-        end = self._demand_moves_end()
-        memo = coord.own_outside_demand
-        if memo is not None and memo[0] is own and not self._moved_since(own, memo[1]):
-            outside = memo[2]  # the same own candidates, none of them in or out since
-        else:
-            # set.difference takes a dict as it is (a lookup per own candidate).
-            outside = len(own.difference(self._demand))
-        coord.own_outside_demand = (own, end, outside)
-        return len(self._demand) + outside
-
-    def _moved_since(self, models: set[int], position: int) -> bool:
-        """Did any of ``models`` enter or leave the demand from ``position`` on? (True if
-        that stretch was trimmed.)"""
-        start = position - self._demand_moves_offset
-        if start < 0:
-            return True
-        return any(model in models for model in self._demand_moves[start:])
-
-    @staticmethod
-    def _backlogged(coord: Coordinator, models: AbstractSet[int]) -> set[int]:
-        """Those of ``models`` last counted with a backlog."""
-        found = models & coord.counts.keys()
-        return found - coord.empty  # (set.__sub__ walks the smaller; -= walks empty)
-
-    def _set_count(self, coord: Coordinator, model: int) -> tuple[int, int]:
-        """Count ``model``'s queue now (the broker's answer) and keep it as last counted.
-        The caller has folded what was heard (``_fold_heard``): it was heard by the
-        counts before this one."""
-        count = (len(self._queues[model]), len(self._consumers[model]))
-        if coord.counts.get(model) != count:
-            coord.version += 1
-        coord.counts[model] = count
-        if count[1] >= self._cap[model]:
-            coord.at_cap.add(model)
-        else:
-            coord.at_cap.discard(model)
-        if count[0] > 0:
-            coord.empty.discard(model)
-            if count[1] == 0:
-                coord.fed.discard(model)
-            else:
-                coord.fed.add(model)
-        else:
-            coord.empty.add(model)
-            coord.fed.discard(model)
-        return count
-
-    def _count(self, coord: Coordinator, full: bool) -> None:
-        """The broker's counts, as the coordinator asks for them: every candidate at a
-        tick (but an empty queue in demand only, which cannot change the decision), else
-        what was announced since and the held queues last seen with a backlog."""
-        if not coord.residency[2]:  # never asked yet
-            self._refresh(coord)
-        device, host, _ = coord.residency
-        demand = self._demand
-        if full:
-            # Every candidate is counted now: what was folded into dirty before this
-            # re-score began is forgotten, what was heard since is dirty (by the counts
-            # it was heard with, so folded before they are replaced).
-            self._forget_dirty(coord)
-            self._fold_heard(coord)
-            # What _set_count does per model, over the sets at once (_qstate, _nonempty,
-            # _consumed and _capped say what a count says now): this runs per worker per
-            # tick over every candidate.
-            old = coord.counts
-            own = candidates((), coord.consumers, device, host, self.sim.catalog.pinned)
-            models = list(own)
-            models.extend((self._nonempty & demand.keys()) - own)
-            counts = coord.counts = dict(zip(models, map(self._qstate.__getitem__, models),
-                                             strict=True))
-            now_counted = counts.keys()
-            coord.at_cap = now_counted & self._capped
-            # The counted beyond own are all backlogged (of _nonempty).
-            coord.empty = own - self._nonempty
-            coord.fed = (now_counted & self._consumed) & self._nonempty
-            # empty and fed follow from the counts: equal counts, nothing changed.
-            if counts != old:
-                coord.version += 1
-            return
-        self._fold_heard(coord)  # what was heard while the stats were asked, too
-        # What _set_count does, over a set at once: this runs per worker per announcement.
-        counted = self.dirty(coord) & demand.keys()
-        counted.update(coord.held_backlog & coord.consumers.keys())  # held, last with backlog
-        if not counted:  # nothing to count: the sets below stay as they are
-            self._forget_dirty(coord)
-            return
-        models = list(counted)
-        fresh = list(map(self._qstate.__getitem__, models))
-        last = list(map(coord.counts.get, models))
-        if fresh != last and self._moves_gathering(coord, models, last, fresh):
-            coord.version += 1
-        coord.counts.update(zip(models, fresh, strict=True))
-        coord.at_cap -= counted
-        coord.at_cap |= counted & self._capped
-        waiting = counted & self._nonempty  # _nonempty: the queues not empty
-        coord.empty |= counted
-        coord.empty -= waiting
-        coord.fed -= counted
-        coord.fed |= waiting & self._consumed
-        self._forget_dirty(coord)
-
-    @staticmethod
-    def _moves_gathering(coord: Coordinator, models: list[int],
-                         last: list[tuple[int, int] | None],
-                         fresh: list[tuple[int, int]]) -> bool:
-        """Can these recounts (``models``, from ``last`` to ``fresh``) change what the
-        next ``_gather`` gathers, so what it decides on? Only through a model it gathered
-        last time, or, when it looked at cold queues (a loader had room), through a
-        queue with a backlog before or after (what makes one cold, fed or starved, and
-        ranks the starved). A queue that stays empty and was not gathered is not read
-        (the other counts' changes, and the rest of what ``_gather`` reads, bump
-        ``coord.version`` themselves)."""
-        gathered = coord.gathered_models
-        looked_cold = coord.gathered_cold
-        for model, before, after in zip(models, last, fresh, strict=True):
-            if before == after:
-                continue
-            if model in gathered:
-                return True
-            if looked_cold and (after[0] > 0 or (before is not None and before[0] > 0)):
-                return True
-        return False
-
     def observation(self, coord: Coordinator) -> Observation:
         """What this worker's coordinator knows now (``scheduling.Observation``): the
         counts of its candidates as last counted (one never counted is counted now, as
         the coordinator does), its runtimes' last stats, its tasks."""
         return self._observation_of(coord, self._gather(coord))
-
-    def _gather(self, coord: Coordinator) -> dict[int, tuple[int, int]]:
-        """The candidates' counts the observation carries, by model index.
-
-        Of the candidates (scheduling.candidates), only those that can matter
-        (scheduling.cannot_matter): held, warm here (device, host, pinned, loading) or
-        last counted with a backlog. snapshot_of leaves the others out itself, so the
-        snapshot is the same; this keeps the gathering O(what matters), not O(demand).
-        A cold queue (not own, not loading here) on a runtime whose loader has no free
-        slot cannot matter either (snapshot_of drops it): the loader's room is what
-        worker_view makes of the stats' loading and the tasks running off the device.
-        Nor can starved cold queues (nothing consumes them, as last counted) beyond a
-        runtime's free slots: snapshot_of keeps the best ``room`` of them by scoring's
-        own rank; so does this, from fewer views."""
-        worker = coord.worker
-        device, _, seen_loading = coord.residency
-        counts = coord.counts
-        demand = self._demand
-        own = coord.own = self._own(coord)
-        runtime_of = self.sim.catalog.runtime
-        busy = [set(models) for models in seen_loading]
-        for m in worker.running:
-            if m not in device:
-                busy[runtime_of[m]].add(m)
-        room = [r.loaders - len(b) for r, b in zip(worker.runtimes, busy, strict=True)]
-        gather = set(own)
-        for models in busy:
-            gather.update(m for m in models if m in demand or m in own)
-        coord.gathered_cold = any(slots > 0 for slots in room)
-        if coord.gathered_cold:
-            cold = self._backlogged(coord, demand.keys())
-            cold -= gather  # own, and loading here in demand
-            for models in busy:
-                cold -= models
-            starved = cold - coord.fed
-            cold &= coord.fed
-            if len(room) == 1:
-                gather |= cold
-                self._claimable(coord, starved, room[0], gather)
-            else:
-                by_runtime: list[set[int]] = [set() for _ in room]
-                for m in starved:
-                    by_runtime[runtime_of[m]].add(m)
-                gather.update(m for m in cold if room[runtime_of[m]] > 0)
-                for slots, waiting in zip(room, by_runtime, strict=True):
-                    if slots > 0:
-                        self._claimable(coord, waiting, slots, gather)
-        coord.gathered_models = gather
-        gathered = list(gather)
-        found = list(map(counts.get, gathered))
-        counted: dict[int, tuple[int, int]]
-        if None in found:
-            self._fold_heard(coord)  # before _set_count changes the counts
-            counted = {}
-            for model, count in zip(gathered, found, strict=True):
-                if count is None:
-                    if model in demand:
-                        continue  # in demand, never counted: an empty queue (see _count)
-                    count = self._set_count(coord, model)
-                counted[model] = count
-        else:
-            counted = dict(zip(gathered, cast(list[tuple[int, int]], found), strict=True))
-        now = self.sim.now
-        while worker.recent_cold and now - worker.recent_cold[0] >= COLD_WINDOW_S:
-            worker.recent_cold.popleft()
-            coord.version += 1
-        return counted
 
     def _observation_of(self, coord: Coordinator, counted: dict[int, tuple[int, int]]
                         ) -> Observation:
@@ -936,88 +493,6 @@ class PullAffinity:
                 1 for c in self._consumers[model] if c.owner != coord.worker.index
                 and keep_rank(self._coords[c.owner].worker.name, model_id) < mine)
         return over
-
-    def _claimable(self, coord: Coordinator, starved: set[int], slots: int,
-                   gather: set[int]) -> None:
-        """Add to ``gather`` the ``slots`` best of ``starved`` (all of them if no more)."""
-        if len(starved) <= slots:
-            gather |= starved
-            return
-        assert coord.ranks is not None
-        gather.update(coord.ranks.best(starved, coord.counts, slots, self.sim.now))
-
-    def _act(self, coord: Coordinator, steps: deque[Action]) -> None:
-        """Carry ``scheduling.actions_for`` out step by step, each after what it waits for."""
-        sim = self.sim
-        costs = sim.config.broker_costs
-        index_of = sim.index_of
-        while steps:
-            action = steps.popleft()
-            model = index_of[action.model_id]
-            if action.kind == "unsubscribe":
-                self._unsubscribe(coord, model)
-            elif action.kind == "prefetch":
-                consumer = coord.consumers.get(model)
-                if consumer is not None and consumer.window != action.window:
-                    consumer.window = coord.windows[model] = action.window
-                    coord.version += 1
-                    self._dispatch(model)
-            elif action.cold:
-                # A fresh count first: another worker may have taken it since the snapshot.
-                sim.after(costs.count_s, partial(self._cold, coord, model, action, steps))
-                return
-            else:
-                sim.after(costs.subscribe_s, partial(self._subscribed, coord, model,
-                                                     action.window, steps))
-                return
-        self._rescored(coord)
-
-    def _cold(self, coord: Coordinator, model: int, action: Action,
-              steps: deque[Action]) -> None:
-        sim = self.sim
-        if action.still_open(len(self._consumers[model])):
-            coord.worker.recent_cold.append(sim.now)
-            coord.version += 1
-            sim.after(sim.config.broker_costs.subscribe_s,
-                      lambda: self._subscribed(coord, model, action.window, steps))
-        else:
-            self._act(coord, steps)
-
-    def _subscribed(self, coord: Coordinator, model: int, window: int,
-                    steps: deque[Action]) -> None:
-        if model not in coord.consumers:
-            self._fold_heard(coord)  # heard while not held here: by the consumers then
-            coord.version += 1
-            consumer = Consumer(model, max(1, window), coord.worker.index)
-            coord.consumers[model] = consumer
-            coord.windows[model] = consumer.window
-            coord.worker.subscriptions = coord.worker.subscriptions | {self._names[model]}
-            self._consumers[model].append(consumer)
-            self._dispatch(model)
-        self._act(coord, steps)
-
-    def _unsubscribe(self, coord: Coordinator, model: int) -> None:
-        if model not in coord.consumers:
-            return
-        self._fold_heard(coord)  # heard while held here: by the consumers then
-        consumer = coord.consumers.pop(model)
-        del coord.windows[model]
-        coord.version += 1
-        coord.worker.subscriptions = coord.worker.subscriptions - {self._names[model]}
-        consumer.cancelled = True
-        self._consumers[model].remove(consumer)
-        # The broker takes back what was never taken out of the buffer (each to the
-        # head, as the embedded broker does), then the loop's own delivery goes back.
-        while consumer.buffer:
-            task = consumer.buffer.popleft()
-            consumer.held -= 1
-            self._requeue_front(model, task)
-        if consumer.blocked is not None:
-            task, consumer.blocked = consumer.blocked, None
-            consumer.held -= 1
-            self._requeue_front(model, task)
-            coord.waiters.remove(consumer)
-        self._dispatch(model)
 
     def _rescored(self, coord: Coordinator) -> None:
         sim = self.sim
