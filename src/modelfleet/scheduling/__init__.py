@@ -7,7 +7,7 @@ steps: ``snapshot_of`` (observe), ``decide``, ``actions_for`` (act); time and
 randomness come in as arguments.
 """
 
-from modelfleet.scheduling.act import MAX_TAKE_TURNS, Action, actions_for, take_turn
+from modelfleet.scheduling.act import Action, actions_for
 from modelfleet.scheduling.observe import (
     Observation,
     QueueFacts,
@@ -15,12 +15,12 @@ from modelfleet.scheduling.observe import (
     cannot_matter,
     snapshot_of,
 )
+from modelfleet.scheduling.ranks import MAX_TAKE_TURNS, keep_rank, take_turn
 from modelfleet.scheduling.scoring import (
     QueueScorer,
     choose_queues,
     cold_budget,
     is_starving,
-    keep_rank,
     loader_room,
     noise,
     score_queue,

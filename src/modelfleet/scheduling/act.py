@@ -19,19 +19,6 @@ from modelfleet.scheduling.views import Decision
 
 ActionKind = Literal["unsubscribe", "subscribe", "prefetch"]
 
-# A cold take waits at most this many turns (WorkerSettings.cold_take_turn_s each).
-MAX_TAKE_TURNS = 3
-
-
-def take_turn(ahead: int, cap: int) -> int:
-    """The turn of a cold take by a worker that ``ahead`` free workers outrank
-    (``scoring.keep_rank``) on a queue of fan-out cap ``cap``: the best ``cap`` take it
-    at once (turn 0), the next ``cap`` one turn later, and so on, at most
-    ``MAX_TAKE_TURNS``. Workers that rank alike then take a cold queue one after another,
-    each after a fresh count, instead of all in the instant an announcement reached them."""
-    return min(ahead // max(cap, 1), MAX_TAKE_TURNS)
-
-
 @dataclass(frozen=True, slots=True)
 class Action:
     kind: ActionKind

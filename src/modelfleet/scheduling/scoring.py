@@ -44,19 +44,6 @@ def held_uniform(rng_seed: int, worker_id: str, model_id: str, bucket: int, salt
 
 
 @functools.lru_cache(maxsize=1 << 16)
-def keep_rank(worker_id: str, model_id: str) -> bytes:
-    """Where ``worker_id`` stands among the consumers of ``model_id``'s queue when they
-    are more than its fan-out cap: the lowest ranks keep it, the rest step back.
-
-    Rendezvous hashing: every worker computes every other's rank alike (no seed of its
-    own), so workers that know the same consumers agree on who steps back, without a
-    word between them, and no two of them both leave a queue one of them should keep.
-    Across models the ranks are independent, so no worker is everyone's first."""
-    return hashlib.blake2b(f"keep\x1f{model_id}\x1f{worker_id}".encode(),
-                           digest_size=8).digest()
-
-
-@functools.lru_cache(maxsize=1 << 16)
 def _held_uniform(rng_seed: int, worker_id: str, bucket: int, salt: str, model_id: str) -> float:
     return _fresh_uniform(rng_seed, worker_id, bucket, salt, model_id)
 
@@ -266,7 +253,7 @@ def _steps_back(queue: QueueView, cap: int, worker_id: str, rng_seed: int,
     """Does this worker leave a queue it holds with more consumers than ``cap``?
 
     When it knows who else consumes the queue, it leaves if ``cap`` or more of them
-    outrank it (``keep_rank``): two workers that took a cap-1 queue in the same instant
+    outrank it (``ranks.keep_rank``): two workers that took a cap-1 queue in the same instant
     agree which one keeps it, so the queue is never left with nobody (which would let a
     third worker take it, cold). Knowing nothing of the others, it leaves with the share
     of consumers over the cap, drawn afresh each noise window."""

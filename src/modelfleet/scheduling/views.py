@@ -43,7 +43,7 @@ class QueueView:
     # queue's own plan's priority counts too (ScoringSettings.priority).
     priority: int = 0
     # Held and over its fan-out cap: how many of the other consumers this worker knows
-    # of rank ahead of it to keep the queue (``scoring.keep_rank``); it steps back when
+    # of rank ahead of it to keep the queue (``ranks.keep_rank``); it steps back when
     # that is the cap or more. None: it knows nothing of the others, and steps back at
     # random with the share of consumers over the cap.
     outranked_by: int | None = None

@@ -64,7 +64,6 @@ from modelfleet.scheduling import (
     actions_for,
     decide,
     decision_holds,
-    keep_rank,
     snapshot_of,
 )
 from modelfleet.scheduling import work_waiting as scheduling_work_waiting
@@ -476,23 +475,6 @@ class PullAffinity(PullActing):
             free_permits=worker.free_permits, permits_cap=worker.permits,
             prefetch={names[m]: w for m, w in coord.windows.items()},
             outranked_by=self._outranked_by(coord, counted))
-
-    def _outranked_by(self, coord: Coordinator, counted: dict[int, tuple[int, int]]
-                      ) -> dict[str, int]:
-        """Observation.outranked_by: per held queue over its cap, the other consumers
-        ranked ahead of this worker (the simulated fleet knows them all at once)."""
-        over: dict[str, int] = {}
-        for model in coord.consumers:
-            count, facts = counted.get(model), self._facts[model]
-            if count is None or facts.pinned or count[1] <= self.settings.fanout_cap(
-                    facts.fanout_max_workers, facts.plan):
-                continue
-            model_id = self._names[model]
-            mine = keep_rank(coord.worker.name, model_id)
-            over[model_id] = sum(
-                1 for c in self._consumers[model] if c.owner != coord.worker.index
-                and keep_rank(self._coords[c.owner].worker.name, model_id) < mine)
-        return over
 
     def _rescored(self, coord: Coordinator) -> None:
         sim = self.sim

@@ -14,7 +14,7 @@ import math
 from collections.abc import Set as AbstractSet
 from typing import cast
 
-from modelfleet.scheduling import candidates
+from modelfleet.scheduling import candidates, keep_rank
 from modelfleet.scheduling.scoring import COLD_WINDOW_S
 from modelfleet.sim.pull_heard import PullAnnouncements
 from modelfleet.sim.pull_state import Coordinator
@@ -342,3 +342,19 @@ class PullGathering(PullAnnouncements):
         assert coord.ranks is not None
         gather.update(coord.ranks.best(starved, coord.counts, slots, self.sim.now))
 
+    def _outranked_by(self, coord: Coordinator, counted: dict[int, tuple[int, int]]
+                      ) -> dict[str, int]:
+        """Observation.outranked_by: per held queue over its cap, the other consumers
+        ranked ahead of this worker (the simulated fleet knows them all at once)."""
+        over: dict[str, int] = {}
+        for model in coord.consumers:
+            count, facts = counted.get(model), self._facts[model]
+            if count is None or facts.pinned or count[1] <= self.settings.fanout_cap(
+                    facts.fanout_max_workers, facts.plan):
+                continue
+            model_id = self._names[model]
+            mine = keep_rank(coord.worker.name, model_id)
+            over[model_id] = sum(
+                1 for c in self._consumers[model] if c.owner != coord.worker.index
+                and keep_rank(self._coords[c.owner].worker.name, model_id) < mine)
+        return over

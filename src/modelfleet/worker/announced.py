@@ -49,9 +49,9 @@ class AnnouncedCounts:
         self._peers: dict[str, tuple[float, frozenset[str]]] = {}  # worker -> (at, subs)
         self._holders: dict[str, set[str]] = {}  # model -> the peers that consume it
         # Peers whose last state had a permit free and a load slot (a cold take's
-        # competitors), and those of them with a CUDA device.
+        # competitors), and peers with a CUDA device.
         self._free: set[str] = set()
-        self._free_gpu: set[str] = set()
+        self._gpu: set[str] = set()
         self._exact_until: dict[str, float] = {}  # model -> counted exactly until (requeued)
 
     def observe(self, event: dict[str, Any], now: float) -> None:
@@ -77,12 +77,11 @@ class AnnouncedCounts:
                         or event.get("accepting_cold_work") is False)
                 gpus = event.get("gpus")
                 has_gpu = isinstance(gpus, int) and gpus > 0
-                for free, member in ((self._free, not busy),
-                                     (self._free_gpu, not busy and has_gpu)):
+                for peers, member in ((self._free, not busy), (self._gpu, has_gpu)):
                     if member:
-                        free.add(worker_id)
+                        peers.add(worker_id)
                     else:
-                        free.discard(worker_id)
+                        peers.discard(worker_id)
         elif kind == "worker_gone":
             worker_id = event.get("worker_id")
             if isinstance(worker_id, str):
@@ -125,8 +124,8 @@ class AnnouncedCounts:
         ``model_id`` (``scheduling.keep_rank``): whose turn to take it comes first.
         O(free peers)."""
         mine = keep_rank(self._worker_id, model_id)
-        return sum(1 for peer in (self._free_gpu if cuda_only else self._free)
-                   if keep_rank(peer, model_id) < mine)
+        return sum(1 for peer in self._free if keep_rank(peer, model_id) < mine
+                   and (not cuda_only or peer in self._gpu))
 
     def expire_peers(self, now: float) -> None:
         """Forget workers not heard from lately (O(workers), once per re-score)."""
@@ -150,7 +149,7 @@ class AnnouncedCounts:
     def _drop_peer(self, worker_id: str) -> None:
         _, before = self._peers.pop(worker_id, (0.0, frozenset()))
         self._free.discard(worker_id)
-        self._free_gpu.discard(worker_id)
+        self._gpu.discard(worker_id)
         for model_id in before:
             self._discount(model_id, worker_id)
 
