@@ -188,18 +188,41 @@ async def until_shed(host: ModelHost) -> None:
                      what="the host shedding back under its line", every_s=0.01)
 
 
-async def test_a_host_over_its_line_refuses_loads_and_sheds_back_under(tmp_path: Path) -> None:
+async def test_a_host_over_its_line_sheds_back_under_before_it_loads(tmp_path: Path) -> None:
     extra = [0]
     host = blob_host(tmp_path, extra)
     for name in ("a", "b", "c"):
         await host.ensure(name, "1")
     extra[0] = 35 * MB  # a handler grew outside the books: 100 + 30 + 35 > 100 + 50
+    await host.ensure("d", "1")  # waits for the shedding instead of being refused
+    stats = host.stats()
+    assert len(stats.device) == 2 and "d" in stats.device  # two shed, then d loaded
+    assert stats.loads_refused == 0
+    await host.close()
+
+
+async def test_a_load_is_refused_when_shedding_cannot_bring_rss_under_in_time(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    extra = [0]
+    host = blob_host(tmp_path, extra)
+    for name in ("a", "b", "c"):
+        await host.ensure(name, "1")
+    release = asyncio.Event()
+    carry_out = host._carry_out
+
+    async def slow_carry_out(evictions: list) -> None:  # an eviction that takes its time
+        await release.wait()
+        await carry_out(evictions)
+
+    monkeypatch.setattr(host, "_carry_out", slow_carry_out)
+    monkeypatch.setattr("modelfleet.runtime.host.SHED_WAIT_S", 0.05)
+    extra[0] = 35 * MB
     with pytest.raises(NoCapacity, match=r"over its memory budget.*'d'"):
         await host.ensure("d", "1")
-    await until_shed(host)
-    stats = host.stats()
-    assert len(stats.device) == 1 and stats.loads_refused == 1  # two shed, lowest first
-    assert not stats.over_memory_budget and stats.rss_bytes <= stats.rss_limit_bytes
+    assert host.stats().loads_refused == 1
+    release.set()
+    monkeypatch.setattr(host, "_carry_out", carry_out)
+    await until_shed(host)  # the shedding went on and brought it back under
     await host.ensure("d", "1")  # admitted again
     await host.close()
 

@@ -16,8 +16,9 @@ on a thread, demotes and drops models, and keeps the invariants:
 - in a runtime process of its own (``memory`` given), its memory is its budget: an
   eviction gives the model's memory back to the system (``runtime.memory``: the
   allocator set up at start-up, ``malloc_trim`` after evictions), and while RSS is over
-  start-up RSS + budgets x (1 + ``rss_margin``) no load starts (``NoCapacity``) and
-  models are shed, lowest-ranked first, until it is back under;
+  start-up RSS + budgets x (1 + ``rss_margin``) models are shed, lowest-ranked first,
+  until it is back under, and a load waits for that (``SHED_WAIT_S``), refused
+  (``NoCapacity``) only if shedding cannot bring RSS under in that time;
 - the budgets can change at run time (``set_budgets``: a worker's pooled budget moved);
   what no longer fits is evicted at once.
 """
@@ -58,6 +59,10 @@ from modelfleet.settings import RuntimeSettings
 log = logging.getLogger("modelfleet.runtime")
 
 GC_MIN_INTERVAL_S = 1.0
+# How long a load waits for its runtime's own shedding when RSS is over the line, before
+# it is refused: shedding evicts in milliseconds, so a runtime a few hundred KB over (the
+# allocator's slack after a budget moved away) takes the load instead of refusing it.
+SHED_WAIT_S = 1.0
 T = TypeVar("T")
 
 
@@ -250,7 +255,7 @@ class ModelHost:
         current = self._models.get(key)
         if current is not None and self.cache.tier_of(key) == "device":
             return current  # a promotion or a reload raced us here and won
-        self._admit(model_id)
+        await self._admit(model_id)
         if current is not None and self.cache.tier_of(key) == "host":
             promoted = await self._promote(key, current, pinned)
             if promoted is not None:
@@ -318,10 +323,20 @@ class ModelHost:
                  measured.seconds, measured.size_bytes)
         return loaded
 
-    def _admit(self, model_id: str) -> None:
-        """Refuse the load (``NoCapacity``) while over the memory budget; start shedding."""
+    async def _admit(self, model_id: str) -> None:
+        """Let the load start, once RSS is under its line; over it, shed models first.
+
+        A runtime over its line sheds its lowest-ranked models until it is back under,
+        and the load waits for that (at most ``SHED_WAIT_S``). It is refused
+        (``NoCapacity``: the worker asks another runtime) only if shedding cannot bring
+        RSS back under in that time: memory held outside the models' books.
+        """
         if self.memory is None:
             return
+        if self.memory.check() is not None:
+            self._start_shedding()
+            assert self._shedding is not None
+            await asyncio.wait([self._shedding], timeout=SHED_WAIT_S)
         try:
             self.memory.admit(model_id)
         except NoCapacity:

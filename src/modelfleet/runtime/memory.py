@@ -34,8 +34,9 @@ plus what the first import of each framework a model needs added (``count_import
 and the budget is the cache's device plus host budgets (both are bytes in this process
 for CPU models; a GPU model's device bytes are held to the device budget through the CUDA
 allocator's reserved bytes instead, see ``device_memory``). Over that line, the runtime
-stops admitting loads (``NoCapacity``: retryable, "not accepting cold work"), trims and
-sheds models until it is back under, counts the episode and logs one warning for it.
+trims and sheds models until it is back under (a load waits for that, and is refused,
+``NoCapacity``: retryable, "not accepting cold work", only if it does not come back
+under in time: ``ModelHost._admit``), counts the episode and logs one warning for it.
 The budget is read live from the cache, so ``ModelHost.set_budgets`` moves the line.
 """
 
