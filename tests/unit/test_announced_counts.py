@@ -165,7 +165,7 @@ def hear(fleet: Fleet, event: dict[str, object]) -> None:
     """What the coordinator's event listener does with one event."""
     coordinator = fleet.coordinator
     coordinator._announced.observe(event, coordinator._clock())
-    coordinator._missing.appeared(str(event["model_id"]))
+    coordinator._queues.demand_heard(str(event["model_id"]))
     coordinator._note_demand(str(event["model_id"]))
 
 

@@ -166,7 +166,7 @@ async def put_task(broker: MemoryBroker, coordinators: tuple[Coordinator, ...]) 
                                    "nowhere", PayloadRef("inline", data=b"x", size_bytes=1),
                                    "text/plain", now_ms()))
     for coordinator in coordinators:  # what their event listeners do with the demand
-        coordinator._missing.appeared("solo")
+        coordinator._queues.demand_heard("solo")
         coordinator._note_demand("solo")
 
 

@@ -94,7 +94,7 @@ async def test_a_queue_last_counted_at_its_cap_is_served_when_its_consumers_leav
             await eventually(all_answered, 20 * RESCORE_INTERVAL_S,
                              what="both tasks of the queue left by its consumer answered",
                              state=lambda: f"answered {len(answered)}; counted "
-                                           f"{coordinator._counts.get('capped')}, held "
+                                           f"{coordinator._queues.get('capped')}, held "
                                            f"{sorted(coordinator._consumers)}")
         finally:
             for loop in loops:

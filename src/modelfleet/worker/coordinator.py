@@ -14,19 +14,8 @@ One asyncio process per worker. Its loops:
   gateways' ``/v1/fleet`` and for the other workers.
 - one *consume* task per subscription: take a delivery, take a permit, run it.
 
-Why queue discovery works this way (demand announcements + exact counts): the
-RabbitMQ management API is off by default on Debian's package, lists 2,000 queues in
-0.2-0.5 s and reports counts several seconds stale; the event-exchange plugin is off
-by default too and says a queue exists, not what is waiting in it. Gateways already
-know exactly which models have requests waiting, so they announce it on a fanout
-event (once per model per interval while requests wait, so a worker that starts late
-learns of a backlog within a second), with how many wait there. Workers estimate the
-queues they do not hold from that and from each other's announced subscriptions
-(``worker/announced.py``), and ask for exact counts (a passive declare, ~0.6 ms each,
-on a channel of its own because a missing queue closes the channel) only for what they
-hold, is resident or pinned here, has no fresh announced count, or is about to be
-taken. It works identically on the embedded broker, and its cost grows with the
-candidates, not with the catalog.
+Which queues it counts, and how (the broker's counts or the fleet's announcements), is
+``worker/queue_counts.py``.
 
 What happens to one delivered task (settlement, deadlines, the suspect gate, the
 crash hand-back) is ``worker/tasks.py``.
@@ -48,8 +37,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from modelfleet import metrics
-from modelfleet.broker import Broker, Delivery, QueueStats, Subscription
-from modelfleet.broker.missing_queues import MissingQueues
+from modelfleet.broker import Broker, Delivery, Subscription
 from modelfleet.errors import BrokerUnavailable
 from modelfleet.repository import Catalog
 from modelfleet.scheduling import (
@@ -75,6 +63,7 @@ from modelfleet.worker.control import ControlAgent
 from modelfleet.worker.idle import IdleMeter
 from modelfleet.worker.pinning import PinKeeper
 from modelfleet.worker.placement import RuntimePlacement
+from modelfleet.worker.queue_counts import QueueCounts
 from modelfleet.worker.residency import Residency
 from modelfleet.worker.supervised_runtime import SupervisedRuntime
 from modelfleet.worker.supervisor import RuntimeSupervisor
@@ -84,9 +73,6 @@ from modelfleet.worker.tasks import TaskRunner
 log = logging.getLogger("modelfleet.worker")
 
 RESIDENCY_MAX_AGE_S = 0.02
-# Every candidate is counted on the broker at least this often, announced or not (a
-# lost announcement costs at most this long); in between, announcements stand in.
-EXACT_EVERY_S = 10.0
 
 
 def default_worker_id() -> str:
@@ -130,22 +116,17 @@ class Coordinator:
             free_permits=lambda: self._cap - len(self._in_flight),
             load_slots=lambda: settings.runtime.max_concurrent_loads
             * len(self._supervisor.shared))
-        self._counts: dict[str, QueueStats] = {}  # candidate queues as last counted
-        # Counts from the fleet's announcements (worker/announced.py), and the candidates
-        # whose entry in _counts is such an estimate rather than the broker's count.
+        # What the fleet's announcements say (worker/announced.py), and the candidate
+        # queues' counts: the broker's, or estimates from those announcements.
         self._announced = AnnouncedCounts(3 * settings.gateway.demand_announce_interval_s,
                                           settings.worker.demand_window_s,
                                           3 * settings.worker.state_interval_s,
                                           self.worker_id)
-        self._exact_at = -1e9  # the last periodic re-score that counted every candidate
-        self._missing = MissingQueues(time.monotonic)
-        self._estimated: set[str] = set()
-        self._gauged: set[str] = set()  # models with a modelfleet_queue_backlog gauge
+        self._queues = QueueCounts(broker, self._announced)
         # The last observation (now, candidates, device, host, pinned or loading here),
         # for a second decision on exact counts.
         self._observed: tuple[float, set[str], frozenset[str], frozenset[str],
                               frozenset[str]] | None = None
-        self._dirty: set[str] = set()  # queues to count afresh at the next re-score
         self._turns: dict[str, float] = {}  # cold takes waiting their turn -> when it comes
         self._idle = IdleMeter(self._cap, time.monotonic)
         self._untaken_work = False  # it saw tasks waiting in queues this worker does not pull
@@ -270,24 +251,24 @@ class Coordinator:
                     model_id = event.get("model_id")
                     if event.get("kind") != "demand" or not isinstance(model_id, str):
                         continue
-                    self._missing.appeared(model_id)  # a task may wait in its queue now
+                    self._queues.demand_heard(model_id)
                     if model_id not in self._catalog:
                         continue
                     self._note_demand(model_id)
                     self._demand_priority.note(model_id, event.get("priority"), self._clock())
-                    if model_id not in self._consumers and model_id not in self._dirty \
+                    if model_id not in self._consumers and not self._queues.marked(model_id) \
                             and not self._at_cap(model_id):
                         # Work this worker does not pull may be waiting: count it afresh,
                         # and decide now if a permit is free to take it. Once per model
                         # until it is counted, and not for a queue just seen at its
                         # fan-out cap: gateways re-announce every model with a request in
                         # flight, and in a fleet most of them are others' to serve.
-                        self._dirty.add(model_id)
+                        self._queues.mark(model_id)
                         if len(self._in_flight) < self._cap:
                             self._wake()
             except BrokerUnavailable:
                 pass
-            self._missing.forget_all()  # demand said while we were away is lost
+            self._queues.events_lost()
             await asyncio.sleep(self._settings.broker.reconnect_max_backoff_s / 5)
 
     def _note_demand(self, model_id: str) -> None:
@@ -306,7 +287,7 @@ class Coordinator:
 
     def _at_cap(self, model_id: str) -> bool:
         """Did the last count see this queue with as many consumers as its fan-out cap?"""
-        counted = self._counts.get(model_id)
+        counted = self._queues.get(model_id)
         if counted is None or model_id not in self._catalog:
             return False
         manifest = self._catalog.get(model_id).manifest
@@ -374,29 +355,14 @@ class Coordinator:
         if snapshot is None:
             return
         decision = decide(snapshot, self._settings.scheduling, self._seed)
-        recount = self._estimated & decision.subscribe
+        recount = self._queues.estimated(decision.subscribe)
         if recount:
             # Taken on announced counts: count them exactly and decide again, so that
             # what is taken is taken on the broker's word.
-            await self._count_exactly(recount)
+            await self._queues.count_exactly(recount)
             snapshot = self._snapshot()
             decision = decide(snapshot, self._settings.scheduling, self._seed)
         await self._act(decision, snapshot)
-
-    async def _count_exactly(self, model_ids: set[str]) -> None:
-        await self._ask_broker(model_ids)
-        self._estimated -= model_ids
-
-    async def _ask_broker(self, model_ids: set[str]) -> dict[str, QueueStats]:
-        """The broker's exact counts of these queues; those it has not are no candidates
-        (no count) and are not asked for again until announced (``MissingQueues``)."""
-        stats = await self._broker.queue_stats(sorted(model_ids))
-        self._counted(stats)
-        missing = model_ids - stats.keys()
-        for model_id in missing:
-            self._counts.pop(model_id, None)  # no such queue (any more)
-        self._missing.found_missing(missing)
-        return stats
 
     async def _observe(self, full: bool) -> Snapshot | None:
         """The snapshot ``decide`` needs: the candidate queues' counts and this worker.
@@ -425,69 +391,25 @@ class Coordinator:
         loading = frozenset().union(*(self._residency.loading(r.name)
                                       for r in self._supervisor.placed()))
         here = device | host | pinned | loading
-        exact = full and time.monotonic() - self._exact_at >= EXACT_EVERY_S
-        if exact:
-            self._exact_at = time.monotonic()
+        exact = self._queues.exact_due(full)
+
+        def busy_here(model_id: str) -> bool:  # held, warm or running here: counted exactly
+            return model_id in self._consumers or model_id in here \
+                or model_id in self._tasks.running
+
         # O(candidates): each is looked up by itself, never the whole catalog.
         wanted = {m for m in candidates(self._demand, self._consumers, device, host, pinned)
-                  if (exact or not self._announced_idle(m, now, here))
+                  if (exact or busy_here(m) or not self._queues.announced_idle(m, now))
                   and self._runtime_accepting(m)}
-        for model_id in [m for m in self._counts if m not in wanted]:
-            del self._counts[model_id]
-            self._ungauge(model_id)  # a gauge nobody updates would go stale
-        self._estimated &= wanted
-        # Woken: count afresh what was announced, never counted, or held with a backlog
-        # (its window is sized to what waits there).
-        ask = set(wanted) if full else ((self._dirty | self._held_backlog) & wanted) | {
-            m for m in wanted if m not in self._counts}
-        self._dirty.clear()
+        self._queues.keep_only(wanted)
+        ask = self._queues.to_ask(wanted, full, self._held_backlog)
         if not exact:
-            ask -= self._estimate(ask, now, here)
+            ask -= self._queues.estimate(ask, now, busy_here)
         # Not a queue the broker said is missing, until a demand event names it: at
         # thousands of models most resident ones have none (README "The broker at scale").
-        ask = self._missing.to_ask(ask)
-        if ask:
-            await self._ask_broker(ask)
-            self._estimated -= ask
+        await self._queues.refresh(ask)
         self._observed = (now, wanted, device, host, pinned | loading)
         return self._snapshot()
-
-    def _counted(self, stats: dict[str, QueueStats]) -> None:
-        """Take the broker's exact counts (and show them as the backlog gauge)."""
-        self._counts.update(stats)
-        for model_id, qs in stats.items():
-            metrics.QUEUE_BACKLOG.labels(model_id).set(qs.backlog)
-            self._gauged.add(model_id)
-
-    def _ungauge(self, model_id: str) -> None:
-        if model_id in self._gauged:
-            self._gauged.discard(model_id)
-            with contextlib.suppress(KeyError):
-                metrics.QUEUE_BACKLOG.remove(model_id)
-
-    def _announced_idle(self, model_id: str, now: float, here: frozenset[str]) -> bool:
-        """Announced lately with nothing waiting, and neither held nor warm here."""
-        if model_id in self._consumers or model_id in here or model_id in self._tasks.running:
-            return False
-        said = self._announced.estimate(model_id, now)
-        return said is not None and said[0] == 0
-
-    def _estimate(self, ask: set[str], now: float, here: frozenset[str]) -> set[str]:
-        """Of the queues to count, those the fleet's announcements say enough of: not
-        held, resident, pinned or loading here (those are counted exactly), with a fresh
-        announced count. Their estimates go into ``_counts``; returns them."""
-        estimated = set()
-        for model_id in ask:
-            if model_id in self._consumers or model_id in here \
-                    or model_id in self._tasks.running:
-                continue
-            said = self._announced.estimate(model_id, now)
-            if said is not None:
-                self._counts[model_id] = QueueStats(model_id, *said)
-                self._ungauge(model_id)  # the gauge shows the broker's counts only
-                estimated.add(model_id)
-        self._estimated |= estimated
-        return estimated
 
     def _snapshot(self) -> Snapshot:
         """The snapshot of the last observation, with the counts as they are now."""
@@ -510,7 +432,7 @@ class Coordinator:
         running = self._tasks.running
         scheduling = self._settings.scheduling
         for model_id in wanted:
-            qs = self._counts.get(model_id)
+            qs = self._queues.get(model_id)
             if qs is None or model_id not in self._catalog:  # gone while we asked
                 continue
             if cannot_matter(qs.backlog, model_id in self._consumers,
@@ -622,14 +544,7 @@ class Coordinator:
         Another worker may have taken the queue since the snapshot; a cold load is
         expensive enough to be worth one more exact count first.
         """
-        model_id = action.model_id
-        stats = (await self._ask_broker({model_id})).get(model_id)
-        if model_id in self._estimated:  # taken on announced counts: nothing may wait now
-            self._estimated.discard(model_id)
-            if stats is not None:
-                self._counted({model_id: stats})
-            if stats is None or stats.backlog == 0:
-                return False
+        stats = await self._queues.confirm(action.model_id)
         return stats is not None and action.still_open(stats.consumers)
 
     def _runtime_accepting(self, model_id: str) -> bool:
