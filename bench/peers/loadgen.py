@@ -64,6 +64,38 @@ def logits_of(protocol: str, body: bytes) -> list[float] | None:
     return values
 
 
+def parse_server_timing(header: str) -> dict[str, float]:
+    """``queue;dur=1.50, predict;dur=0.20`` -> {"queue": 1.5, "predict": 0.2} (ms)."""
+    out: dict[str, float] = {}
+    for part in header.split(","):
+        name, _, rest = part.strip().partition(";dur=")
+        try:
+            out[name] = float(rest)
+        except ValueError:
+            continue
+    return out
+
+
+def phase_breakdown(phases: list[tuple[float, str, bool]]) -> dict[str, Any]:
+    """What the answers' time is made of (the server's own phases, Server-Timing), for
+    all of them and for the slowest 1 % (at or over the p99): the mean ms of each phase
+    and the share answered cold (the model loaded for it)."""
+    ordered = sorted(phases, key=lambda p: p[0])
+    p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))][0]
+
+    def describe(rows: list[tuple[float, str, bool]]) -> dict[str, Any]:
+        sums: dict[str, float] = {}
+        for _, header, _ in rows:
+            for name, ms in parse_server_timing(header).items():
+                sums[name] = sums.get(name, 0.0) + ms
+        return {"n": len(rows), "latency_ms": round(1000 * sum(r[0] for r in rows)
+                                                    / len(rows), 1),
+                "cold_share": round(sum(1 for r in rows if r[2]) / len(rows), 3),
+                "phase_ms": {k: round(v / len(rows), 1) for k, v in sorted(sums.items())}}
+
+    return {"all": describe(ordered), "tail": describe([p for p in ordered if p[0] >= p99])}
+
+
 def count_lines(path: str | None) -> int | None:
     if not path:
         return None
@@ -100,6 +132,7 @@ async def run_http(cfg: dict[str, Any]) -> dict[str, Any]:
     check_every = int(cfg.get("check_every", 50))
 
     started: list[tuple[float, float, str, str]] = []  # (t0, t1, model, outcome)
+    phases: list[tuple[float, str, bool]] = []  # modelfleet: (latency, Server-Timing, cold)
     warm_models: dict[str, int] = {}  # requests per model started in the warm-up
     status_counts: dict[str, int] = {}
     error_samples: list[str] = []
@@ -132,10 +165,13 @@ async def run_http(cfg: dict[str, Any]) -> dict[str, Any]:
                 body = bodies[n % N_BODIES]
                 n += 1
                 answer = b""
+                timing, cold = "", False
                 try:
                     async with session.post(url, data=body, headers=headers) as r:
                         answer = await r.read()
                         status = r.status
+                        timing = r.headers.get("Server-Timing", "")
+                        cold = r.headers.get("X-Model-Cold") == "1"
                     outcome = str(status)
                 except TimeoutError:
                     outcome = "timeout"
@@ -148,6 +184,8 @@ async def run_http(cfg: dict[str, Any]) -> dict[str, Any]:
                     warm_models[model] = warm_models.get(model, 0) + 1
                 else:
                     started.append((t0, t1, model, outcome))
+                    if timing and outcome == "200":
+                        phases.append((t1 - t0, timing, cold))
                     if outcome != "200":
                         status_counts[outcome] = status_counts.get(outcome, 0) + 1
                         if len(error_samples) < 8 and outcome != "timeout":
@@ -189,6 +227,8 @@ async def run_http(cfg: dict[str, Any]) -> dict[str, Any]:
     result["requests_per_model"] = {m: per_model[m] for m in models if m in per_model}
     result["warmup_requests_per_model"] = {m: warm_models[m] for m in models
                                            if m in warm_models}
+    if phases:
+        result["phases"] = phase_breakdown(phases)
     start, end = snaps.get("start", {}), snaps.get("end", {})
     if cfg.get("load_log"):
         result["loads_in_window_log"] = (end.get("load_log_lines") or 0) - \

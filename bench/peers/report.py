@@ -193,7 +193,17 @@ def render(results: dict[str, Any]) -> str:
         idle = r.get("zipf_idle_permit_s_while_backlog")
         parts.append("idle permit-seconds while backlog: "
                      + ("metric absent" if idle is None else fmt(idle, 2)))
+        broker_cpu = r.get("zipf_broker_cpu_ms_per_request")
+        if broker_cpu is not None:
+            parts.append(f"RabbitMQ's own CPU per request (not in the table): "
+                         f"{fmt(broker_cpu, 1)} ms")
         notes.append(f"- {n}: " + "; ".join(parts))
+        for part, phases in sorted((r.get("zipf_phases") or {}).items()):
+            spent = ", ".join(f"{k} {fmt(v, 1)}" for k, v in phases["phase_ms"].items())
+            notes.append(f"  - {'slowest 1 %' if part == 'tail' else 'all answers'} "
+                         f"({phases['n']:,}): {fmt(phases['latency_ms'], 1)} ms at the "
+                         f"client, {100 * phases['cold_share']:.0f} % cold; server phases, "
+                         f"mean ms: {spent}")
     for name, r in rows.items():
         if r.get("error"):
             notes.append(f"- {name}: {str(r['error']).splitlines()[0][:200]}")

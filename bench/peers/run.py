@@ -581,8 +581,13 @@ class Bench:
                 out.update(self.window_costs(out, sampler, run.load_log,
                                              optimum_for=workload == "zipf-32"))
                 if broker is not None:
-                    out["broker_rss"] = broker.rss_summary(out["window_start_unix"],
-                                                           out["window_end_unix"])
+                    t0, t1 = out["window_start_unix"], out["window_end_unix"]
+                    out["broker_rss"] = broker.rss_summary(t0, t1)
+                    broker.sample()
+                    broker_cpu = broker.cpu_between(t0, t1)
+                    done = out.get("completed_ok") or 0
+                    out["broker_cpu_ms_per_request"] = None if broker_cpu is None or not done \
+                        else round(broker_cpu * 1000 / done, 2)
                 result["workloads"][workload] = out
                 cpu = out.get("cpu_ms_per_request")
                 log(f"{system}: {workload}: {out['req_per_s']} req/s, p50 {out['p50_ms']} ms, "
@@ -802,6 +807,8 @@ def summary_row(system: str, result: dict[str, Any]) -> dict[str, Any]:
     row["zipf_optimum_bound_bytes_per_request"] = opt.get("bound_bytes_per_request")
     bare = (zipf.get("static_optimum") or {}).get("pooled_budget_no_reserve") or {}
     row["zipf_optimum_no_reserve_bytes_per_request"] = bare.get("bytes_per_request")
+    row["zipf_broker_cpu_ms_per_request"] = zipf.get("broker_cpu_ms_per_request")
+    row["zipf_phases"] = zipf.get("phases")  # modelfleet's Server-Timing: all, and the tail
     delta = zipf.get("metrics_delta")
     if delta is not None:
         loads = stats.metric_total(delta, "modelfleet_model_loads_total")
