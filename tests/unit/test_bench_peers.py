@@ -624,3 +624,21 @@ def test_private_rabbit_node_has_its_own_port_and_limit_and_goes_away(tmp_path: 
     assert any(p.name.endswith(".log") for p in (folder / "log").iterdir())
     with pytest.raises(RabbitNodeError):
         node.ctl("status", timeout_s=60)
+
+
+def test_the_tail_breakdown_reads_server_timing_and_takes_the_slowest_one_percent() -> None:
+    sys.path.insert(0, str(PEERS))
+    try:
+        import loadgen
+    finally:
+        sys.path.remove(str(PEERS))
+    assert loadgen.parse_server_timing("queue_wait;dur=1.50, predict;dur=0.20, bad;x") == {
+        "queue_wait": 1.5, "predict": 0.2}
+    # 99 fast warm answers and one slow cold one: the tail is that one alone.
+    rows = [(0.01, "queue_wait;dur=2.00, predict;dur=1.00", False)] * 99
+    rows.append((2.0, "queue_wait;dur=1500.00, model_load;dur=400.00, predict;dur=1.00", True))
+    out = loadgen.phase_breakdown(rows)
+    assert out["tail"] == {"n": 1, "latency_ms": 2000.0, "cold_share": 1.0, "phase_ms": {
+        "model_load": 400.0, "predict": 1.0, "queue_wait": 1500.0}}
+    assert out["all"]["n"] == 100 and out["all"]["cold_share"] == 0.01
+    assert out["all"]["phase_ms"]["queue_wait"] == round((99 * 2 + 1500) / 100, 1)
