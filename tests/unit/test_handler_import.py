@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import sys
+import textwrap
 import threading
 import time
+import traceback
 from pathlib import Path
 
+import pytest
+
+from modelfleet.errors import ModelLoadFailed
 from modelfleet.model.importer import import_handler
 from modelfleet.repository.manifest import load_manifest
 from tests.procs import write_package
@@ -115,3 +120,58 @@ def test_two_loads_import_their_frameworks_one_after_the_other(tmp_path: Path) -
         sys.path.remove(str(site))
         for name in ("framework_one_for_test", "framework_two_for_test"):
             sys.modules.pop(name, None)
+
+
+COUNTER = '''
+    from modelfleet import Model
+
+    calls = []
+
+
+    class Handler(Model):
+        def boom(self):
+            raise RuntimeError("from " + __name__)
+
+        def count(self):
+            calls.append(1)
+            return len(calls)
+'''
+
+
+def test_one_source_compiled_once_still_gives_each_package_its_own_module_and_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    compiled: list[str] = []
+    real_compile = compile
+
+    def counting_compile(source, filename, *args, **kwargs):  # type: ignore[no-untyped-def]
+        compiled.append(str(filename))
+        return real_compile(source, filename, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.compile", counting_compile)
+    folders = [write_package(tmp_path / "repo", name, MANIFEST.format(name=name), COUNTER)
+               for name in ("one", "two")]
+    handlers = [import_handler(load_manifest(f / "model.toml"), f) for f in folders]
+    # The same bytes: parsed and compiled for the first package only.
+    assert compiled and set(compiled) == {str(folders[0] / "handler.py")}
+    before = len(compiled)
+    one, two = (h() for h in handlers)
+    assert one.count() == 1 and one.count() == 2 and two.count() == 1  # modules apart
+    for folder, handler in zip(folders, handlers, strict=True):
+        with pytest.raises(RuntimeError) as raised:
+            handler().boom()
+        frames = traceback.extract_tb(raised.value.__traceback__)
+        assert frames[-1].filename == str(folder / "handler.py")  # its own file, not one's
+    # A package whose handler changed is compiled afresh.
+    (folders[1] / "handler.py").write_text(textwrap.dedent(COUNTER) + "\nNEW = 1\n")
+    changed = import_handler(load_manifest(folders[1] / "model.toml"), folders[1])
+    assert len(compiled) > before and set(compiled[before:]) == {str(folders[1] / "handler.py")}
+    assert sys.modules[changed.__module__].NEW == 1
+
+
+def test_a_handler_that_does_not_compile_fails_its_load_with_the_file_named(
+        tmp_path: Path) -> None:
+    folder = write_package(tmp_path / "repo", "broken", MANIFEST.format(name="broken"),
+                           "from modelfleet import Model\n\nclass Handler(Model:\n    pass\n")
+    with pytest.raises(ModelLoadFailed, match=r"model 'broken': importing .*handler\.py "
+                                              r"failed: SyntaxError"):
+        import_handler(load_manifest(folder / "model.toml"), folder)

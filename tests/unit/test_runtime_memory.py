@@ -264,3 +264,13 @@ async def test_an_in_process_runtime_takes_new_budgets_and_reports_no_rss_of_its
     assert stats.device_budget_bytes == 15 * MB and len(stats.device) == 1
     assert stats.rss_bytes == 0  # the coordinator's RSS is not this runtime's to report
     await service.close()
+
+
+def test_rss_is_read_for_this_process_and_follows_what_it_touches() -> None:
+    import psutil
+
+    before = rss_bytes()
+    assert abs(before - psutil.Process().memory_info().rss) < 8 * MB
+    block = np.ones(64 * MB, dtype=np.uint8)  # touched: resident
+    assert rss_bytes() - before > 48 * MB
+    del block
