@@ -125,7 +125,7 @@ def test_two_loads_import_their_frameworks_one_after_the_other(tmp_path: Path) -
 COUNTER = '''
     from modelfleet import Model
 
-    calls = []
+    from helpers import calls  # the package's own module beside it
 
 
     class Handler(Model):
@@ -150,9 +150,11 @@ def test_one_source_compiled_once_still_gives_each_package_its_own_module_and_fi
     monkeypatch.setattr("builtins.compile", counting_compile)
     folders = [write_package(tmp_path / "repo", name, MANIFEST.format(name=name), COUNTER)
                for name in ("one", "two")]
+    for folder in folders:
+        (folder / "helpers.py").write_text("calls = []\n")
     handlers = [import_handler(load_manifest(f / "model.toml"), f) for f in folders]
     # The same bytes: parsed and compiled for the first package only.
-    assert compiled and set(compiled) == {str(folders[0] / "handler.py")}
+    assert set(compiled) == {str(folders[0] / "handler.py"), str(folders[0] / "helpers.py")}
     before = len(compiled)
     one, two = (h() for h in handlers)
     assert one.count() == 1 and one.count() == 2 and two.count() == 1  # modules apart

@@ -5,6 +5,8 @@ from __future__ import annotations
 import ast
 import contextlib
 import hashlib
+import importlib.abc
+import importlib.machinery
 import importlib.util
 import inspect
 import os
@@ -14,6 +16,7 @@ import threading
 from collections import OrderedDict
 from pathlib import Path
 from types import CodeType, ModuleType
+from typing import Any
 
 from modelfleet.errors import ModelLoadFailed
 from modelfleet.model.api import Model
@@ -30,7 +33,9 @@ _FRAMEWORK_LOCK = threading.RLock()
 # catalog of thousands of models often ships one handler.py thousands of times, and a
 # runtime reloads a model it evicted: profiled at 5,000 models, compiling and parsing
 # the same source again was a tenth of a runtime's CPU. Bounded, least recent out.
+# The package's own modules beside it (``helpers.py``) come from the same cache.
 _COMPILED: OrderedDict[bytes, tuple[CodeType, frozenset[str]]] = OrderedDict()
+_COMPILED_LOCK = threading.Lock()
 COMPILED_KEPT = 256
 
 
@@ -76,6 +81,8 @@ def import_handler(manifest: Manifest, package_dir: Path) -> type[Model]:
         before = set(sys.modules)
         sys.modules[unique] = module
         sys.path.insert(0, str(package_dir))
+        siblings = _SiblingFinder(package_dir)
+        sys.meta_path.insert(0, siblings)
         try:
             exec(code, module.__dict__)  # what the loader's exec_module does with it
         except Exception as exc:
@@ -83,6 +90,7 @@ def import_handler(manifest: Manifest, package_dir: Path) -> type[Model]:
             raise ModelLoadFailed(
                 f"model '{manifest.name}': importing {source} failed: {exc!r}") from exc
         finally:
+            sys.meta_path.remove(siblings)
             sys.path.remove(str(package_dir))
             _forget_package_siblings(set(sys.modules) - before - {unique}, package_dir)
     handler = getattr(module, class_name, None)
@@ -102,7 +110,7 @@ def _compiled(source: Path) -> tuple[CodeType, frozenset[str]]:
     compiled once per distinct source (``_COMPILED``)."""
     data = source.read_bytes()
     key = hashlib.sha256(data).digest()
-    with _IMPORT_LOCK:
+    with _COMPILED_LOCK:
         cached = _COMPILED.get(key)
         if cached is not None:
             _COMPILED.move_to_end(key)
@@ -110,12 +118,43 @@ def _compiled(source: Path) -> tuple[CodeType, frozenset[str]]:
         tree = ast.parse(data, str(source))
         cached = (compile(tree, str(source), "exec", dont_inherit=True),
                   _top_level_imports(tree))
-        with _IMPORT_LOCK:
+        with _COMPILED_LOCK:
             _COMPILED[key] = cached
             while len(_COMPILED) > COMPILED_KEPT:
                 _COMPILED.popitem(last=False)
     code, imports = cached
     return _named(code, str(source)), imports
+
+
+class _SiblingFinder(importlib.abc.MetaPathFinder):
+    """Finds a top-level module that is a file of the package (``helpers.py``) while its
+    entrypoint is imported, and loads it through ``_compiled``; anything else (a folder
+    package, a framework) is left to the usual finders."""
+
+    def __init__(self, package_dir: Path) -> None:
+        self._dir = package_dir
+
+    def find_spec(self, fullname: str, path: Any = None,
+                  target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if path is not None or "." in fullname:
+            return None
+        source = self._dir / f"{fullname}.py"
+        if not source.is_file():
+            return None
+        return importlib.util.spec_from_file_location(fullname, source,
+                                                      loader=_CompiledLoader(source))
+
+
+class _CompiledLoader(importlib.abc.Loader):
+    def __init__(self, source: Path) -> None:
+        self._source = source
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        return None  # the default module
+
+    def exec_module(self, module: ModuleType) -> None:
+        code, _ = _compiled(self._source)
+        exec(code, module.__dict__)
 
 
 def _named(code: CodeType, filename: str) -> CodeType:
@@ -172,6 +211,8 @@ def _import_dependencies(names: frozenset[str], package_dir: Path) -> bool:
 
 
 def _forget_package_siblings(names: set[str], package_dir: Path) -> None:
+    if not names:
+        return
     root = package_dir.resolve()
     for name in names:
         origin = getattr(sys.modules.get(name), "__file__", None)
