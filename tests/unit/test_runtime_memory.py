@@ -215,7 +215,7 @@ async def test_a_load_is_refused_when_shedding_cannot_bring_rss_under_in_time(
         await carry_out(evictions)
 
     monkeypatch.setattr(host, "_carry_out", slow_carry_out)
-    monkeypatch.setattr("modelfleet.runtime.host.SHED_WAIT_S", 0.05)
+    monkeypatch.setattr("modelfleet.runtime.shedding.SHED_WAIT_S", 0.05)
     extra[0] = 35 * MB
     with pytest.raises(NoCapacity, match=r"over its memory budget.*'d'"):
         await host.ensure("d", "1")

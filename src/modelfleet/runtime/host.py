@@ -17,8 +17,8 @@ on a thread, demotes and drops models, and keeps the invariants:
   eviction gives the model's memory back to the system (``runtime.memory``: the
   allocator set up at start-up, ``malloc_trim`` after evictions), and while RSS is over
   start-up RSS + budgets x (1 + ``rss_margin``) models are shed, lowest-ranked first,
-  until it is back under, and a load waits for that (``SHED_WAIT_S``), refused
-  (``NoCapacity``) only if shedding cannot bring RSS under in that time;
+  until it is back under, and a load waits for that, refused (``NoCapacity``) only if
+  shedding cannot bring RSS under in time (``runtime/shedding.py``);
 - the budgets can change at run time (``set_budgets``: a worker's pooled budget moved);
   what no longer fits is evicted at once.
 """
@@ -54,15 +54,12 @@ from modelfleet.runtime.device import (
     resolve_device,
 )
 from modelfleet.runtime.memory import MemoryGuard
+from modelfleet.runtime.shedding import Shedder
 from modelfleet.settings import RuntimeSettings
 
 log = logging.getLogger("modelfleet.runtime")
 
 GC_MIN_INTERVAL_S = 1.0
-# How long a load waits for its runtime's own shedding when RSS is over the line, before
-# it is refused: shedding evicts in milliseconds, so a runtime a few hundred KB over (the
-# allocator's slack after a budget moved away) takes the load instead of refusing it.
-SHED_WAIT_S = 1.0
 T = TypeVar("T")
 
 
@@ -159,8 +156,9 @@ class ModelHost:
         self.frameworks: set[str] = set()
         self.events = HostEvents()
         self.memory = memory(self.cache) if memory is not None else None
-        self._shedding: asyncio.Task[None] | None = None
-        self._stuck_episode = 0  # the episode whose "nothing left to shed" was logged
+        self._shedder = None if self.memory is None else Shedder(
+            self.memory, self.cache.shed, lambda evictions: self._carry_out(evictions),
+            self._count_refused)
 
     @property
     def loading(self) -> list[str]:
@@ -255,7 +253,8 @@ class ModelHost:
         current = self._models.get(key)
         if current is not None and self.cache.tier_of(key) == "device":
             return current  # a promotion or a reload raced us here and won
-        await self._admit(model_id)
+        if self._shedder is not None:
+            await self._shedder.admit(model_id)  # RSS under its line, shedding if need be
         if current is not None and self.cache.tier_of(key) == "host":
             promoted = await self._promote(key, current, pinned)
             if promoted is not None:
@@ -323,57 +322,10 @@ class ModelHost:
                  measured.seconds, measured.size_bytes)
         return loaded
 
-    async def _admit(self, model_id: str) -> None:
-        """Let the load start, once RSS is under its line; over it, shed models first.
-
-        A runtime over its line sheds its lowest-ranked models until it is back under,
-        and the load waits for that (at most ``SHED_WAIT_S``). It is refused
-        (``NoCapacity``: the worker asks another runtime) only if shedding cannot bring
-        RSS back under in that time: memory held outside the models' books.
-        """
-        if self.memory is None:
-            return
-        if self.memory.check() is not None:
-            self._start_shedding()
-            assert self._shedding is not None
-            await asyncio.wait([self._shedding], timeout=SHED_WAIT_S)
-        try:
-            self.memory.admit(model_id)
-        except NoCapacity:
-            self.events.loads_refused += 1
-            self._start_shedding()
-            raise
-
     def watch_memory(self) -> None:
         """Shed models if RSS is over its line without any load asking (a handler grew)."""
-        if self.memory is not None and self.memory.check() is not None:
-            self._start_shedding()
-
-    def _start_shedding(self) -> None:
-        if self._shedding is None or self._shedding.done():
-            self._shedding = asyncio.create_task(self._shed(), name="shed-memory")
-
-    async def _shed(self) -> None:
-        """Drop models, lowest-ranked first, until RSS is back under its line."""
-        memory = self.memory
-        if memory is None:
-            return
-        shed = 0
-        while memory.reclaim() is not None:
-            eviction = self.cache.shed()
-            if eviction is None:
-                if self._stuck_episode != memory.episodes:  # once per episode
-                    self._stuck_episode = memory.episodes
-                    log.warning("runtime still over its memory budget with nothing left to "
-                                "shed (%s): memory is held outside the models' books (a "
-                                "handler's allocations, or a leak); loads stay refused until "
-                                "it falls", memory.exceeded())
-                return
-            await self._carry_out([eviction])
-            shed += 1
-        if shed:
-            log.info("shed %d model(s) to come back under the memory budget", shed)
-        memory.back_under()
+        if self._shedder is not None:
+            self._shedder.watch()
 
     async def set_budgets(self, device_budget_bytes: int,
                           host_budget_bytes: int | None = None) -> None:
@@ -585,8 +537,11 @@ class ModelHost:
                 "device_reserved_bytes": state.device.reserved_bytes,
                 "device_allocated_bytes": state.device.allocated_bytes}
 
+    def _count_refused(self) -> None:
+        self.events.loads_refused += 1
+
     async def close(self) -> None:
-        if self._shedding is not None:
-            self._shedding.cancel()
+        if self._shedder is not None:
+            self._shedder.close()
         for key in list(self._models):
             await self._unload(key)

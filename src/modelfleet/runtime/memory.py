@@ -36,7 +36,7 @@ for CPU models; a GPU model's device bytes are held to the device budget through
 allocator's reserved bytes instead, see ``device_memory``). Over that line, the runtime
 trims and sheds models until it is back under (a load waits for that, and is refused,
 ``NoCapacity``: retryable, "not accepting cold work", only if it does not come back
-under in time: ``ModelHost._admit``), counts the episode and logs one warning for it.
+under in time: ``runtime/shedding.py``), counts the episode and logs one warning for it.
 The budget is read live from the cache, so ``ModelHost.set_budgets`` moves the line.
 """
 
