@@ -1,16 +1,17 @@
 """Tenants end to end: API keys and roles on both brokers, revocation without a restart,
 one rate limit shared by two gateways, usage exported as CSV, and no key in any log.
 
-Keys are made the way a user makes them (``modelfleet keys create``) in the store the
-processes read; limits are shared through the real Redis (``.ci/redis-up``)."""
+Keys are made the way a user makes them (``modelfleet keys create``, its entry called
+in this process) in the store the processes read; limits are shared through the real
+Redis (``.ci/redis-up``)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import csv
 import io
 import os
-import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -19,8 +20,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from modelfleet.cli import main
 from tests.conftest import rabbitmq_url, require_rabbitmq, require_redis
-from tests.procs import MODELFLEET, ROOT, Proc, gateway, metric_sum, serve, worker
+from tests.procs import Proc, gateway, metric_sum, serve, worker
 from tests.waiting import eventually_blocking
 
 POSTGRES_URL = os.environ.get("MODELFLEET_TEST_POSTGRES",
@@ -28,11 +30,16 @@ POSTGRES_URL = os.environ.get("MODELFLEET_TEST_POSTGRES",
 
 
 def cli(db: Path | str, *args: str) -> str:
-    """Run ``modelfleet <args> --db db``; its stdout (it must succeed)."""
-    done = subprocess.run([*MODELFLEET, *args, "--db", str(db)], capture_output=True,
-                          text=True, cwd=ROOT, timeout=60)
-    assert done.returncode == 0, done.stderr
-    return done.stdout.strip()
+    """Run ``modelfleet <args> --db db``; its stdout (it must succeed).
+
+    The command's own entry (``modelfleet.cli.main``) in this process: each call started
+    a Python and imported modelfleet (~0.7 s of CPU; this module makes ~60 calls, the
+    usage polls among them). ``tests/unit/test_cli_help.py`` starts the commands."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main([*args, "--db", str(db)])
+    assert code == 0, err.getvalue()
+    return out.getvalue().strip()
 
 
 def new_key(db: Path | str, tenant: str, role: str = "caller", plan: str | None = None,
