@@ -23,26 +23,32 @@ import pytest
 from PIL import Image
 
 from tests.browser import dump_dom, screenshot
-from tests.procs import ROOT, Proc, serve
+from tests.procs import ROOT, serve
 from tests.waiting import eventually_blocking
 
 pytestmark = pytest.mark.timeout(240)
-SLOW_LOAD_S = 16  # the held-up load the backlog waits behind: the page is read meanwhile
+# The held-up load the backlog waits behind: held until the page was read (the test then
+# creates slowload's release file), at most this long (the requests' default 30 s deadline
+# outlasts it).
+SLOW_LOAD_S = 25
 HELD = 5  # requests sent to it at once, with one permit: one runs, four wait in the queue
 
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Proc, str]]:
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    """The serve's base URL, and the file whose creation ends slowload's held load."""
     tmp = tmp_path_factory.mktemp("dashboard")
+    release = tmp / "release"
     # No cold lane: the page is read while slowload's requests wait in its own queue,
     # whose row the test reads (with the lane they would wait there, counted in the
     # totals only).
     proc, base = serve(tmp, env={"MODELFLEET_EXAMPLE_SLOWLOAD_S": str(SLOW_LOAD_S),
+                                 "MODELFLEET_EXAMPLE_SLOWLOAD_RELEASE": str(release),
                                  "MODELFLEET_WORKER__PERMITS": "1",
                                  "MODELFLEET_WORKER__STATE_INTERVAL_S": "0.5",
                                  "MODELFLEET_GATEWAY__COLD_LANE_PER_MODEL": "0"})
     try:
-        yield proc, base
+        yield base, release
     finally:
         proc.stop()
 
@@ -68,8 +74,8 @@ def queue_row(rows: list[dict[str, Any]], model: str) -> list[str]:
 
 
 def test_the_page_shows_the_fleet_the_backlog_and_the_load_rate(
-        fleet: tuple[Proc, str], tmp_path: Path) -> None:
-    _, base = fleet
+        fleet: tuple[str, Path], tmp_path: Path) -> None:
+    base, release = fleet
     page = f"{base}/dashboard"
 
     async def send_held() -> list[httpx.Response]:
@@ -100,6 +106,7 @@ def test_the_page_shows_the_fleet_the_backlog_and_the_load_rate(
         (worker,) = dom.rows["workers"]
         assert worker["cells"][1] == "yes" and worker["cells"][2] == "1 / 1"
         assert "slowload" in worker["cells"][3]  # its subscriptions
+        release.touch()  # the page was read: let the load end
         answers = loop.run_until_complete(held)
     finally:
         if not held.done():
@@ -151,8 +158,8 @@ def test_the_page_shows_the_fleet_the_backlog_and_the_load_rate(
         shutil.copyfile(shot, keep)
 
 
-def test_grafana_panels_query_what_a_running_serve_exports(fleet: tuple[Proc, str]) -> None:
-    _, base = fleet
+def test_grafana_panels_query_what_a_running_serve_exports(fleet: tuple[str, Path]) -> None:
+    base, _ = fleet
     exported = set()
     for line in httpx.get(f"{base}/metrics", timeout=10).text.splitlines():
         match = re.match(r"^(modelfleet_[a-z0-9_]+)(\{.*\})? ", line)

@@ -98,13 +98,17 @@ def test_killed_worker_mid_request_is_redelivered(tmp_path: Path, env: dict[str,
                                                   procs: list[Proc]) -> None:
     base = start_gateway(tmp_path, env, procs, "gw")
     # slowload's load outlasts a second worker's start-up (a few seconds on a busy
-    # machine): the request is still in flight on "doomed" when it is killed.
-    env = {**env, "MODELFLEET_EXAMPLE_SLOWLOAD_S": "10"}
+    # machine): the request is still in flight on "doomed" when it is killed. It is held
+    # until then (the release file; at most 25 s, inside the request's 40 s), and the
+    # survivor's load of it ends at once.
+    release = tmp_path / "release"
+    env = {**env, "MODELFLEET_EXAMPLE_SLOWLOAD_S": "25",
+           "MODELFLEET_EXAMPLE_SLOWLOAD_RELEASE": str(release)}
     doomed = start_worker(tmp_path, env, procs, "doomed")
 
     async def scenario() -> httpx.Response:
         async with httpx.AsyncClient(timeout=60) as client:
-            # slowload takes 10 s to load: the request is in flight on "doomed" meanwhile.
+            # slowload's load is held: the request is in flight on "doomed" meanwhile.
             pending = asyncio.ensure_future(client.post(
                 f"{base}/v1/models/slowload/infer", json={"n": 1},
                 headers={"x-request-timeout": "40"}))
@@ -117,6 +121,7 @@ def test_killed_worker_mid_request_is_redelivered(tmp_path: Path, env: dict[str,
                 raise AssertionError("the request never reached the worker")
             await asyncio.to_thread(start_worker, tmp_path, env, procs, "survivor")
             doomed.kill()  # kill -9, mid-load, unacked
+            release.touch()
             return await pending
 
     response = asyncio.run(scenario())

@@ -34,8 +34,12 @@ def gauge(base: str, name: str, **labels: str) -> float | None:
 def test_every_gateway_reports_the_fleets_backlog_and_desired_workers(
         tmp_path: Path, procs: list[Proc]) -> None:
     require_rabbitmq()
+    # slowload's load is held until the counts were read (the release file), at most 25 s
+    # (the requests' default 30 s deadline outlasts it).
+    release = tmp_path / "release"
     env = {"MODELFLEET_BROKER__QUEUE_PREFIX": f"e2e{uuid.uuid4().hex[:8]}.",
-           "MODELFLEET_WORKER__PERMITS": "1", "MODELFLEET_EXAMPLE_SLOWLOAD_S": "15",
+           "MODELFLEET_WORKER__PERMITS": "1", "MODELFLEET_EXAMPLE_SLOWLOAD_S": "25",
+           "MODELFLEET_EXAMPLE_SLOWLOAD_RELEASE": str(release),
            "MODELFLEET_WORKER__STATE_INTERVAL_S": "0.5"}
     bases = []
     for name in ("gw-a", "gw-b"):
@@ -88,6 +92,7 @@ def test_every_gateway_reports_the_fleets_backlog_and_desired_workers(
                 or 0) > 0
         assert gauge(other, "modelfleet_fleet_oldest_waiting_seconds", model="slowload") \
             is None
+        release.touch()  # read: let the load end
         answers = loop.run_until_complete(held)
     finally:
         if not held.done():

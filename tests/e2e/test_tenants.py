@@ -1,16 +1,14 @@
 """Tenants end to end: API keys and roles on both brokers, revocation without a restart,
-one rate limit shared by two gateways, usage exported as CSV, and no key in any log.
+usage exported as CSV, and no key in any log (one rate limit shared by two gateways:
+test_tenants_shared_limits.py).
 
-Keys are made the way a user makes them (``modelfleet keys create``) in the store the
-processes read; limits are shared through the real Redis (``.ci/redis-up``)."""
+Keys are made the way a user makes them (``modelfleet keys create``, its entry called
+in this process: tests/e2e/tenancy.py) in the store the processes read."""
 
 from __future__ import annotations
 
-import asyncio
 import csv
 import io
-import os
-import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -20,60 +18,18 @@ import httpx
 import pytest
 
 from tests.conftest import rabbitmq_url, require_rabbitmq, require_redis
-from tests.procs import MODELFLEET, ROOT, Proc, gateway, metric_sum, serve, worker
+from tests.e2e.tenancy import (
+    POSTGRES_URL,
+    assert_no_key_logged,
+    banner,
+    bearer,
+    broker_names,
+    cli,
+    new_key,
+    tenancy_env,
+)
+from tests.procs import Proc, gateway, metric_sum, serve, worker
 from tests.waiting import eventually_blocking
-
-POSTGRES_URL = os.environ.get("MODELFLEET_TEST_POSTGRES",
-                              "postgresql://postgres@127.0.0.1:5432/test")
-
-
-def cli(db: Path | str, *args: str) -> str:
-    """Run ``modelfleet <args> --db db``; its stdout (it must succeed)."""
-    done = subprocess.run([*MODELFLEET, *args, "--db", str(db)], capture_output=True,
-                          text=True, cwd=ROOT, timeout=60)
-    assert done.returncode == 0, done.stderr
-    return done.stdout.strip()
-
-
-def new_key(db: Path | str, tenant: str, role: str = "caller", plan: str | None = None,
-            plans_file: Path | None = None) -> str:
-    extra = ["--plan", plan] if plan else []
-    extra += ["--plans-file", str(plans_file)] if plans_file else []
-    return cli(db, "keys", "create", "--tenant", tenant, "--role", role, *extra)
-
-
-def bearer(key: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {key}"}
-
-
-def banner(base: str, key: str | None, **kwargs: object) -> httpx.Response:
-    headers = {"content-type": "text/plain", **(bearer(key) if key else {})}
-    return httpx.post(f"{base}/v1/models/banner/infer", content=b"hi", headers=headers,
-                      timeout=60, **kwargs)  # type: ignore[arg-type]
-
-
-def tenancy_env(db: Path | str) -> dict[str, str]:
-    return {"MODELFLEET_TENANCY__DB": str(db), "MODELFLEET_TENANCY__CACHE_TTL_S": "1",
-            "MODELFLEET_TENANCY__USAGE_FLUSH_S": "0.5",
-            "MODELFLEET_TENANCY__REDIS_PREFIX": f"test-{uuid.uuid4().hex[:8]}:",
-            "MODELFLEET_LOG_LEVEL": "debug"}
-
-
-def broker_names() -> dict[str, str]:
-    tag = f"tn{uuid.uuid4().hex[:8]}"
-    return {"MODELFLEET_BROKER__QUEUE_PREFIX": f"{tag}.",
-            "MODELFLEET_BROKER__EVENTS_EXCHANGE": f"{tag}.events",
-            "MODELFLEET_BROKER__DEAD_LETTER_QUEUE": f"{tag}.dead-letters"}
-
-
-def assert_no_key_logged(procs: list[Proc], keys: list[str]) -> None:
-    for proc in procs:
-        log = proc.log()
-        assert " DEBUG " in log, "the processes must log at DEBUG for this check"
-        for key in keys:
-            secret = key.split("_", 2)[2]
-            assert secret not in log, f"{proc.args[0]} logged a key:\n" \
-                f"{log[max(0, log.find(secret) - 300):log.find(secret) + 300]}"
 
 
 @pytest.fixture
@@ -229,96 +185,3 @@ def test_keys_and_roles_end_to_end(tmp_path: Path, procs: list[Proc], deployment
 
     proc.stop()
     assert_no_key_logged(procs, [owner, outsider, operator])
-
-
-PLANS = """
-[plans.metered]
-requests_per_s = 8
-burst = 8
-max_concurrent = 0
-
-[plans.narrow]
-requests_per_s = 0
-max_concurrent = 2
-"""
-
-
-@pytest.mark.rabbitmq
-def test_two_gateways_share_one_rate_limit_and_one_concurrency_limit(
-        tmp_path: Path, procs: list[Proc]) -> None:
-    """A tenant hammering two gateways gets its plan's rate across both (within 10 %), 429
-    with Retry-After beyond it, and at most its plan's requests in flight; usage from both
-    gateways adds up; a revoked key stops working on both."""
-    require_rabbitmq()
-    require_redis()
-    db = tmp_path / "tenants.sqlite3"
-    plans = tmp_path / "plans.toml"
-    plans.write_text(PLANS)
-    env = {**tenancy_env(db), **broker_names(),
-           "MODELFLEET_TENANCY__PLANS_FILE": str(plans)}
-    procs.append(worker(tmp_path, rabbitmq_url(), env, "w1")[0])
-    gateways = []
-    for name in ("gw1", "gw2"):
-        proc, base = gateway(tmp_path, rabbitmq_url(), env, name)
-        procs.append(proc)
-        gateways.append(base.replace(f"{proc.api_key}:@", ""))
-    metered = new_key(db, "examples", plan="metered", plans_file=plans)
-    narrow_tenant = f"narrow-{uuid.uuid4().hex[:6]}"
-    narrow = new_key(db, narrow_tenant, plan="narrow", plans_file=plans)
-    cli(db, "tenants", "grant", narrow_tenant, "slowload")
-    assert banner(gateways[0], metered).status_code == 200  # the worker is warm for banner
-    time.sleep(1.5)  # the bucket refills (8/s, burst 8)
-
-    async def hammer(duration_s: float) -> tuple[list[httpx.Response], float]:
-        answers: list[httpx.Response] = []
-        async with httpx.AsyncClient(timeout=60, headers={
-                **bearer(metered), "content-type": "text/plain"}) as client:
-            started = time.monotonic()
-            last = started
-
-            async def loop(base: str) -> None:
-                nonlocal last
-                while time.monotonic() - started < duration_s:
-                    last = time.monotonic()
-                    answers.append(await client.post(f"{base}/v1/models/banner/infer",
-                                                     content=b"hi"))
-
-            await asyncio.gather(*(loop(gateways[i % 2]) for i in range(8)))
-        return answers, last - started
-
-    answers, elapsed_s = asyncio.run(hammer(5.0))
-    statuses = [a.status_code for a in answers]
-    assert set(statuses) <= {200, 429}, statuses
-    admitted = statuses.count(200)
-    expected = 8 + 8 * elapsed_s  # the burst, then the rate, across both gateways
-    print(f"shared rate limit: {admitted} admitted of {len(answers)} in {elapsed_s:.2f}s "
-          f"over two gateways; the plan allows {expected:.1f}")
-    assert abs(admitted - expected) <= 0.1 * expected, (admitted, expected, len(answers))
-    limited = next(a for a in answers if a.status_code == 429)
-    assert int(limited.headers["retry-after"]) >= 1
-    assert limited.json()["error"]["code"] == "rate_limited"
-
-    async def concurrent() -> list[int]:
-        async with httpx.AsyncClient(timeout=60, headers=bearer(narrow)) as client:
-            calls = [client.post(f"{gateways[i % 2]}/v1/models/slowload/infer", json={"i": i},
-                                 headers={"x-request-timeout": "50"}) for i in range(4)]
-            return [r.status_code for r in await asyncio.gather(*calls)]
-
-    assert sorted(asyncio.run(concurrent())) == [200, 200, 429, 429]
-
-    # Revoked: both gateways refuse it within seconds.
-    cli(db, "keys", "revoke", metered.split("_")[1])
-    for base in gateways:
-        eventually_blocking(lambda base=base: banner(base, metered).status_code == 401, 5)
-
-    for proc in procs:
-        proc.stop()  # each gateway flushes what it counted
-    rows = list(csv.DictReader(io.StringIO(cli(db, "usage", "--tenant", "examples",
-                                               "--model", "banner", "--since", "1h",
-                                               "--csv"))))
-    by_outcome: dict[str, int] = {}
-    for row in rows:  # one row per hour: a run across an hour's end has two
-        by_outcome[row["outcome"]] = by_outcome.get(row["outcome"], 0) + int(row["requests"])
-    assert by_outcome["ok"] == admitted + 1  # both gateways' counts in one row
-    assert by_outcome["rate_limited"] == statuses.count(429)
-    assert_no_key_logged(procs, [metered, narrow])

@@ -595,6 +595,16 @@ def test_slowload_echoes_json_after_its_load(monkeypatch: pytest.MonkeyPatch) ->
     assert model.infer(b'{"a": [1, 2]}', "application/json") == {"echo": {"a": [1, 2]}}
 
 
+def test_slowload_ends_its_load_once_the_release_file_exists(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    release = tmp_path / "release"
+    release.touch()
+    monkeypatch.setenv("MODELFLEET_EXAMPLE_SLOWLOAD_S", "600")
+    monkeypatch.setenv("MODELFLEET_EXAMPLE_SLOWLOAD_RELEASE", str(release))
+    model = LocalModel.from_package(MODELS / "slowload" / "1")  # not 600 s
+    assert model.infer(b'{"a": 1}', "application/json") == {"echo": {"a": 1}}
+
+
 def test_slowload_default_is_three_seconds(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("MODELFLEET_EXAMPLE_SLOWLOAD_S", raising=False)
     manifest = load_manifest(MODELS / "slowload" / "1" / "model.toml")
