@@ -56,6 +56,12 @@ TIMEOUTS = st.one_of(st.none(), st.sampled_from(["0", "-1", "nan", "inf", "1e400
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     proc, base = serve(tmp_path_factory.mktemp("fuzz"), name="fuzz")
+    # Warm first: a fuzzed request may ask for a 5 s deadline, and a cold load (with both
+    # cores busy, scikit-learn's import alone took 5.6 s) would then answer 504, which is
+    # the deadline doing its job, not bad input reaching something it could crash.
+    for model in ("digits", "iris", "banner", "enrich"):
+        warmed = httpx.post(f"{base}/v2/repository/models/{model}/load", timeout=120)
+        assert warmed.status_code == 200, (model, warmed.text)
     yield base
     proc.stop()
 
