@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from modelfleet.sim import pull
 from modelfleet.sim.engine import Simulation
+from modelfleet.sim.pull_state import Coordinator
 from modelfleet.sim.scenario import ScenarioConfig, build_catalog, build_trace
 
 SMALL = ScenarioConfig(models=80, workers=5, duration_s=60.0, warmup_s=10.0, rate=20.0,
@@ -22,14 +23,14 @@ class CountsCheck(pull.PullAffinity):
         self.checked = 0
         self.recounts_moved = 0
 
-    def _count(self, coord: pull.Coordinator, full: bool) -> None:
+    def _count(self, coord: Coordinator, full: bool) -> None:
         before = dict(coord.counts)
         super()._count(coord, full)
         if not full and coord.counts != before:
             self.recounts_moved += 1
         self._check(coord)
 
-    def _check(self, coord: pull.Coordinator) -> None:
+    def _check(self, coord: Coordinator) -> None:
         counts = coord.counts
         cap = {m for m, (_, consumers) in counts.items() if consumers >= self._cap[m]}
         empty = {m for m, (ready, _) in counts.items() if ready == 0}
