@@ -120,6 +120,7 @@ class PullAffinity(PullActing):
         # from (snapshot_of looks up only the counted ones, so the whole table serves).
         self._facts_by_name: dict[str, QueueFacts] = {}
         self._cap: list[int] = []  # per model: consumers at its fan-out cap (_heard)
+        self._fanout_caps: list[int] = []  # per model: its fan-out cap (pinned: none)
         self._rank_priority: list[int] = []  # per model: snapshot_of's rank by priority
         # Per model, what a count of its queue says now: (ready, consumers), kept by
         # _dispatch, which every change of a queue or of its consumers goes through.
@@ -163,6 +164,9 @@ class PullAffinity(PullActing):
         self._cap = [sys.maxsize if f.pinned or cfg.wake_at_cap else
                      self.settings.fanout_cap(f.fanout_max_workers, f.plan)
                      for f in self._facts]
+        self._fanout_caps = [sys.maxsize if f.pinned else
+                             self.settings.fanout_cap(f.fanout_max_workers, f.plan)
+                             for f in self._facts]
         levels = [frozenset(m for m in range(models) if self._rank_priority[m] == level)
                   for level in sorted(set(self._rank_priority))]
         for worker in sim.workers:
@@ -403,13 +407,13 @@ class PullAffinity(PullActing):
             snapshot = snapshot_of(observation, self.settings, self.rng_seed)
             decision = decide(snapshot, self.settings, self.rng_seed)
             waiting = scheduling_work_waiting(snapshot, self.settings, True)
+            # Work waiting outside the held queues is work waiting: none at all, none there.
             untaken = waiting if sim.config.wake_on_held_backlog else \
-                scheduling_work_waiting(snapshot, self.settings, False)
+                waiting and scheduling_work_waiting(snapshot, self.settings, False)
             steps_for = actions_for(decision, snapshot, self.settings)
             coord.last_key = key
             coord.last_holds = None  # asked only when an observation could reuse it
             coord.last_result = (snapshot, decision, waiting, untaken, steps_for)
-            coord.worker.scores = dict(decision.scores)
         self._meter(coord)
         coord.waiting = waiting
         coord.untaken = untaken

@@ -173,6 +173,12 @@ class PullGathering(PullAnnouncements):
         if coord.counts.get(model) != count:
             coord.version += 1
         coord.counts[model] = count
+        self._note_count(coord, model, count)
+        return count
+
+    def _note_count(self, coord: Coordinator, model: int, count: tuple[int, int]) -> None:
+        """Keep ``coord``'s exceptions of its counts (``at_cap``, ``empty``, ``fed``) for
+        ``model``, now counted as ``count``: each is a function of the count alone."""
         if count[1] >= self._cap[model]:
             coord.at_cap.add(model)
         else:
@@ -186,7 +192,6 @@ class PullGathering(PullAnnouncements):
         else:
             coord.empty.add(model)
             coord.fed.discard(model)
-        return count
 
     def _count(self, coord: Coordinator, full: bool) -> None:
         """The broker's counts, as the coordinator asks for them: every candidate at a
@@ -230,16 +235,16 @@ class PullGathering(PullAnnouncements):
         models = list(counted)
         fresh = list(map(self._qstate.__getitem__, models))
         last = list(map(coord.counts.get, models))
-        if fresh != last and self._moves_gathering(coord, models, last, fresh):
-            coord.version += 1
-        coord.counts.update(zip(models, fresh, strict=True))
-        coord.at_cap -= counted
-        coord.at_cap |= counted & self._capped
-        waiting = counted & self._nonempty  # _nonempty: the queues not empty
-        coord.empty |= counted
-        coord.empty -= waiting
-        coord.fed -= counted
-        coord.fed |= waiting & self._consumed
+        if fresh != last:
+            if self._moves_gathering(coord, models, last, fresh):
+                coord.version += 1
+            # Only a count that moved moves what follows from it (at_cap, empty, fed are
+            # each a function of a model's count): most recounts find the same counts.
+            counts = coord.counts
+            for model, before, after in zip(models, last, fresh, strict=True):
+                if before != after:
+                    counts[model] = after
+                    self._note_count(coord, model, after)
         self._forget_dirty(coord)
 
     @staticmethod
@@ -347,10 +352,10 @@ class PullGathering(PullAnnouncements):
         """Observation.outranked_by: per held queue over its cap, the other consumers
         ranked ahead of this worker (the simulated fleet knows them all at once)."""
         over: dict[str, int] = {}
+        caps = self._fanout_caps
         for model in coord.consumers:
-            count, facts = counted.get(model), self._facts[model]
-            if count is None or facts.pinned or count[1] <= self.settings.fanout_cap(
-                    facts.fanout_max_workers, facts.plan):
+            count = counted.get(model)
+            if count is None or count[1] <= caps[model]:
                 continue
             model_id = self._names[model]
             mine = keep_rank(coord.worker.name, model_id)

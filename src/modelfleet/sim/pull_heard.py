@@ -42,6 +42,7 @@ class PullAnnouncements:
     _names: tuple[str, ...]
     _facts: list[QueueFacts]
     _cap: list[int]
+    _fanout_caps: list[int]
     _qstate: list[tuple[int, int]]
     _consumed: set[int]
     _capped: set[int]

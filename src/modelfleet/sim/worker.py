@@ -71,7 +71,6 @@ class SimWorker:
     last_served: dict[str, float] = field(default_factory=dict)
     served: int = 0  # tasks finished (last_served changes in place: this says it did)
     recent_cold: deque[float] = field(default_factory=deque)
-    scores: dict[str, float] = field(default_factory=dict)
 
     @property
     def cache(self) -> ModelCache:
