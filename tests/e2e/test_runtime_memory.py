@@ -16,13 +16,13 @@ import httpx
 import numpy as np
 import pytest
 
-from modelfleet.errors import ConfigError, NoCapacity
+from modelfleet.errors import ConfigError
 from modelfleet.ipc.protocol import SETTINGS_ENV, RuntimeStats
 from modelfleet.ipc.socket_runtime import SocketRuntime
 from modelfleet.settings import MiB, Settings
 from modelfleet.worker.process_launcher import ProcessLauncher
 from tests.procs import free_port, metric_sum, running, write_package
-from tests.waiting import eventually, eventually_blocking
+from tests.waiting import eventually_blocking
 
 SIZES_MB = {"m5": 5, "m30": 30, "m12": 12, "m25": 25, "m8": 8, "m20": 20, "m15": 15, "m28": 28}
 # 20 loads through a 60 MB budget: most of them evict something.
