@@ -47,8 +47,9 @@ class Shedder:
     async def admit(self, model_id: str) -> None:
         """Return once a load may start: RSS under its line, after shedding if need be;
         ``NoCapacity`` if shedding did not bring it under within ``SHED_WAIT_S``."""
-        if self._memory.check() is not None:
-            await asyncio.wait([self._start()], timeout=SHED_WAIT_S)
+        if self._memory.check() is None:
+            return  # under its line: the usual case, one RSS read
+        await asyncio.wait([self._start()], timeout=SHED_WAIT_S)
         try:
             self._memory.admit(model_id)
         except NoCapacity:
