@@ -7,7 +7,9 @@ tests/e2e/test_runtime_memory.py); the cache is the real ``ModelCache``.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +22,12 @@ from modelfleet.repository import LocalStore
 from modelfleet.runtime.device import DeviceMemory
 from modelfleet.runtime.host import ModelHost
 from modelfleet.runtime.inprocess import InProcessRuntime
-from modelfleet.runtime.memory import MemoryGuard, configure_allocator, rss_bytes
+from modelfleet.runtime.memory import (
+    CycleCollector,
+    MemoryGuard,
+    configure_allocator,
+    rss_bytes,
+)
 from modelfleet.runtime.server import RuntimeService
 from modelfleet.settings import RuntimeSettings, Settings
 from tests.procs import write_package
@@ -65,6 +72,53 @@ def test_loads_are_refused_over_the_line_with_one_warning_per_episode(
     assert len(warnings) == 2 and "RSS 176000000 bytes" in warnings[0].getMessage()
     assert memory.episodes == 2
     assert any("back under" in r.getMessage() for r in caplog.records)
+
+
+class FullCollections:
+    """Counts the interpreter's full collections (generation 2), whoever runs them."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start" and info["generation"] == 2:
+            self.count += 1
+
+
+@pytest.fixture
+def full_collections() -> Iterator[FullCollections]:
+    counter = FullCollections()
+    gc.callbacks.append(counter)
+    try:
+        yield counter
+    finally:
+        gc.callbacks.remove(counter)
+
+
+def test_a_runtime_over_its_line_collects_cycles_at_most_once_an_interval(
+        full_collections: FullCollections) -> None:
+    """Every check of a runtime over its line (each load's admission, each model shed)
+    used to run a full collection: tens of milliseconds of its event loop each, several
+    times a second at 5,000 small models. One collection per interval is what frees the
+    models caught in cycles; the rest of the checks only trim and read RSS."""
+    now = [0.0]
+    collector = CycleCollector(min_interval_s=1.0, clock=lambda: now[0])
+    rss, budget = Rss(50 * MB), [100 * MB]
+    memory = MemoryGuard(lambda: budget[0], 0.25, lambda: budget[0], rss=rss,
+                         device=lambda: DeviceMemory(), collect=collector)
+    rss.value = 300 * MB  # over its line of 175 MB
+    gc.disable()  # only the guard's own collections are counted
+    try:
+        for model in ("a", "b", "c", "d", "e"):
+            with pytest.raises(NoCapacity):
+                memory.admit(model)
+            assert memory.reclaim() is not None  # a shedding step's check
+        assert full_collections.count == 1
+        now[0] = 1.0  # an interval later: the next check collects again
+        assert memory.check() is not None
+        assert full_collections.count == 2
+    finally:
+        gc.enable()
 
 
 def test_a_runtime_whose_pooled_budget_is_zero_still_admits_its_next_load() -> None:

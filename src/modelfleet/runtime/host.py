@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 import sys
 import time
@@ -53,13 +52,12 @@ from modelfleet.runtime.device import (
     release_device_memory,
     resolve_device,
 )
-from modelfleet.runtime.memory import MemoryGuard
+from modelfleet.runtime.memory import MemoryGuard, collect_cycles
 from modelfleet.runtime.shedding import Shedder
 from modelfleet.settings import RuntimeSettings
 
 log = logging.getLogger("modelfleet.runtime")
 
-GC_MIN_INTERVAL_S = 1.0
 T = TypeVar("T")
 
 
@@ -150,7 +148,6 @@ class ModelHost:
         self._load_started: dict[str, float] = {}
         self._moves: dict[str, asyncio.Lock] = {}  # residency key -> one tier move at a time
         self._load_slots = asyncio.Semaphore(settings.max_concurrent_loads)
-        self._collected_at = -1e9
         # Modules that loading models imported (e.g. sklearn.svm, torch): a standby runtime
         # imports them ahead, so that a crash does not also cost their import.
         self.frameworks: set[str] = set()
@@ -473,24 +470,10 @@ class ModelHost:
         with contextlib.suppress(Exception):  # a failing unload must not wedge the runtime
             await asyncio.to_thread(loaded.handler.unload)
         del loaded
-        self._collect_cycles()
+        collect_cycles()  # at most once a second (a cycle's memory may outlive it that long)
         release_device_memory(device)
         if self.memory is not None and self._settings.trim_after_eviction:
             await asyncio.to_thread(trim)  # the heap pages it freed go back to the system
-
-    def _collect_cycles(self) -> None:
-        """Free models caught in reference cycles, at most once a second.
-
-        Reference counting frees a model's arrays the moment its handler goes; only a
-        handler in a reference cycle waits for the collector. A full collection stops
-        this runtime's event loop for tens of milliseconds: run on every eviction it
-        took 64 % of the loop's time at 20 evictions a second (measured), so a cycle's
-        memory may now outlive its eviction by up to a second.
-        """
-        now = time.monotonic()
-        if now - self._collected_at >= GC_MIN_INTERVAL_S:
-            self._collected_at = now
-            gc.collect()
 
     def unpin(self, model_id: str, version: str) -> None:
         """The version may be evicted again (its route moved on, or an operator unpinned)."""
