@@ -51,7 +51,7 @@ def guard(rss: Rss, budget: list[int], device: list[DeviceMemory] | None = None
                        device=lambda: devices[0])
 
 
-def test_loads_are_refused_over_the_line_with_one_warning_per_episode(
+def test_loads_are_refused_over_the_line_with_one_warning_per_episode_that_costs(
         caplog: pytest.LogCaptureFixture) -> None:
     rss, budget = Rss(50 * MB), [100 * MB]
     memory = guard(rss, budget)
@@ -66,12 +66,21 @@ def test_loads_are_refused_over_the_line_with_one_warning_per_episode(
         rss.value = 120 * MB
         memory.admit("e")  # back under: the episode ends
         assert not memory.over
+        assert any("back under" in r.getMessage() for r in caplog.records)
         rss.value = 200 * MB
         assert memory.check() is not None  # a second episode
+        with pytest.raises(NoCapacity):
+            memory.admit("f")
+        rss.value = 120 * MB
+        assert memory.check() is None
+        rss.value = 180 * MB
+        assert memory.check() is not None  # a third, over until the next trim only
+        rss.value = 120 * MB
+        memory.admit("g")
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 2 and "RSS 176000000 bytes" in warnings[0].getMessage()
-    assert memory.episodes == 2
-    assert any("back under" in r.getMessage() for r in caplog.records)
+    assert "RSS 200000000 bytes" in warnings[1].getMessage()
+    assert memory.episodes == 3
 
 
 class FullCollections:

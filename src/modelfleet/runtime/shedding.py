@@ -6,7 +6,8 @@ out what follows. While over, the runtime sheds its lowest-ranked models (the ca
 load that finds it over waits for that shedding (at most ``SHED_WAIT_S``) and starts
 once it is back under; it is refused (``NoCapacity``: the worker asks another runtime)
 only if shedding cannot bring RSS under in that time: memory held outside the models'
-books, a handler's allocations or a leak, which gets one warning per episode.
+books, a handler's allocations or a leak. An episode is logged as a warning once it sheds
+a model or refuses a load, and then only once.
 """
 
 from __future__ import annotations
@@ -75,7 +76,8 @@ class Shedder:
         """Drop models, lowest-ranked first, until RSS is back under its line."""
         memory = self._memory
         shed = 0
-        while memory.reclaim() is not None:
+        while (over := memory.reclaim()) is not None:
+            memory.warn(over)
             eviction = self._shed_one()
             if eviction is None:
                 if self._stuck_episode != memory.episodes:  # once per episode
