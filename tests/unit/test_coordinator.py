@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
-from modelfleet.broker import cold_lane
+from modelfleet.broker import QueueStats, cold_lane
 from modelfleet.broker.embedded import MemoryBroker
 from modelfleet.errors import DeadlineExceeded, InvalidInput
 from modelfleet.ipc.flight import Flight
@@ -382,6 +382,33 @@ async def test_a_task_in_the_cold_lane_is_run_without_a_subscription(worker: Wor
     assert sample("modelfleet_worker_cold_lane_tasks_total", {}) == before + 1
     assert "timed" not in worker.coordinator.state()["subscriptions"]
     assert await worker.broker.queue_stats(["timed"]) == {}  # its own queue: never declared
+
+
+async def test_the_queue_of_a_model_a_lane_brought_is_not_asked_for_until_announced(
+        worker: Worker, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model a cold lane brought is resident, so a candidate at every re-score, but it
+    has no queue of its own: on RabbitMQ asking for one is a passive declare the broker
+    answers by closing a channel. Not asked for until a demand event names the model."""
+    asked: list[str] = []
+    queue_stats = worker.broker.queue_stats
+
+    async def counting(model_ids: list[str]) -> dict[str, QueueStats]:
+        asked.extend(model_ids)
+        return await queue_stats(model_ids)
+
+    monkeypatch.setattr(worker.broker, "queue_stats", counting)
+    task = worker.task("lane", model="other")
+    await worker.broker.publish_task(task, cold_lane(0))
+    assert (await worker.reply()).status == "ok"
+    for full in (True, False, True):
+        await worker.coordinator._rescore(full=full)
+    assert "other" not in asked
+    # A task published to its queue and announced, as a gateway does: asked, and served.
+    follow = worker.task("queued", model="other")
+    await worker.publish(follow)
+    reply = await worker.reply()
+    assert (reply.request_id, reply.status) == (follow.request_id, "ok")
+    assert "other" in asked
 
 
 async def test_leaving_the_cold_lanes_while_a_task_is_passed_on_leaves_nothing_unsettled(

@@ -111,7 +111,7 @@ class Coordinator:
                                  self.control, TaskLog(self.worker_id, settings.log_format),
                                  self._stop_pulling, clock)
         self._lanes = ColdLanes(
-            settings, broker, accepting=self._runtime_accepting, start=self._start,
+            settings, broker, accepting=self._runtime_accepting, start=self._start_lane_task,
             announce_queued=self._tasks.announce_queued,
             free_permits=lambda: self._cap - len(self._in_flight),
             load_slots=lambda: settings.runtime.max_concurrent_loads
@@ -605,6 +605,18 @@ class Coordinator:
         self._idle.observe(free_permits=self._cap - len(self._in_flight))
         task.add_done_callback(self._finished)
         return task
+
+    async def _start_lane_task(self, delivery: Delivery) -> asyncio.Task[None]:
+        """A cold lane's task: its model will be resident here, so a candidate at the
+        next re-scores, but its own queue exists only if a task was published there,
+        and every such publish is announced. Without demand heard for it, its queue is
+        presumed missing (``QueueCounts.presume_missing``) rather than asked for: on
+        RabbitMQ each ask of a missing queue is a passive declare answered by closing a
+        channel, once for nearly every model a lane brings at 5,000 models."""
+        model_id = delivery.task.model_id
+        if model_id not in self._demand:
+            self._queues.presume_missing(model_id)
+        return await self._start(delivery)
 
     def _run_suspect(self, delivery: Delivery) -> asyncio.Task[None]:
         """Suspect work runs on the quarantine runtime one task at a time (the suspect

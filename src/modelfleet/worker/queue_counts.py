@@ -11,7 +11,8 @@ them to ask the broker for:
 - a woken re-score asks only for what a demand event marked (``mark``), what is held
   with a backlog, and what was never counted;
 - a queue the broker said is missing is not asked for again until a demand event names
-  it (``broker.missing_queues``);
+  it (``broker.missing_queues``), nor is the queue of a model a cold lane brought here
+  with no demand heard for it (``presume_missing``);
 - a queue taken on an estimate is counted exactly before the worker acts on it
   (``count_exactly``, ``confirm``).
 
@@ -74,6 +75,12 @@ class QueueCounts:
     def demand_heard(self, model_id: str) -> None:
         """A task may wait in its queue now: it exists again if it was missing."""
         self.missing.appeared(model_id)
+
+    def presume_missing(self, model_id: str) -> None:
+        """This queue has no count and no demand was heard for it: take it as missing
+        without asking the broker, until a demand event names it (``demand_heard``)."""
+        if model_id not in self._counts:
+            self.missing.found_missing((model_id,))
 
     def marked(self, model_id: str) -> bool:
         return model_id in self._marked
