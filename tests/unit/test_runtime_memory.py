@@ -237,10 +237,11 @@ def blob_host(root: Path, extra: list[int]) -> ModelHost:
                                'memory_estimate_mb = 10\n', BLOB)
         np.full(10 * MB, 1, dtype=np.uint8).tofile(folder / "weights.bin")
 
-    def guard_of(cache: ModelCache) -> MemoryGuard:
+    def guard_of(cache: ModelCache, collect: CycleCollector) -> MemoryGuard:
         return MemoryGuard(lambda: cache.device_budget_bytes, 0.25,
                            lambda: cache.device_budget_bytes,
-                           rss=lambda: 100 * MB + cache.snapshot().device_used_bytes + extra[0])
+                           rss=lambda: 100 * MB + cache.snapshot().device_used_bytes + extra[0],
+                           collect=collect)
 
     settings = RuntimeSettings(device_budget_bytes=40 * MB, host_budget_bytes=0)
     return ModelHost(settings, LocalStore(root), memory=guard_of)

@@ -52,7 +52,7 @@ from modelfleet.runtime.device import (
     release_device_memory,
     resolve_device,
 )
-from modelfleet.runtime.memory import MemoryGuard, collect_cycles
+from modelfleet.runtime.memory import CycleCollector, MemoryGuard
 from modelfleet.runtime.shedding import Shedder
 from modelfleet.settings import RuntimeSettings
 
@@ -127,10 +127,11 @@ class HostEvents:
 class ModelHost:
     def __init__(self, settings: RuntimeSettings, store: ModelStore,
                  clock: Callable[[], float] = time.monotonic,
-                 memory: Callable[[ModelCache], MemoryGuard] | None = None,
+                 memory: Callable[[ModelCache, CycleCollector], MemoryGuard] | None = None,
                  flight: FlightRecord | None = None) -> None:
-        """``memory``: builds the guard of this process's memory over the cache (only a
-        runtime in a process of its own: in-process runtimes share the coordinator's RSS).
+        """``memory``: builds the guard of this process's memory over the cache and the
+        host's cycle collector (only a runtime in a process of its own: in-process
+        runtimes share the coordinator's RSS).
         ``flight``: where the models running code on a thread are written (a process's
         own, ``runtime/flight.py``)."""
         self.flight = flight or FlightRecord(None)
@@ -152,7 +153,8 @@ class ModelHost:
         # imports them ahead, so that a crash does not also cost their import.
         self.frameworks: set[str] = set()
         self.events = HostEvents()
-        self.memory = memory(self.cache) if memory is not None else None
+        self._collect_cycles = CycleCollector()  # at most once a second (see its class)
+        self.memory = memory(self.cache, self._collect_cycles) if memory is not None else None
         self._shedder = None if self.memory is None else Shedder(
             self.memory, self.cache.shed, lambda evictions: self._carry_out(evictions),
             self._count_refused)
@@ -470,7 +472,7 @@ class ModelHost:
         with contextlib.suppress(Exception):  # a failing unload must not wedge the runtime
             await asyncio.to_thread(loaded.handler.unload)
         del loaded
-        collect_cycles()  # at most once a second (a cycle's memory may outlive it that long)
+        self._collect_cycles()  # at most once a second: a cycle's memory may outlive it
         release_device_memory(device)
         if self.memory is not None and self._settings.trim_after_eviction:
             await asyncio.to_thread(trim)  # the heap pages it freed go back to the system

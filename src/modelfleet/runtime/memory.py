@@ -73,8 +73,8 @@ class CycleCollector:
     the loop's time at 20 evictions a second, and run on every check of a runtime over
     its memory line (a few a second at 5,000 small models, each shedding episode asking
     several times) 19 % of the whole fleet's CPU samples (both measured). So a cycle's
-    memory may outlive its eviction by up to ``min_interval_s``. One per process
-    (``collect_cycles``): a collection walks the whole process, whoever asks for it.
+    memory may outlive its eviction by up to ``min_interval_s``. One per runtime host,
+    shared by its evictions and its memory guard.
     """
 
     def __init__(self, min_interval_s: float = GC_MIN_INTERVAL_S,
@@ -92,8 +92,6 @@ class CycleCollector:
         gc.collect()
         return True
 
-
-collect_cycles = CycleCollector()
 
 # mallopt parameters (glibc's malloc.h).
 _M_TRIM_THRESHOLD = -1
@@ -160,9 +158,9 @@ class MemoryGuard:
                  rss: Callable[[], int] = rss_bytes,
                  device: Callable[[], DeviceMemory] = device_memory,
                  margin_floor_bytes: int = 0,
-                 collect: Callable[[], object] = collect_cycles) -> None:
+                 collect: Callable[[], object] | None = None) -> None:
         self._budget = budget
-        self._collect = collect
+        self._collect = collect if collect is not None else CycleCollector()
         self._floor = margin_floor_bytes
         self._device_budget = device_budget
         self._margin = margin

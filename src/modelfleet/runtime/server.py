@@ -86,9 +86,9 @@ class RuntimeService:
                            settings.runtime.disk_cache_bytes)
         margin = settings.runtime.rss_margin
         floor = settings.runtime.rss_margin_floor_bytes
-        guard = (None if not own_process else lambda cache: MemoryGuard(
+        guard = (None if not own_process else lambda cache, collect: MemoryGuard(
             lambda: cache.device_budget_bytes + cache.host_budget_bytes, margin,
-            lambda: cache.device_budget_bytes, margin_floor_bytes=floor))
+            lambda: cache.device_budget_bytes, margin_floor_bytes=floor, collect=collect))
         flight = FlightRecord(os.environ.get(FLIGHT_ENV) if own_process else None)
         self.host = ModelHost(settings.runtime, store, memory=guard, flight=flight)
         self._fetcher = PayloadFetcher(settings.runtime)
