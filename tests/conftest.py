@@ -19,6 +19,17 @@ def rabbitmq_url() -> str:
     return os.environ.get("MODELFLEET_TEST_AMQP", "amqp://guest:guest@127.0.0.1:5672/")
 
 
+def own_deployment(tag: str) -> dict[str, str]:
+    """The names of a deployment of its own on the shared RabbitMQ, for the processes a
+    test starts: its queues under a prefix, and its events (workers' states, demand,
+    cancels) on a fanout exchange of their own. A test that shares the exchange counts
+    another test's workers in its fleet (seen: 2 workers and 17 permits where the test
+    started one worker with one). The dead-letter queue stays the default one: a queue
+    per test would be one more quorum queue that never expires on the shared node."""
+    return {"MODELFLEET_BROKER__QUEUE_PREFIX": f"{tag}.",
+            "MODELFLEET_BROKER__EVENTS_EXCHANGE": f"{tag}.events"}
+
+
 def rabbitmq_reachable() -> bool:
     try:
         with socket.create_connection(("127.0.0.1", 5672), timeout=1):

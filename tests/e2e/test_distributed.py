@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from modelfleet.devtools.rabbit_node import RabbitNode
-from tests.conftest import rabbitmq_url, require_rabbitmq
+from tests.conftest import own_deployment, rabbitmq_url, require_rabbitmq
 from tests.procs import ROOT, Proc, gateway, worker
 from tests.waiting import eventually_blocking
 
@@ -22,8 +22,8 @@ SEVEN = (ROOT / "examples" / "seven.png").read_bytes()
 @pytest.fixture
 def env() -> dict[str, str]:
     require_rabbitmq()
-    # A queue prefix of our own: nothing from another test or deployment interferes.
-    return {"MODELFLEET_BROKER__QUEUE_PREFIX": f"e2e{uuid.uuid4().hex[:8]}.",
+    # Queues and events of our own: nothing from another test or deployment interferes.
+    return {**own_deployment(f"e2e{uuid.uuid4().hex[:8]}"),
             "MODELFLEET_WORKER__RESCORE_INTERVAL_S": "0.5"}
 
 

@@ -23,7 +23,7 @@ import pytest
 from modelfleet.broker.base import Broker
 from modelfleet.messages import EncodedReply, PayloadRef, Reply, Task, now_ms
 from modelfleet.settings import BrokerSettings
-from tests.conftest import rabbitmq_url, require_rabbitmq
+from tests.conftest import own_deployment, rabbitmq_url, require_rabbitmq
 from tests.procs import ROOT
 
 pytestmark = pytest.mark.rabbitmq
@@ -37,7 +37,7 @@ def env(tmp_path: Path) -> dict[str, str]:
     return {
         "MODELFLEET_BROKER": rabbitmq_url(),
         # A queue prefix of our own, and queue arguments every process here agrees on.
-        "MODELFLEET_BROKER__QUEUE_PREFIX": f"dlq{uuid.uuid4().hex[:8]}.",
+        **own_deployment(f"dlq{uuid.uuid4().hex[:8]}"),
         "MODELFLEET_BROKER__DELIVERY_LIMIT": str(DELIVERY_LIMIT),
         "MODELFLEET_BROKER__QUEUE_IDLE_EXPIRY_S": str(IDLE_EXPIRY_S),
         "MODELFLEET_DLQ_DB": str(tmp_path / "dlq.sqlite3"),

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from modelfleet.broker import COLD_LANE
-from tests.conftest import rabbitmq_url, require_rabbitmq
+from tests.conftest import own_deployment, rabbitmq_url, require_rabbitmq
 from tests.procs import Proc, gateway, worker
 from tests.waiting import eventually_blocking
 
@@ -37,7 +37,7 @@ def test_every_gateway_reports_the_fleets_backlog_and_desired_workers(
     # slowload's load is held until the counts were read (the release file), at most 25 s
     # (the requests' default 30 s deadline outlasts it).
     release = tmp_path / "release"
-    env = {"MODELFLEET_BROKER__QUEUE_PREFIX": f"e2e{uuid.uuid4().hex[:8]}.",
+    env = {**own_deployment(f"e2e{uuid.uuid4().hex[:8]}"),
            "MODELFLEET_WORKER__PERMITS": "1", "MODELFLEET_EXAMPLE_SLOWLOAD_S": "25",
            "MODELFLEET_EXAMPLE_SLOWLOAD_RELEASE": str(release),
            "MODELFLEET_WORKER__STATE_INTERVAL_S": "0.5"}

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from modelfleet.gateway.grpc_api import inference_pb2 as pb
-from tests.conftest import rabbitmq_url, require_rabbitmq
+from tests.conftest import own_deployment, rabbitmq_url, require_rabbitmq
 from tests.e2e.test_oip import repository as oip_repository
 from tests.e2e.test_oip_extensions import SIMPLE_HANDLER, SIMPLE_MANIFEST
 from tests.procs import (
@@ -263,7 +263,7 @@ def test_tritonclient_grpc_on_rabbitmq(tmp_path: Path) -> None:
     require_rabbitmq()
     repo = repository(tmp_path / "repo")
     port = free_port()
-    env = {"MODELFLEET_BROKER__QUEUE_PREFIX": f"grpc{uuid.uuid4().hex[:8]}.",
+    env = {**own_deployment(f"grpc{uuid.uuid4().hex[:8]}"),
            "MODELFLEET_WORKER__RESCORE_INTERVAL_S": "0.5"}
     procs: list[Proc] = []
     try:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import rabbitmq_url, require_rabbitmq
+from tests.conftest import own_deployment, rabbitmq_url, require_rabbitmq
 from tests.procs import gateway, serve
 
 _SYS_PIDFD_GETFD = 438  # the same number on x86_64 and aarch64
@@ -98,7 +98,7 @@ def test_gateway_sets_nodelay_on_accepted_connections(tmp_path: Path) -> None:
     require_rabbitmq()
     # Queues and events of its own: the shared broker serves the other test process too.
     proc, base = gateway(tmp_path, rabbitmq_url(),
-                         {"MODELFLEET_BROKER__QUEUE_PREFIX": f"nodelay{uuid.uuid4().hex[:8]}."},
+                         own_deployment(f"nodelay{uuid.uuid4().hex[:8]}"),
                          "gateway")
     try:
         _check(proc.pid, base)

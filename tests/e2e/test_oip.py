@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from tritonclient.utils import InferenceServerException
 
 from modelfleet.oip.codec import decode_response, encode_request
-from tests.conftest import rabbitmq_url, require_rabbitmq
+from tests.conftest import own_deployment, rabbitmq_url, require_rabbitmq
 from tests.procs import (
     EXAMPLES,
     ROOT,
@@ -458,7 +458,7 @@ def test_kserve_rest_client(served: str) -> None:
 @pytest.fixture
 def fleet(tmp_path: Path) -> Iterator[tuple[str, str]]:
     require_rabbitmq()
-    env = {"MODELFLEET_BROKER__QUEUE_PREFIX": f"oip{uuid.uuid4().hex[:8]}.",
+    env = {**own_deployment(f"oip{uuid.uuid4().hex[:8]}"),
            "MODELFLEET_WORKER__RESCORE_INTERVAL_S": "0.5"}
     repo = repository(tmp_path / "repo")
     procs: list[Proc] = []

@@ -14,7 +14,7 @@ import pytest
 
 from modelfleet.broker.rabbitmq.broker import AmqpBroker
 from modelfleet.settings import BrokerSettings
-from tests.conftest import rabbitmq_url, require_rabbitmq
+from tests.conftest import own_deployment, rabbitmq_url, require_rabbitmq
 from tests.procs import Proc, gateway, worker, write_package
 from tests.waiting import eventually_blocking
 
@@ -62,8 +62,9 @@ def write_repo(root: Path) -> Path:
 @pytest.fixture
 def fleet(tmp_path: Path) -> Iterator[tuple[str, str, list[Proc]]]:
     require_rabbitmq()
-    prefix = f"aff{uuid.uuid4().hex[:8]}."
-    env = {"MODELFLEET_BROKER__QUEUE_PREFIX": prefix,
+    names = own_deployment(f"aff{uuid.uuid4().hex[:8]}")
+    prefix = names["MODELFLEET_BROKER__QUEUE_PREFIX"]
+    env = {**names,
            "MODELFLEET_WORKER__RESCORE_INTERVAL_S": "0.5",
            "MODELFLEET_WORKER__STATE_INTERVAL_S": "0.5",
            "MODELFLEET_WORKER__PERMITS": "4"}
