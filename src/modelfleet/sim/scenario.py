@@ -128,6 +128,9 @@ class ScenarioConfig:
     # calibrated and tabled before the lane existed and keeps its outputs).
     cold_lane_per_model: int = 0
     state_interval_s: float = 1.0  # a worker publishes its state (what it pulls) this often
+    # One device budget per worker, moved between its runtimes (modelfleet.sim.pool;
+    # worker/pool.py): False, a fixed budget per runtime (the fleet scenario's default).
+    pooled_budget: bool = False
     demand_window_s: float = 60.0  # how long an announcement keeps a queue a candidate
     stats_s: float = 0.00016  # a runtime's stats round trip (CPU), per runtime per re-score
     residency_max_age_s: float = 0.02  # woken re-scores reuse residency this fresh (0: never)
