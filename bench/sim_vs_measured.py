@@ -6,6 +6,8 @@
     .venv/bin/python bench/sim_vs_measured.py --store bench/peers/results/latest.json
                                                   # copy a bench run's modelfleet row into
                                                   # bench/peers_measured.json (with provenance)
+    .venv/bin/python bench/sim_vs_measured.py --store-5000 RESULTS   # the scale variant's
+    .venv/bin/python bench/sim_vs_measured.py --probe --save-probe   # per-process CPU
 
 The simulator is never fitted to the zipf row: its inputs are the bench's settings,
 physical measurements (``--measure-costs``: loads, predicts, decisions, broker round
@@ -133,7 +135,8 @@ WARM_C1 = {"only_model": 0, "clients": 1, "warmup_s": 2.0, "duration_s": 7.0}
 
 
 def calibrate(c32_rps: float, c1_p50_ms: float, probe_c32: dict[str, float],
-              build: dict[str, Any] | None = None) -> dict[str, Any]:
+              build: dict[str, Any] | None = None,
+              cores: float | None = None) -> dict[str, Any]:
     """What the warm rows fix, in order (never the zipf row):
 
     1. the CPU a warm request costs outside the model in each process (``client_cpu_s``,
@@ -142,7 +145,8 @@ def calibrate(c32_rps: float, c1_p50_ms: float, probe_c32: dict[str, float],
        what the sim spends there itself (the runtime's predicts, the coordinator's
        decisions);
     2. ``cores``: the CPU the shared bench machine gave the system, so that the sim's
-       warm-c32 req/s is the bench's;
+       warm-c32 req/s is the bench's (or ``cores`` as given: the machine's own CPUs when
+       it was otherwise idle; the bisection's answer is then reported beside it);
     3. ``task_overhead_s``: what warm-c1's p50 leaves once that CPU work is counted.
     """
     build = build or {}
@@ -150,7 +154,9 @@ def calibrate(c32_rps: float, c1_p50_ms: float, probe_c32: dict[str, float],
     # The probe ran the current build: its own re-scores are in its serve CPU.
     own = warm({**WARM_C32, **zero, "cores": 64.0, "task_overhead_s": 0.0})
     by = own["cpu_ms_per_request_by"]
-    runtime_ms = max(probe_c32[k] for k in probe_c32 if k.startswith("runtime-"))
+    # Summed over the runtimes: a model hot enough gets a replica on the other runtime
+    # (worker.replica_at_tasks), and warm-c32's one model then runs on both.
+    runtime_ms = sum(probe_c32[k] for k in probe_c32 if k.startswith("runtime-"))
     fixed: dict[str, Any] = {
         "client_cpu_s": round(probe_c32["loadgen"] / 1000, 6),
         "serve_cpu_s": round(max(0.0, probe_c32["serve"] - by.get("serve", 0.0)) / 1000, 6),
@@ -165,12 +171,14 @@ def calibrate(c32_rps: float, c1_p50_ms: float, probe_c32: dict[str, float],
             high = mid
         else:
             low = mid
-    fixed["cores"] = round((low + high) / 2, 3)
+    fitted = round((low + high) / 2, 3)
+    fixed["cores"] = fitted if cores is None else cores
     c1 = warm({**build, **WARM_C1, **fixed, "task_overhead_s": 0.0})["p50_ms"]
     fixed["task_overhead_s"] = round(max(0.0, (c1_p50_ms - c1) / 1000), 6)
     check32 = warm({**build, **WARM_C32, **fixed})
     check1 = warm({**build, **WARM_C1, **fixed})
-    return {**fixed, "sim_c32_req_per_s": check32["req_per_s"],
+    return {**fixed, "cores_warm_c32_bisection": fitted,
+            "sim_c32_req_per_s": check32["req_per_s"],
             "sim_c32_cpu_ms_per_request": check32["cpu_ms_per_request_by"],
             "sim_c1_p50_ms": check1["p50_ms"]}
 
@@ -410,6 +418,7 @@ async def _delete(broker: Any, queues: list[str], exchange: str) -> None:
 RUNTIME_PROBE = r"""
 import asyncio, json, os, statistics, sys, time
 from pathlib import Path
+from modelfleet.errors import NoCapacity
 from modelfleet.settings import Settings
 from modelfleet.worker.supervisor import RuntimeSupervisor
 
@@ -432,60 +441,93 @@ async def main(repo, sizes, budget):
         if runtime.ready:
             break
         await asyncio.sleep(0.05)
-    pid = runtime.process.pid
-    call = runtime.client.call
+    # The runtime's process (plain or forked from the zygote) and its IPC client.
+    pid = runtime._started_runtime.pid
+    client = runtime.runtime
     for _ in range(50):
-        await call("stats", timeout_s=5)
+        await client.stats(timeout_s=5)
     rtt, stats_cpu = [], []
     for _ in range(200):
         c, t = cpu_s(pid), time.perf_counter()
-        await call("stats", timeout_s=5)
+        await client.stats(timeout_s=5)
         rtt.append(time.perf_counter() - t)
         stats_cpu.append(cpu_s(pid) - c)
     loads = []
     started = time.perf_counter()
-    for name, size in list(sizes.items()) * 2:
+    refused = 0
+    for name, size in list(sizes.items()) * int(sys.argv[4]):
         c = cpu_s(pid)
-        await call("load", timeout_s=60, model_id=name, version="1")
+        for _ in range(5):  # refused over its RSS line: the worker would ask again
+            try:
+                await client.load(name, "1", timeout_s=60)
+                break
+            except NoCapacity:
+                refused += 1
+                await asyncio.sleep(0.02)
         loads.append((size, cpu_s(pid) - c))
     elapsed = time.perf_counter() - started
+    end = await client.stats(timeout_s=5)
     evictions = []
-    resident = (await call("stats", timeout_s=5))["device"]
+    resident = (await client.stats(timeout_s=5)).device
     for name in resident[:6]:
         await asyncio.sleep(1.1)  # the runtime collects garbage at most once a second
         c = cpu_s(pid)
-        await call("evict", timeout_s=60, model_id=name)
+        await client.unload(name, timeout_s=60)
         evictions.append(cpu_s(pid) - c)
     await sup.stop()
     print(json.dumps({"stats_rtt_s": statistics.median(rtt),
                       "stats_cpu_s": statistics.median(stats_cpu),
-                      "loads": loads, "loads_elapsed_s": elapsed,
+                      "loads": loads, "loads_elapsed_s": elapsed, "loads_refused": refused,
+                      "resident_at_end": len(end.device),
+                      "device_used_bytes_at_end": end.device_used_bytes,
+                      "rss_bytes_at_end": end.rss_bytes, "rss_limit_bytes": end.rss_limit_bytes,
+                      "rss_overhead_bytes": end.rss_overhead_bytes,
                       "evict_with_gc_cpu_s": evictions}))
 
-asyncio.run(main(sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])))
+asyncio.run(main(sys.argv[1], json.loads(Path(sys.argv[2]).read_text()), int(sys.argv[3])))
 """
 
 
-def measure_runtime_process() -> dict[str, Any]:
+def measure_runtime_process(models: int = 50) -> dict[str, Any]:
     """A real runtime process (``python -m modelfleet.runtime``) serving the bench's
-    catalog: its ``stats`` round trip, and the CPU it spends per load (handler import,
-    np.load, sizing) and per eviction that runs a full gc, read from the kernel's
-    per-thread accounting (so other work on a shared machine does not count)."""
+    catalog (``models`` = 5000: the scale variant's, sizes small): its ``stats`` round
+    trip, and the CPU it spends per load (handler import, np.load, sizing, its memory
+    guard's checks and the evictions it makes room with) and per eviction that runs a
+    full gc, read from the kernel's per-thread accounting (so other work on a shared
+    machine does not count). The 50-model catalog is loaded twice over; of the
+    5,000-model one the first 2,000 models once, and only the last 800 loads (a full
+    cache: each evicts) are fitted."""
     cat = peers_module("catalog")
-    catalog = cat.write_catalog(PEERS / ".cache" / "catalog")
+    if models == 50:
+        catalog = cat.write_catalog(PEERS / ".cache" / "catalog")
+        budget = int(0.16 * catalog.total_bytes)
+        passes, skip = 2, 0
+    else:
+        low, high = cat.SIZE_PRESETS["small"]
+        catalog = cat.write_catalog(PEERS / ".cache" / f"catalog-{models}-small", n=models,
+                                    min_bytes=low, max_bytes=high)
+        # 2,000 models once (a lone runtime reaches its RSS line after about 2,100 loads
+        # of this catalog, then sheds and refuses for seconds a load): the last 800 fitted.
+        budget = int(0.16 * catalog.total_bytes)  # the bench's, of the whole catalog
+        catalog = cat.Catalog(catalog.root, catalog.models[:2000])
+        passes, skip = 1, 1200
     with tempfile.TemporaryDirectory() as tmp:
         repo = cat.write_modelfleet_repo(catalog, Path(tmp) / "repo")
         sizes = {m.name: catalog.artifact(m.name).stat().st_size for m in catalog.models}
+        (Path(tmp) / "sizes.json").write_text(json.dumps(sizes))
         env = {k: v for k, v in os.environ.items() if not k.startswith("MODELFLEET_")}
         done = subprocess.run([sys.executable, "-c", RUNTIME_PROBE, str(repo),
-                               json.dumps(sizes), str(int(0.16 * catalog.total_bytes))],
+                               str(Path(tmp) / "sizes.json"),
+                               str(budget), str(passes)],
                               capture_output=True, text=True, timeout=600, check=False,
                               cwd=ROOT, env=env)
     if done.returncode != 0:
         return {"error": done.stderr[-3000:]}
     raw = json.loads(done.stdout.strip().splitlines()[-1])
     gc_s = statistics.median(raw.pop("evict_with_gc_cpu_s"))
-    loads = raw.pop("loads")
+    loads = raw.pop("loads")[skip:]
+    if skip:
+        raw["loads_elapsed_s"] *= len(loads) / (len(loads) + skip)
     # The runtime collected garbage at most once a second during the loads: leave out
     # the loads that paid for a collection (the largest excess over a first fit).
     fixed, per_mb = fit_line([b / 1e6 for b, _ in loads], [c for _, c in loads])
@@ -525,7 +567,7 @@ def probe(workloads: tuple[str, ...] = ("zipf-32", "warm-c32", "warm-c1"),
 
     run = peers_module("run")
     args = run.parse_args(["--only", "modelfleet", "--skip-build", "--no-save"])
-    venvs = {"loadgen": run.ensure_venv("loadgen", args.python, True)}
+    venvs = {"loadgen": run.ensure_venv("loadgen", args.python, True, args.venvs)}
     bench = run.Bench(args)
     bench.venvs = venvs
     out: dict[str, Any] = {"machine_cores": os.cpu_count(),
@@ -541,9 +583,12 @@ def probe(workloads: tuple[str, ...] = ("zipf-32", "warm-c32", "warm-c1"),
             def sample(tag: str, samples: dict[str, dict[str, float]] = samples) -> None:
                 cpu: dict[str, float] = {}
                 for proc in server.tree():
-                    name = "serve" if proc.pid == server.pid else \
-                        next((a for a in proc.cmdline() if a.startswith("runtime-")),
-                             f"pid{proc.pid}")
+                    # A runtime forked from the zygote is named by its process name
+                    # (comm); a plain one by its command line.
+                    name = "serve" if proc.pid == server.pid else proc.name() \
+                        if proc.name().startswith(("runtime-", "quarantine", "mf-zygote")) \
+                        else next((a for a in proc.cmdline() if a.startswith("runtime-")),
+                                  f"pid{proc.pid}")
                     cpu[name] = _schedstat_cpu_s(proc.pid)
                 for proc in psutil.process_iter(["cmdline"]):
                     if any("loadgen.py" in str(a) for a in proc.info["cmdline"] or []):
@@ -590,6 +635,7 @@ def measure_costs(amqp: str | None) -> dict[str, Any]:
     out["loads_and_predicts"] = measure_loads_and_predicts()
     out["decide"] = measure_decide()
     out["runtime_process"] = measure_runtime_process()
+    out["runtime_process_5000"] = measure_runtime_process(5000)
     out["embedded"] = measure_embedded_broker()
     if amqp:
         try:
@@ -597,6 +643,14 @@ def measure_costs(amqp: str | None) -> dict[str, Any]:
         except Exception as exc:
             out["rabbitmq"] = {"error": repr(exc)}
     return out
+
+
+def _commit_of(entry: dict[str, Any]) -> str | None:
+    """The modelfleet commit an entry of bench/peers_measured.json was measured on."""
+    source = entry.get("source")
+    if isinstance(source, dict):
+        return source.get("modelfleet_commit")
+    return entry.get("modelfleet_commit")
 
 
 # -- main --------------------------------------------------------------------------------------
@@ -624,16 +678,45 @@ def main(argv: list[str] | None = None) -> int:
                         help="measure loads, predicts, decisions and broker round trips")
     parser.add_argument("--amqp", default="amqp://guest:guest@127.0.0.1:5672/",
                         help="RabbitMQ for --measure-costs ('' to skip)")
+    parser.add_argument("--store-5000", type=Path, metavar="RESULTS_JSON",
+                        help="write the modelfleet row of a --models 5000 bench/peers results "
+                             "file to --measured's scale_5000 (the peers-5000 scenario's row)")
+    parser.add_argument("--save-probe", action="store_true",
+                        help="--probe: also keep what it measured in --measured ('probe')")
+    parser.add_argument("--cores", type=float, default=None,
+                        help="--calibrate: the machine's CPUs (an idle machine) instead of "
+                             "the warm-c32 bisection")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                         help="override a peers scenario field (JSON value), repeatable")
     args = parser.parse_args(argv)
-    if args.store:
-        row = store(args.store)
-        args.measured.write_text(json.dumps(row, indent=1) + "\n")
+    if args.store or args.store_5000:
+        measured = load_measured(args.measured) if args.measured.is_file() else {}
+        if args.store:
+            row = store(args.store)
+            commit = row["source"]["modelfleet_commit"]
+            # What was measured of the same build stays with its row; nothing older does.
+            kept = {k: measured[k] for k in ("probe", "scale_5000")
+                    if k in measured and _commit_of(measured[k]) == commit}
+            measured = {**row, "build": {"what": "the build bench/peers measured, with "
+                                         "everything the sim models by default",
+                                         "sim_overrides": {}}, **kept}
+        if args.store_5000:
+            measured["scale_5000"] = {**store(args.store_5000), "sim_scenario": "peers-5000"}
+        args.measured.write_text(json.dumps(measured, indent=1) + "\n")
         print(f"wrote {args.measured}")
         return 0
     if args.probe:
-        print(json.dumps(probe(tuple(args.workloads.split(","))), indent=1))
+        probed = probe(tuple(args.workloads.split(",")))
+        print(json.dumps(probed, indent=1))
+        if args.save_probe:
+            measured = load_measured(args.measured)
+            head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                                  cwd=ROOT, check=False).stdout.strip()
+            measured["probe"] = {"command": "bench/sim_vs_measured.py --probe --save-probe",
+                                 "date": dt.datetime.now().isoformat(timespec="seconds"),
+                                 "checkout": head, **{k.replace("-", "_"): v
+                                                      for k, v in probed.items()}}
+            args.measured.write_text(json.dumps(measured, indent=1) + "\n")
         return 0
     if args.measure_costs:
         print(json.dumps(measure_costs(args.amqp or None), indent=1))
@@ -643,8 +726,8 @@ def main(argv: list[str] | None = None) -> int:
         build = dict(measured.get("build", {}).get("sim_overrides", {}))
         probe_c32 = measured["probe"]["warm_c32"]["cpu_ms_per_request"]
         print(json.dumps(calibrate(measured["warm_c32"]["req_per_s"],
-                                   measured["warm_c1"]["p50_ms"], probe_c32, build),
-                         indent=1))
+                                   measured["warm_c1"]["p50_ms"], probe_c32, build,
+                                   args.cores), indent=1))
         return 0
     overrides = dict(measured.get("build", {}).get("sim_overrides", {}))
     for pair in args.set:
@@ -654,11 +737,9 @@ def main(argv: list[str] | None = None) -> int:
     simulated = simulate(overrides)
     wall = time.perf_counter() - started
     source = measured.get("source", {})
-    if measured.get("placeholder"):
-        print("**PLACEHOLDER: the measured row is not a bench run yet** "
-              f"({measured.get('note', '')})\n")
     print(f"# bench/peers zipf-32, modelfleet (embedded broker): sim vs measured "
-          f"({source.get('file', '?')}, {source.get('started', '?')}); sim {wall:.1f} s wall\n")
+          f"({source.get('file', '?')}, {source.get('started', '?')}, commit "
+          f"{str(source.get('modelfleet_commit'))[:7]}); sim {wall:.1f} s wall\n")
     print(compare_rows(measured["zipf"], simulated))
     extra = {k: v for k, v in simulated.items() if k not in ("req_per_s", "p50_ms", "p99_ms",
                                                              "loads")}
@@ -670,26 +751,11 @@ def main(argv: list[str] | None = None) -> int:
         from modelfleet.sim.scenario import scenario
 
         started = time.perf_counter()
-        then = scale.get("sim_overrides", {})
-        simulated = peers_row(scenario(scale["sim_scenario"], **then))
+        simulated = peers_row(scenario(scale["sim_scenario"]))
         wall = time.perf_counter() - started
-        print(f"\n# 5,000 models (`modelfleet sim --scenario {scale['sim_scenario']}`, "
-              f"{json.dumps(then)}; sim {wall:.1f} s wall) against {scale['source']}, "
-              f"measured {scale['build']}\n")
+        print(f"\n# 5,000 models (`modelfleet sim --scenario {scale['sim_scenario']}`; sim "
+              f"{wall:.1f} s wall) against {scale['source']['file']}\n")
         print(compare_rows(scale["zipf"], simulated))
-        today = peers_row(scenario(scale["sim_scenario"]))
-        print("\nthe same without the O(catalog) re-score (what the sim predicts for a loop "
-              "that costs O(candidates)): " + ", ".join(
-                  f"{k} {today[k]}" for k in ("req_per_s", "p50_ms", "p99_ms", "loads")))
-    probe_row = measured.get("probe", {}).get("zipf")
-    if probe_row and not args.set:
-        window = {"warmup_s": probe_row["warmup_s"],
-                  "duration_s": probe_row["warmup_s"] + probe_row["measure_s"]}
-        current = simulate({**window, "recount_held_backlog": False})
-        print(f"\n# the build --probe ran ({measured['probe']['build']}): sim vs --probe "
-              f"({measured['probe']['date']}, {probe_row['measure_s']} s window); the sim "
-              "runs today's scheduling code, whose work_waiting has changed since\n")
-        print(compare_rows(probe_row, current))
     return 0
 
 

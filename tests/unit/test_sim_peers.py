@@ -7,6 +7,7 @@ import importlib.util
 import io
 import itertools
 import json
+import math
 import sys
 import zlib
 from dataclasses import replace
@@ -24,6 +25,7 @@ from modelfleet.sim.cli import main
 from modelfleet.sim.compare import make_router
 from modelfleet.sim.cpu import Machine
 from modelfleet.sim.engine import Simulation
+from modelfleet.sim.lane import ColdLane
 from modelfleet.sim.report import peers_row
 from modelfleet.sim.scenario import (
     ScenarioConfig,
@@ -182,7 +184,9 @@ def test_each_client_sends_its_next_request_when_the_answer_arrives() -> None:
 def test_a_cold_request_is_taken_by_a_woken_rescore_not_the_tick() -> None:
     # One request for a model nobody pulls; ticks too rare to matter: the announcement
     # wakes the coordinator, which subscribes, loads and answers within milliseconds.
-    config = scenario("peers", clients=0, rescore_s=1000.0, warmup_s=0.0, duration_s=2.0)
+    # (The cold lane off: with it, the request would not wait in the model's queue.)
+    config = scenario("peers", clients=0, rescore_s=1000.0, warmup_s=0.0, duration_s=2.0,
+                      cold_lane_per_model=0)
     catalog = build_catalog(config)
     model = 7
     sim = Simulation(config, catalog, Trace([0.5], [model]),
@@ -282,8 +286,10 @@ def test_peers_5000_scenario_is_the_issues_catalog_scale_setup() -> None:
     small = sum(1 for s in sizes if s < 141_421)  # the geometric middle of 20 KB-1 MB
     assert 0.45 < small / len(sizes) < 0.55
     assert scenario("peers-5000", models=50) != scenario("peers")  # only the sizes differ
+    # Only the sizes differ, and the gc a runtime holding about 800 models runs.
     assert replace(scenario("peers-5000"), models=50, artifact_min_bytes=1 << 20,
-                   artifact_max_bytes=40 << 20) == scenario("peers")
+                   artifact_max_bytes=40 << 20, gc_s=scenario("peers").gc_s) == \
+        scenario("peers")
 
 
 def test_cli_runs_the_peers_scenario(capsys: pytest.CaptureFixture[str]) -> None:
@@ -300,11 +306,127 @@ def test_fleet_defaults_are_unchanged_by_the_peers_preset() -> None:
         scenario("peers", no_such_field=1)
 
 
-def test_peers_5000_with_the_old_builds_catalog_wide_rescore_predicts_its_row() -> None:
-    # The measured row is of the build before issue 23's fixes, whose re-score loop did
-    # O(catalog) work; the stored overrides put that cost back (fitted: 10 us a model).
+@pytest.fixture(scope="module")
+def measured_and_simulated_5000() -> tuple[dict[str, Any], dict[str, Any]]:
     row = json.loads(MEASURED.read_text())["scale_5000"]
-    assert row["sim_scenario"] == "peers-5000" and "BEFORE" in row["build"]
-    simulated = peers_row(scenario("peers-5000", **row["sim_overrides"]))
-    for key in ("req_per_s", "p50_ms", "p99_ms"):
-        assert simulated[key] == pytest.approx(row["zipf"][key], rel=0.25), key
+    return row, peers_row(scenario(row["sim_scenario"]))
+
+
+def test_the_5000_row_is_todays_build_from_its_results_file() -> None:
+    measured = json.loads(MEASURED.read_text())
+    row = measured["scale_5000"]
+    assert row["sim_scenario"] == "peers-5000" and "sim_overrides" not in row
+    # The same build as the 50-model row, measured by the bench's scale variant.
+    assert row["source"]["modelfleet_commit"] == measured["source"]["modelfleet_commit"]
+    results = json.loads((ROOT / row["source"]["file"]).read_text())
+    assert "--models" in results["command"] and results["catalog"]["models"] == 5_000
+    summary = next(s for s in results["systems"] if s["system"] == "modelfleet")["summary"]
+    assert (row["zipf"]["req_per_s"], row["zipf"]["p50_ms"], row["zipf"]["p99_ms"]) == \
+        (summary["zipf_rps"], summary["zipf_p50_ms"], summary["zipf_p99_ms"])
+
+
+# Not modelled (bench/README_sim.md, "Calibration, round 14", "What the sim still lacks"):
+# placement by worker/spread.py (the sim places by crc32), the pool's budget moves
+# (worker/pool.py: at the end of the 5,000-model run runtime-0 had 25.7 MB of the 408.8 MB
+# pool) and the RSS guard (runtime/memory.py, runtime/shedding.py: a full cache of these
+# models sits at its RSS line; over it a load costs about 50 ms of CPU, not 4). The sim's
+# throughput is 1.32x the measured row, its p50 0.67x, its p99 1.46x on seed 1 (1.04x and
+# 1.25x on seeds 2 and 3).
+NOT_MODELLED_AT_5000 = ("the sim does not model spread placement, the pool's budget "
+                          "moves or the RSS guard, which bind at 5,000 small models: sim "
+                          "590.6 req/s, p50 36.7 ms, p99 446 ms against 447.7 req/s, "
+                          "54.9 ms, 306.3 ms measured")
+
+
+@pytest.mark.xfail(strict=True, reason=NOT_MODELLED_AT_5000)
+def test_peers_5000_throughput_within_a_quarter_of_the_measured_row(
+        measured_and_simulated_5000: tuple[dict[str, Any], dict[str, Any]]) -> None:
+    measured, simulated = measured_and_simulated_5000
+    assert simulated["req_per_s"] == pytest.approx(measured["zipf"]["req_per_s"], rel=0.25)
+
+
+@pytest.mark.xfail(strict=True, reason=NOT_MODELLED_AT_5000)
+def test_peers_5000_p50_within_a_quarter_of_the_measured_row(
+        measured_and_simulated_5000: tuple[dict[str, Any], dict[str, Any]]) -> None:
+    measured, simulated = measured_and_simulated_5000
+    assert simulated["p50_ms"] == pytest.approx(measured["zipf"]["p50_ms"], rel=0.25)
+
+
+@pytest.mark.xfail(strict=True, reason=NOT_MODELLED_AT_5000)
+def test_peers_5000_p99_within_a_quarter_of_the_measured_row(
+        measured_and_simulated_5000: tuple[dict[str, Any], dict[str, Any]]) -> None:
+    measured, simulated = measured_and_simulated_5000
+    assert simulated["p99_ms"] == pytest.approx(measured["zipf"]["p99_ms"], rel=0.25)
+
+
+# -- the cold lane -------------------------------------------------------------------------------
+
+
+def test_the_peers_scenarios_run_the_gateways_cold_lane_and_the_fleet_does_not() -> None:
+    from modelfleet.settings import Settings
+
+    settings = Settings()
+    assert scenario("peers").cold_lane_per_model == settings.gateway.cold_lane_per_model
+    assert scenario("peers-5000").cold_lane_per_model == settings.gateway.cold_lane_per_model
+    assert scenario("peers").state_interval_s == settings.worker.state_interval_s
+    assert scenario("fleet").cold_lane_per_model == 0
+
+
+def test_a_cold_request_takes_the_lane_and_a_free_permit_without_a_rescore() -> None:
+    # Ticks too rare to matter and wakes off: a model's own queue would wait for a tick;
+    # the lane hands the request to the worker's free permit at once.
+    config = scenario("peers", clients=0, rescore_s=1000.0, event_rescores=False,
+                      warmup_s=0.0, duration_s=3.0)
+    catalog = build_catalog(config)
+    model = 7
+    router = make_router("pull-affinity", config, ScoringSettings())
+    sim = Simulation(config, catalog, Trace([1.5], [model]), router)
+    sim.run()
+    floor = catalog.load_s[model] + catalog.infer_s[model]
+    assert floor < sim.latency[0] < floor + 0.05
+    without = Simulation(replace(config, cold_lane_per_model=0), catalog, Trace([1.5], [model]),
+                         make_router("pull-affinity", config, ScoringSettings()))
+    without.run()
+    # Without the lane it waits in its queue for a tick (none within the run: unanswered).
+    assert math.isnan(without.latency[0]) or without.latency[0] > 1.0
+
+
+def test_the_lane_takes_at_most_its_limit_of_one_model(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    config = scenario("peers", clients=0, warmup_s=0.0, duration_s=4.0)
+    catalog = build_catalog(config)
+    router = make_router("pull-affinity", config, ScoringSettings())
+    # Ten requests for one model at once: four go to the lane, six to its own queue.
+    sim = Simulation(config, catalog, Trace([0.5] * 10, [3] * 10), router)
+    sent: list[int] = []
+    real_send = ColdLane.send
+
+    def spy(lane: ColdLane, task: Any) -> None:
+        sent.append(task[0])
+        real_send(lane, task)
+    monkeypatch.setattr(ColdLane, "send", spy)
+    sim.run()
+    assert len(sent) == config.cold_lane_per_model
+    assert all(latency < 1.0 for latency in sim.latency)
+
+
+# -- the pooled budget (an ablation: not on in the presets) ------------------------------------
+
+
+def test_the_pooled_budget_ratchets_toward_one_runtime_as_the_worker_does() -> None:
+    # worker/pool.py's resync cuts each runtime to what it holds and gives the free rest
+    # to one; at 5,000 models of at most 1 MB no miss moves bytes back, so the first split
+    # ratchets (measured at the end of the bench's run: 25.7 and 383.1 MB of 408.8 MB).
+    config = scenario("peers-5000", pooled_budget=True, warmup_s=2.0, duration_s=12.0)
+    sim = Simulation(config, build_catalog(config), build_trace(config),
+                     make_router("pull-affinity", config, ScoringSettings()))
+    pool = 2 * sim.device_budget_bytes
+    sim.run()
+    budgets = sorted(r.cache.device_budget_bytes for r in sim.workers[0].runtimes)
+    assert sum(budgets) == pytest.approx(pool, rel=0.01)
+    assert budgets[0] < 0.2 * pool
+    fixed = replace(config, pooled_budget=False)
+    sim = Simulation(fixed, build_catalog(fixed), build_trace(fixed),
+                     make_router("pull-affinity", fixed, ScoringSettings()))
+    sim.run()
+    assert [r.cache.device_budget_bytes for r in sim.workers[0].runtimes] == [pool // 2] * 2

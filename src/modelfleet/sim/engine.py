@@ -48,6 +48,7 @@ from typing import Protocol, cast
 
 from modelfleet.errors import NoCapacity
 from modelfleet.sim.cpu import Machine
+from modelfleet.sim.pool import apply_split, needs_room
 from modelfleet.sim.scenario import (
     Catalog,
     ScenarioConfig,
@@ -203,6 +204,9 @@ class Simulation:
         self.schedule(cfg.duration_s, CLOSE, None, None)
         for client in range(cfg.clients):
             self.schedule(0.0, ARRIVE, None, client)
+        if cfg.pooled_budget and cfg.runtimes_per_worker > 1:
+            for worker in self.workers:
+                self.after(cfg.rescore_s, partial(self._resync, worker))
         # A task found expired when it starts gives its permit back at once, and the pull
         # router hands that permit to the next delivery, which may have expired too: a
         # queue of expired tasks drains by recursion (start, release, settle, dispatch,
@@ -439,6 +443,8 @@ class Simulation:
         cat = self.catalog
         while runtime.loads_running < runtime.loaders and runtime.load_queue:
             model = runtime.load_queue[0]
+            if self.config.pooled_budget and needs_room(runtime, cat.size_bytes[model]):
+                apply_split(worker, runtime, cat.size_bytes[model], self._evicted_by_pool)
             try:
                 evictions = runtime.cache.reserve(cat.names[model], cat.size_bytes[model])
             except NoCapacity:
@@ -468,6 +474,22 @@ class Simulation:
         thread = runtime.name if self.config.load_holds_gil else None
         self.work(worker, self.catalog.load_s[model],
                   lambda: self._load_done(worker, runtime, model), thread, kind="load")
+
+    def _resync(self, worker: SimWorker) -> None:
+        """The pool's periodic resync (``modelfleet.sim.pool``); a raised budget may let
+        a load waiting for room start."""
+        apply_split(worker, None, 0, self._evicted_by_pool)
+        for runtime in worker.runtimes:
+            self._kick_loader(worker, runtime)
+        if self.now < self.config.duration_s + self.config.deadline_s:
+            self.after(self.config.rescore_s, partial(self._resync, worker))
+
+    def _evicted_by_pool(self, runtime: SimRuntime, unloads: int) -> None:
+        """A lowered budget's evictions, carried out on the runtime's loop (their gc)."""
+        worker = next(w for w in self.workers if runtime in w.runtimes)
+        gc_s = self._collections(runtime, unloads) * self.config.gc_s
+        if gc_s > 0 and worker.machine is not None:
+            self.work(worker, gc_s, lambda: None, runtime.name)
 
     def _collections(self, runtime: SimRuntime, unloads: int) -> int:
         """Full collections ``unloads`` unloads run now on ``runtime``."""

@@ -69,6 +69,7 @@ from modelfleet.scheduling import (
 from modelfleet.scheduling import work_waiting as scheduling_work_waiting
 from modelfleet.scheduling.scoring import COLD_WINDOW_S
 from modelfleet.sim.engine import Simulation
+from modelfleet.sim.lane import LANE, ColdLane
 from modelfleet.sim.pull_act import PullActing
 from modelfleet.sim.pull_state import PAUSING, RESCORING, WAITING, Consumer, Coordinator
 from modelfleet.sim.starved import StarvedRanks
@@ -132,6 +133,7 @@ class PullAffinity(PullActing):
         self._wakeable: set[int] = set()
         self._announce_interval_s = 0.0
         self._announce_s = 0.0
+        self._lane: ColdLane | None = None  # the cold lane (cold_lane_per_model > 0)
 
     def cache_factory(self, device_budget_bytes: int, host_budget_bytes: int) -> CacheFactory:
         if self.device_only_lru:
@@ -182,6 +184,8 @@ class PullAffinity(PullActing):
             coord.tick_at = rng.uniform(0.0, cfg.rescore_s)
             sim.after(coord.tick_at, partial(self._timeout, coord, generation))
         sim.after(cfg.announce_interval_s, self._announce_waiting)
+        if cfg.cold_lane_per_model > 0:
+            self._lane = ColdLane(self, cfg.cold_lane_per_model)
 
     def window_stats(self) -> tuple[float, int]:
         for coord in self._coords:
@@ -193,12 +197,17 @@ class PullAffinity(PullActing):
     def on_arrival(self, task: Task) -> None:
         model = task[1]
         self._parked[model] = self._parked.get(model, 0) + 1
+        if self._lane is not None and self._lane.takes(model):
+            self._lane.send(task)  # in no model's queue: nothing to announce
+            return
         self._queues[model].append(task)
         self._nonempty.add(model)
         self._dispatch(model)
         self._announce(model)
 
     def on_answered(self, index: int, model: int) -> None:
+        if self._lane is not None:
+            self._lane.answered(index, model)
         left = self._parked.get(model, 0) - 1
         if left > 0:
             self._parked[model] = left
@@ -209,6 +218,9 @@ class PullAffinity(PullActing):
         now = self.sim.now
         if now - self._announced.get(model, -1e9) < self._announce_interval_s:
             return
+        if self._lane is not None and \
+                self._parked.get(model, 0) <= self._lane.waiting.get(model, 0):
+            return  # all of them in the cold lane
         self._announced[model] = now
         self.sim.after(self._announce_s, lambda: self._heard(model))
 
@@ -271,6 +283,8 @@ class PullAffinity(PullActing):
     def _start(self, coord: Coordinator, task: Task) -> None:
         self._meter(coord)
         coord.version += 1
+        if self._lane is not None:
+            self._lane.started(coord, task)
         self.sim.start(coord.worker, task)
         coord.meter_free = coord.worker.free_permits
         self._note_wakeable(coord)
@@ -293,7 +307,10 @@ class PullAffinity(PullActing):
         self._meter(coord)
         coord.meter_free = worker.free_permits
         consumer = self._delivered.pop(task[0], None)
-        if consumer is not None:
+        if consumer is not None and consumer.model == LANE:
+            assert self._lane is not None
+            self._lane.settled(worker, consumer, task)
+        elif consumer is not None:
             consumer.held -= 1
             if not consumer.cancelled:
                 self._dispatch(consumer.model)
@@ -482,6 +499,8 @@ class PullAffinity(PullActing):
 
     def _rescored(self, coord: Coordinator) -> None:
         sim = self.sim
+        if self._lane is not None:
+            self._lane.keep(coord)
         if sim.now >= coord.tick_at or coord.changed:
             # The tick came during the re-score (due now, no pause), or a wake did.
             coord.state = PAUSING

@@ -49,10 +49,11 @@ class BrokerCosts:
 
 
 # Measured on the bench machine through the project's own brokers (bench/sim_vs_measured.py
-# --measure-costs): RabbitMQ on loopback (aio-pika), the embedded broker in-process.
+# --measure-costs): RabbitMQ on loopback (aio-pika, round 1's VM), the embedded broker
+# in-process (round 14's VM; only the peers scenarios use it).
 BROKERS: dict[str, BrokerCosts] = {
     "rabbitmq": BrokerCosts(count_s=0.00036, subscribe_s=0.0031, announce_s=0.0012),
-    "embedded": BrokerCosts(count_s=0.0000055, subscribe_s=0.000005, announce_s=0.00005),
+    "embedded": BrokerCosts(count_s=0.0000006, subscribe_s=0.0000035, announce_s=0.000013),
 }
 
 
@@ -121,6 +122,15 @@ class ScenarioConfig:
     # worker and is counted afresh (the coordinator's event listener skips it).
     wake_at_cap: bool = False
     announce_interval_s: float = 0.25  # demand announced at once, then at most this often
+    # The cold lane (modelfleet.sim.lane; gateway.cold_lane_per_model): requests of a model
+    # no worker pulls go to a lane every worker takes from with a free permit, at most this
+    # many of one model at a time. 0: no lane (the fleet scenario's default, which was
+    # calibrated and tabled before the lane existed and keeps its outputs).
+    cold_lane_per_model: int = 0
+    state_interval_s: float = 1.0  # a worker publishes its state (what it pulls) this often
+    # One device budget per worker, moved between its runtimes (modelfleet.sim.pool;
+    # worker/pool.py): False, a fixed budget per runtime (the fleet scenario's default).
+    pooled_budget: bool = False
     demand_window_s: float = 60.0  # how long an announcement keeps a queue a candidate
     stats_s: float = 0.00016  # a runtime's stats round trip (CPU), per runtime per re-score
     residency_max_age_s: float = 0.02  # woken re-scores reuse residency this fresh (0: never)
@@ -211,8 +221,9 @@ def peers_artifact_bytes(n: int = PEERS_MODELS, seed: int = PEERS_SEED,
 
 
 # The bench/peers scenario: `modelfleet sim --scenario peers`. Every number is either the
-# bench's setting or a measurement named in bench/README_sim.md ("Calibration"); the
-# per-task CPU and overhead come from the *warm* rows of the bench, never the zipf row.
+# bench's setting or a measurement named in bench/README_sim.md ("Calibration, round 14"),
+# taken on the VM the held rows were measured on; the per-task CPU and overhead come
+# from the *warm* rows and a --probe of the build, never from the zipf row.
 PEERS: dict[str, Any] = {
     "catalog": "peers",
     "models": PEERS_MODELS,
@@ -233,32 +244,38 @@ PEERS: dict[str, Any] = {
     "broker": "embedded",
     "fanout_max_workers": 2,
     "sample_s": 1.0,
-    # A load in a runtime process serving this catalog under this budget (handler import,
-    # np.load, sizing, the unload it makes room with), CPU from the kernel's accounting;
-    # a full gc there; predicts of the MLPs on one numpy thread (see bench/README_sim.md).
-    "load_fixed_s": 0.0040,
-    "load_mb_per_s": 934.0,
-    "gc_s": 0.0186,
-    "predict_fixed_s": 0.00005,
-    "predict_s_per_mb": 0.000060,
-    "predict_row_s_per_mb": 0.0000125,
-    "stats_s": 0.00016,
-    "decide_cpu_s": 0.0002,
-    "decide_cpu_per_queue_s": 0.00001,
-    # CPU per warm request in each process: the --probe of an older build (the kernel's
-    # per-thread accounting of a warm-c32 run; the runtime's without the predict), the
-    # gateway's and the runtime's scaled by that build's warm-c32 req/s over this one's
-    # (287.5 / 397.7: the seam work made a warm request cheaper, the probe was not rerun).
-    # Then two figures fitted to the zipf row of the build held (bench/peers_measured.json;
-    # see bench/README_sim.md, "Calibration, round 2"): the CPU the shared machine gave the
-    # system under zipf load (1.5 cores; warm-c32 is bound by one runtime's loop and says
-    # 1.08), and a per-task latency that is not CPU (25 ms; warm-c1 says 0.05 ms: what the
-    # CPU model does not reproduce of a task waiting behind a load in its runtime's loop).
-    "client_cpu_s": 0.000341,
-    "serve_cpu_s": 0.000836,
-    "runtime_cpu_s": 0.000948,
-    "cores": 1.5,
-    "task_overhead_s": 0.025,
+    # The gateway's cold lane (gateway.cold_lane_per_model, its default) and the worker's
+    # state period (worker.state_interval_s): the build's defaults.
+    "cold_lane_per_model": 4,
+    "state_interval_s": 1.0,
+    # A load in a real runtime process serving this catalog under this budget (handler
+    # import, np.load, sizing, the unload it makes room with), CPU from the kernel's
+    # accounting; a full gc there (gc.freeze() at start-up made it 2 ms); predicts of the
+    # MLPs on one numpy thread (their fixed part fits below 0: none); a runtime's stats
+    # round trip (bench/sim_vs_measured.py --measure-costs, round 14).
+    "load_fixed_s": 0.0044,
+    "load_mb_per_s": 1324.0,
+    "gc_s": 0.0021,
+    "predict_fixed_s": 0.0,
+    "predict_s_per_mb": 0.0000477,
+    "predict_row_s_per_mb": 0.0000081,
+    "stats_s": 0.00014,
+    # ``decide`` measures 1 us per queue (+ 7 us) here; round 1 added a quarter for the
+    # views (8 -> 10 us per queue) and had 0.2 ms fixed on a VM 3.3x slower per CPU second.
+    "decide_cpu_s": 0.00006,
+    "decide_cpu_per_queue_s": 0.0000013,
+    # CPU per warm request in each process: a --probe of this build at warm-c32 (the
+    # kernel's per-thread accounting; the runtimes' summed, less the sim's predicts, the
+    # gateway's less the sim's decisions: --calibrate). The machine: the VM's 2 CPUs,
+    # otherwise idle while the bench ran (not fitted: --calibrate's warm-c32 bisection
+    # finds no figure, since the real warm-c32 spreads its one model over both runtimes,
+    # a replica the sim does not make). No per-task latency outside the CPU: the sim's
+    # warm-c1 p50 (3.7 ms) is already above the bench's (2.9 ms).
+    "client_cpu_s": 0.000223,
+    "serve_cpu_s": 0.000871,
+    "runtime_cpu_s": 0.001475,
+    "cores": 2.0,
+    "task_overhead_s": 0.0,
     # Much of a load runs Python (zipfile, the handler's import, sizing) under the
     # runtime's GIL: it competes with that runtime's loop, not beside it.
     "load_holds_gil": True,
@@ -270,6 +287,9 @@ PEERS_5000: dict[str, Any] = {
     "models": 5_000,
     "artifact_min_bytes": 20_000,
     "artifact_max_bytes": 1_000_000,
+    # A full gc in a runtime holding what this budget holds (about 800 of these models,
+    # 31,600 objects): 8.6 ms (bench/README_sim.md, "Calibration, round 14").
+    "gc_s": 0.0086,
 }
 
 SCENARIOS: dict[str, dict[str, Any]] = {"fleet": {}, "peers": PEERS, "peers-5000": PEERS_5000}
