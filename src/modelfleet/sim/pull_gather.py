@@ -130,7 +130,7 @@ class PullGathering(PullAnnouncements):
         return (math.floor(self.sim.now / self.settings.noise_hold_s), worker.served,
                 counted, worker.subscriptions, device, host, seen_loading,
                 dict(worker.running), tuple(worker.recent_cold), worker.free_permits,
-                coord.windows.copy())
+                coord.windows)  # replaced, never changed in place
 
     def _own(self, coord: Coordinator) -> set[int]:
         """The candidates that are not there by demand alone: held, resident, pinned."""
