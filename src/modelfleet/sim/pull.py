@@ -371,7 +371,9 @@ class PullAffinity(PullActing):
         """How many queues this re-score counts (their cost; the counts come later)."""
         self._fold_heard(coord)
         if not full:
-            return len(self.dirty(coord) | coord.held_backlog)
+            dirty = self.dirty(coord)
+            held = coord.held_backlog
+            return len(dirty | held) if held else len(dirty)
         self._expire_demand()
         extra = sum(1 for m in coord.consumers if m not in self._demand)
         return len(self._demand) + extra

@@ -133,9 +133,19 @@ class PullGathering(PullAnnouncements):
                 coord.windows)  # replaced, never changed in place
 
     def _own(self, coord: Coordinator) -> set[int]:
-        """The candidates that are not there by demand alone: held, resident, pinned."""
+        """The candidates that are not there by demand alone: held, resident, pinned.
+        The last ones found while the objects they were found from stand: the worker's
+        subscriptions are replaced with every change of its consumers (``_subscribed``,
+        ``_unsubscribe``), the residents with every change of the stats (``_refresh``)."""
         device, host, _ = coord.residency
-        return candidates((), coord.consumers, device, host, self.sim.catalog.pinned)
+        subscriptions = coord.worker.subscriptions
+        memo = coord.own_of
+        if memo is not None and memo[0] is subscriptions and memo[1] is device \
+                and memo[2] is host:
+            return memo[3]
+        own = candidates((), coord.consumers, device, host, self.sim.catalog.pinned)
+        coord.own_of = (subscriptions, device, host, own)
+        return own
 
     def _candidate_count(self, coord: Coordinator) -> int:
         """How many queues ``scheduling.candidates`` gives the coordinator (every runtime
@@ -232,19 +242,19 @@ class PullGathering(PullAnnouncements):
         if not counted:  # nothing to count: the sets below stay as they are
             self._forget_dirty(coord)
             return
-        models = list(counted)
-        fresh = list(map(self._qstate.__getitem__, models))
-        last = list(map(coord.counts.get, models))
-        if fresh != last:
-            if self._moves_gathering(coord, models, last, fresh):
+        # Only a count that moved moves what follows from it (at_cap, empty, fed are each
+        # a function of a model's count): most recounts find the same counts.
+        counts = coord.counts
+        qstate = self._qstate
+        moved = [model for model in counted if counts.get(model) != qstate[model]]
+        if moved:
+            last = list(map(counts.get, moved))
+            fresh = list(map(qstate.__getitem__, moved))
+            if self._moves_gathering(coord, moved, last, fresh):
                 coord.version += 1
-            # Only a count that moved moves what follows from it (at_cap, empty, fed are
-            # each a function of a model's count): most recounts find the same counts.
-            counts = coord.counts
-            for model, before, after in zip(models, last, fresh, strict=True):
-                if before != after:
-                    counts[model] = after
-                    self._note_count(coord, model, after)
+            for model, after in zip(moved, fresh, strict=True):
+                counts[model] = after
+                self._note_count(coord, model, after)
         self._forget_dirty(coord)
 
     @staticmethod

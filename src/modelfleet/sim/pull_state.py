@@ -88,6 +88,8 @@ class Coordinator:
     rescores: int = 0
     ranks: StarvedRanks | None = None  # its ranks of starved cold queues (set by attach)
     own: set[int] = field(default_factory=set)  # its own candidates, as last gathered
+    # (worker.subscriptions, device, host, own) when own was last found (_own).
+    own_of: tuple[frozenset[str], set[int], set[int], set[int]] | None = None
     # (own, PullAffinity._demand_moves_end(), how many of own are not in the demand).
     own_outside_demand: tuple[set[int], int, int] | None = None
     # Bumped by every change of what _gather and _observed_key read of this worker (its
