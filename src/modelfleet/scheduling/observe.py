@@ -135,7 +135,9 @@ def snapshot_of(obs: Observation, settings: ScoringSettings, rng_seed: int) -> S
     """
     worker = worker_view(obs)
     room = worker.loader_room or {}
-    warm = worker.resident_device | worker.resident_host | worker.loading
+    # Warm here: on the device, in host memory or loading (asked of each, not of their
+    # union: most counted queues are held, and need not ask).
+    device, host, loading = worker.resident_device, worker.resident_host, worker.loading
     queues: list[QueueView] = []
     starving: dict[str, list[QueueView]] = {}
     subscriptions = worker.subscriptions
@@ -147,7 +149,8 @@ def snapshot_of(obs: Observation, settings: ScoringSettings, rng_seed: int) -> S
         if facts is None:
             continue
         held = model_id in subscriptions
-        cold = not held and not facts.pinned and model_id not in warm
+        cold = not held and not facts.pinned and model_id not in device \
+            and model_id not in host and model_id not in loading
         # cannot_matter(backlog, held, not cold), inlined: this loop is the hot path.
         if (cold and backlog <= 0) or (cold and room.get(facts.runtime, 0) <= 0):
             continue
