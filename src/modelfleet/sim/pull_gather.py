@@ -85,8 +85,12 @@ class PullGathering(PullAnnouncements):
     def _gathering_stands(self, coord: Coordinator, window: int) -> bool:
         """Would ``_gather`` gather the same as last time? Yes if nothing it reads of this
         worker changed (``coord.version``), the noise window is the same, and no model
-        that entered or left the demand since is one it reads: counted here, gathered
-        last time, or loading or running here (``_gather`` asks the demand of no other)."""
+        that entered or left the demand since is one whose place in the demand it reads:
+        gathered last time, loading or running here, or, when it looked at cold queues,
+        last counted with a backlog (``_gather`` asks the demand of no other: it keeps
+        the backlogged ones in the demand as cold, and skips those gathered and never
+        counted that are in it). Those last counted with a backlog are the same while
+        the version is: a recount that moves a backlog bumps it (``_moves_gathering``)."""
         if coord.gathered is None:
             return False
         version, demand_at, gathered_window = coord.gathered
@@ -96,11 +100,16 @@ class PullGathering(PullAnnouncements):
         start = demand_at - self._demand_moves_offset
         if start == len(moves):
             return True
-        counts, gathered = coord.counts, coord.gathered_models
+        gathered = coord.gathered_models
         running, seen_loading = coord.worker.running, coord.residency[2]
+        # Without a loader's room, _gather looks at no cold queue, so at no count.
+        counts = coord.counts if coord.gathered_cold else {}
+        empty = coord.empty
         for model in moves[start:]:
-            if model in counts or model in gathered or model in running or any(
+            if model in gathered or model in running or any(
                     model in loading for loading in seen_loading):
+                return False
+            if model in counts and model not in empty:
                 return False
         return True
 
