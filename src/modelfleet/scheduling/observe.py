@@ -13,6 +13,7 @@ counts only for :func:`candidates`.
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
 from operator import attrgetter
 from typing import TypeVar
@@ -89,9 +90,12 @@ def cannot_matter(backlog: int, held: bool, warm: bool) -> bool:
 
 
 def worker_view(obs: Observation) -> WorkerView:
-    loading = {name: set(models) for name, models in obs.loading.items()}
-    for model_id, runtime in obs.loading_for_tasks.items():
-        loading.setdefault(runtime, set()).add(model_id)
+    loading: Mapping[str, AbstractSet[str]] = obs.loading
+    if obs.loading_for_tasks:  # else the stats' loading as it is (read, not changed)
+        with_tasks = {name: set(models) for name, models in obs.loading.items()}
+        for model_id, runtime in obs.loading_for_tasks.items():
+            with_tasks.setdefault(runtime, set()).add(model_id)
+        loading = with_tasks
     return WorkerView(
         obs.worker_id, obs.subscriptions, obs.resident_device, obs.resident_host,
         obs.last_served, obs.recent_cold_subscribes, obs.free_permits, obs.permits_cap,
