@@ -100,18 +100,15 @@ class PullGathering(PullAnnouncements):
         start = demand_at - self._demand_moves_offset
         if start == len(moves):
             return True
-        gathered = coord.gathered_models
-        running, seen_loading = coord.worker.running, coord.residency[2]
-        # Without a loader's room, _gather looks at no cold queue, so at no count.
-        counts = coord.counts if coord.gathered_cold else {}
-        empty = coord.empty
-        for model in moves[start:]:
-            if model in gathered or model in running or any(
-                    model in loading for loading in seen_loading):
-                return False
-            if model in counts and model not in empty:
-                return False
-        return True
+        moved = set(moves[start:])
+        if not (moved.isdisjoint(coord.gathered_models)
+                and moved.isdisjoint(coord.worker.running)
+                and all(moved.isdisjoint(loading) for loading in coord.residency[2])):
+            return False
+        if not coord.gathered_cold:
+            return True  # without a loader's room, _gather looks at no cold queue
+        counts, empty = coord.counts, coord.empty
+        return not any(model in counts and model not in empty for model in moved)
 
     def _demand_moves_end(self) -> int:
         """The position the next model to enter or leave the demand takes."""
