@@ -131,8 +131,9 @@ class PullAnnouncements:
         if end - upto <= len(coord.consumers) + len(coord.at_cap) + len(not_taken):
             offset = self._heard_offset
             heard = set(self._heard_log[upto - offset:])
-            taken = heard - coord.consumers.keys()
-            taken -= coord.at_cap
+            # set.difference walks the few heard, asking the others ("-" with dict
+            # keys, and "-=", would walk every consumer and every queue at its cap).
+            taken = heard.difference(coord.consumers).difference(coord.at_cap)
             not_taken -= taken
             skipped: Iterable[int] = heard - taken
         else:
