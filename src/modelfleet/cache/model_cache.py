@@ -24,6 +24,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable
+from typing import cast
 
 from modelfleet.cache.cost import LoadCostModel
 from modelfleet.cache.policy import AdmissionPolicy, EvictionPolicy, GdsfPolicy
@@ -56,6 +57,8 @@ class ModelCache:
             raise ValueError(f"budgets must be >= 0: {device_budget_bytes}, {host_budget_bytes}")
         self.device_budget_bytes = device_budget_bytes
         self.policy = policy
+        # (policy, whether it is an AdmissionPolicy): see _admission_policy.
+        self._admission_of: tuple[EvictionPolicy, bool] | None = None
         self.cost_model = cost_model if cost_model is not None else LoadCostModel()
         # `is None`, not `or`: an empty policy has len() 0 and is falsy.
         host_policy = host_policy if host_policy is not None else GdsfPolicy()
@@ -333,6 +336,16 @@ class ModelCache:
             "the device memory budget"
         )
 
+    def _admission_policy(self) -> AdmissionPolicy | None:
+        """``policy`` if it decides admission (an ``AdmissionPolicy``), else None. An
+        isinstance check against a runtime-checkable Protocol walks its members, so it
+        is asked once per policy object, not per reserve and commit."""
+        policy = self.policy
+        known = self._admission_of
+        if known is None or known[0] is not policy:
+            known = self._admission_of = (policy, isinstance(policy, AdmissionPolicy))
+        return cast(AdmissionPolicy, policy) if known[1] else None
+
     def _plan_device_room(self, model_id: str, size: int, committing: bool = False,
                           short_ok: bool = False) -> list[str]:
         """Device residents to evict, lowest priority first, so ``size`` fits. Changes
@@ -343,10 +356,11 @@ class ModelCache:
         free = self.device_budget_bytes - self._device_used - self._reserved_bytes
         excluded = set(self._pinned)
         victims: list[str] = []
-        if isinstance(self.policy, AdmissionPolicy):  # it decides admission, so it plans
-            victims = self.policy.plan_room(model_id, size, self.reload_cost_s(model_id, size),
-                                            free, self.device_budget_bytes, excluded,
-                                            committing=committing)
+        admission = self._admission_policy()
+        if admission is not None:  # it decides admission, so it plans
+            victims = admission.plan_room(model_id, size, self.reload_cost_s(model_id, size),
+                                          free, self.device_budget_bytes, excluded,
+                                          committing=committing)
             excluded.update(victims)
             free += sum(self._device[victim] for victim in victims)
         while free < size:

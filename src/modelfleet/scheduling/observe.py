@@ -13,6 +13,7 @@ counts only for :func:`candidates`.
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
 from operator import attrgetter
 from typing import TypeVar
@@ -89,9 +90,12 @@ def cannot_matter(backlog: int, held: bool, warm: bool) -> bool:
 
 
 def worker_view(obs: Observation) -> WorkerView:
-    loading = {name: set(models) for name, models in obs.loading.items()}
-    for model_id, runtime in obs.loading_for_tasks.items():
-        loading.setdefault(runtime, set()).add(model_id)
+    loading: Mapping[str, AbstractSet[str]] = obs.loading
+    if obs.loading_for_tasks:  # else the stats' loading as it is (read, not changed)
+        with_tasks = {name: set(models) for name, models in obs.loading.items()}
+        for model_id, runtime in obs.loading_for_tasks.items():
+            with_tasks.setdefault(runtime, set()).add(model_id)
+        loading = with_tasks
     return WorkerView(
         obs.worker_id, obs.subscriptions, obs.resident_device, obs.resident_host,
         obs.last_served, obs.recent_cold_subscribes, obs.free_permits, obs.permits_cap,
@@ -135,7 +139,9 @@ def snapshot_of(obs: Observation, settings: ScoringSettings, rng_seed: int) -> S
     """
     worker = worker_view(obs)
     room = worker.loader_room or {}
-    warm = worker.resident_device | worker.resident_host | worker.loading
+    # Warm here: on the device, in host memory or loading (asked of each, not of their
+    # union: most counted queues are held, and need not ask).
+    device, host, loading = worker.resident_device, worker.resident_host, worker.loading
     queues: list[QueueView] = []
     starving: dict[str, list[QueueView]] = {}
     subscriptions = worker.subscriptions
@@ -147,7 +153,8 @@ def snapshot_of(obs: Observation, settings: ScoringSettings, rng_seed: int) -> S
         if facts is None:
             continue
         held = model_id in subscriptions
-        cold = not held and not facts.pinned and model_id not in warm
+        cold = not held and not facts.pinned and model_id not in device \
+            and model_id not in host and model_id not in loading
         # cannot_matter(backlog, held, not cold), inlined: this loop is the hot path.
         if (cold and backlog <= 0) or (cold and room.get(facts.runtime, 0) <= 0):
             continue

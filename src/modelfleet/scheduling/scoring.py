@@ -331,12 +331,25 @@ def choose_queues(queues: Sequence[QueueView], worker: WorkerView, settings: Sco
     bucket = math.floor(now / settings.noise_hold_s)
     scorer = QueueScorer(worker, settings, now, rng_seed)
     caps: dict[tuple[int, str], int] = {}  # settings.fanout_cap, per (fan-out, plan)
+
+    def cap_of(queue: QueueView) -> int | None:
+        """The queue's fan-out cap (None: pinned), asked only where a rule reads it."""
+        if queue.pinned:
+            return None
+        cap_key = (queue.fanout_max_workers, queue.plan)
+        cap = caps.get(cap_key)
+        if cap is None:
+            cap = caps[cap_key] = settings.fanout_cap(*cap_key)
+        return cap
+
     cold_views: dict[str, QueueView] = {}  # what _admit_cold ranks: starved or cold takes
     subscriptions = worker.subscriptions
     # QueueScorer.warmth, inlined (this loop runs per queue per decision).
     device, loading, host = worker.resident_device, worker.loading, worker.resident_host
     device_w, host_w = settings.device_warmth_weight, settings.host_warmth_weight
     pinned_w = settings.pinned_warmth_weight
+    score_of = scorer.score
+    drop_threshold = settings.drop_threshold
 
     for queue in queues:
         model_id = queue.model_id
@@ -349,28 +362,24 @@ def choose_queues(queues: Sequence[QueueView], worker: WorkerView, settings: Sco
             heat = 0.0
         if queue.pinned:
             heat = max(heat, pinned_w)
-        score = scorer.score(queue, heat)
+        score = score_of(queue, heat)
         scores[model_id] = score
         warm = heat > 0
-        if queue.pinned:
-            cap = None
-        else:
-            cap_key = (queue.fanout_max_workers, queue.plan)
-            cap = caps.get(cap_key)
-            if cap is None:
-                cap = caps[cap_key] = settings.fanout_cap(*cap_key)
 
         if held:
-            if cap is not None and queue.consumers > cap and _steps_back(
-                    queue, cap, worker.worker_id, rng_seed, bucket):
-                unsubscribe.add(model_id)
-                reasons[model_id] = "over-cap"
-                continue
+            # A cap is at least 1: a queue with one consumer (this worker) is not over it.
+            if queue.consumers > 1:
+                cap = cap_of(queue)
+                if cap is not None and queue.consumers > cap and _steps_back(
+                        queue, cap, worker.worker_id, rng_seed, bucket):
+                    unsubscribe.add(model_id)
+                    reasons[model_id] = "over-cap"
+                    continue
             if queue.backlog == 0 and not warm and not _worth_keeping_idle(queue, worker,
                                                                             scorer):
                 unsubscribe.add(model_id)
                 reasons[model_id] = "idle-cold"
-            elif score < settings.drop_threshold:
+            elif score < drop_threshold:
                 unsubscribe.add(model_id)
                 reasons[model_id] = "dropped"
             else:
@@ -387,7 +396,8 @@ def choose_queues(queues: Sequence[QueueView], worker: WorkerView, settings: Sco
             reasons[model_id] = "starving"
         elif queue.backlog == 0 and not warm:
             reasons[model_id] = "idle-cold"
-        elif cap is not None and queue.consumers >= cap:
+        elif queue.consumers > 0 and (cap := cap_of(queue)) is not None \
+                and queue.consumers >= cap:
             reasons[model_id] = "fanout-cap"
         elif score < settings.subscribe_threshold:
             if (worker.free_permits > 0 and queue.backlog > 0
@@ -427,8 +437,11 @@ def choose_queues(queues: Sequence[QueueView], worker: WorkerView, settings: Sco
         reasons[model_id] = "max-subscriptions"
         if model_id in worker.subscriptions:
             unsubscribe.add(model_id)
-    final = {model_id for _, model_id in chosen[: settings.max_subscriptions]}
-    subscribe = frozenset(final - worker.subscriptions)
+    if len(chosen) > settings.max_subscriptions:
+        final = {model_id for _, model_id in chosen[: settings.max_subscriptions]}
+        subscribe = frozenset(final - worker.subscriptions)
+    else:  # every one is kept: the takes are the new ones (kept ones are all held)
+        subscribe = frozenset([model_id for _, model_id in take_warm] + cold)
     return Decision(
         subscribe=subscribe,
         unsubscribe=frozenset(unsubscribe),

@@ -90,7 +90,6 @@ class PullAffinity(PullActing):
             self.name = "pull-affinity-lru"
         self.settings = settings if settings is not None else ScoringSettings()
         self.rng_seed = rng_seed
-        self._sim: Simulation | None = None
         self._queues: list[deque[Task]] = []
         self._nonempty: set[int] = set()
         self._consumers: list[list[Consumer]] = []  # per model, in subscription order
@@ -141,7 +140,7 @@ class PullAffinity(PullActing):
         return gdsf_with_host(device_budget_bytes, host_budget_bytes)
 
     def attach(self, sim: Simulation) -> None:
-        self._sim = sim
+        self.sim = sim
         cfg = sim.config
         models = len(sim.catalog.names)
         self._names = sim.catalog.names
@@ -174,6 +173,7 @@ class PullAffinity(PullActing):
         for worker in sim.workers:
             rng = random.Random(zlib.crc32(f"{self.rng_seed}/{worker.name}".encode()))
             coord = Coordinator(worker, rng, meter_since=cfg.warmup_s, meter_free=worker.permits)
+            coord.load_slots = {r.name: r.loaders for r in worker.runtimes}
             coord.ranks = StarvedRanks(worker.name, self.settings, self.rng_seed,
                                        self._rank_priority, self._names, levels)
             self._coords.append(coord)
@@ -388,7 +388,9 @@ class PullAffinity(PullActing):
         """How many queues this re-score counts (their cost; the counts come later)."""
         self._fold_heard(coord)
         if not full:
-            return len(self.dirty(coord) | coord.held_backlog)
+            dirty = self.dirty(coord)
+            held = coord.held_backlog
+            return len(dirty | held) if held else len(dirty)
         self._expire_demand()
         extra = sum(1 for m in coord.consumers if m not in self._demand)
         return len(self._demand) + extra
@@ -479,22 +481,31 @@ class PullAffinity(PullActing):
         runtimes = worker.runtimes
         # By name, in the order of counted (zip and map: this runs per decision).
         ids = map(names.__getitem__, counted)
+        # What changes less often than a decision is taken is kept by name with the
+        # objects it was named from: those are replaced, never changed in place
+        # (coord.windows; the stats' loading, _refresh).
+        by_name = coord.by_name
+        if by_name is None or by_name[0] is not seen_loading or by_name[1] is not coord.windows:
+            by_name = coord.by_name = (
+                seen_loading, coord.windows,
+                {r.name: frozenset(names[m] for m in models)
+                 for r, models in zip(runtimes, seen_loading, strict=True)},
+                {names[m]: w for m, w in coord.windows.items()})
         return Observation(
             self.sim.now, worker.name, dict(zip(ids, counted.values(), strict=True)),
             self._facts_by_name,  # every model's: snapshot_of reads the counted ones
             subscriptions=worker.subscriptions,  # the names of coord.consumers' models
             resident_device=coord.residency_names[0],
             resident_host=coord.residency_names[1],
-            load_slots={r.name: r.loaders for r in runtimes},
-            loading={r.name: frozenset(names[m] for m in models)
-                     for r, models in zip(runtimes, seen_loading, strict=True)},
+            load_slots=coord.load_slots,
+            loading=by_name[2],
             loading_for_tasks={names[m]: facts_of[m].runtime for m in worker.running
                                if m not in device},
             running={names[m]: n for m, n in worker.running.items()},
             last_served=worker.last_served,
             recent_cold_subscribes=tuple(worker.recent_cold),
             free_permits=worker.free_permits, permits_cap=worker.permits,
-            prefetch={names[m]: w for m, w in coord.windows.items()},
+            prefetch=by_name[3],
             outranked_by=self._outranked_by(coord, counted))
 
     def _rescored(self, coord: Coordinator) -> None:

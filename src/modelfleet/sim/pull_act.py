@@ -44,7 +44,8 @@ class PullActing(PullGathering):
             elif action.kind == "prefetch":
                 consumer = coord.consumers.get(model)
                 if consumer is not None and consumer.window != action.window:
-                    consumer.window = coord.windows[model] = action.window
+                    consumer.window = action.window
+                    coord.windows = {**coord.windows, model: action.window}
                     coord.version += 1
                     self._dispatch(model)
             elif action.cold:
@@ -75,7 +76,7 @@ class PullActing(PullGathering):
             coord.version += 1
             consumer = Consumer(model, max(1, window), coord.worker.index)
             coord.consumers[model] = consumer
-            coord.windows[model] = consumer.window
+            coord.windows = {**coord.windows, model: consumer.window}
             coord.worker.subscriptions = coord.worker.subscriptions | {self._names[model]}
             self._consumers[model].append(consumer)
             self._dispatch(model)
@@ -86,7 +87,7 @@ class PullActing(PullGathering):
             return
         self._fold_heard(coord)  # heard while held here: by the consumers then
         consumer = coord.consumers.pop(model)
-        del coord.windows[model]
+        coord.windows = {m: w for m, w in coord.windows.items() if m != model}
         coord.version += 1
         coord.worker.subscriptions = coord.worker.subscriptions - {self._names[model]}
         consumer.cancelled = True

@@ -85,8 +85,12 @@ class PullGathering(PullAnnouncements):
     def _gathering_stands(self, coord: Coordinator, window: int) -> bool:
         """Would ``_gather`` gather the same as last time? Yes if nothing it reads of this
         worker changed (``coord.version``), the noise window is the same, and no model
-        that entered or left the demand since is one it reads: counted here, gathered
-        last time, or loading or running here (``_gather`` asks the demand of no other)."""
+        that entered or left the demand since is one whose place in the demand it reads:
+        gathered last time, loading or running here, or, when it looked at cold queues,
+        last counted with a backlog (``_gather`` asks the demand of no other: it keeps
+        the backlogged ones in the demand as cold, and skips those gathered and never
+        counted that are in it). Those last counted with a backlog are the same while
+        the version is: a recount that moves a backlog bumps it (``_moves_gathering``)."""
         if coord.gathered is None:
             return False
         version, demand_at, gathered_window = coord.gathered
@@ -96,13 +100,15 @@ class PullGathering(PullAnnouncements):
         start = demand_at - self._demand_moves_offset
         if start == len(moves):
             return True
-        counts, gathered = coord.counts, coord.gathered_models
-        running, seen_loading = coord.worker.running, coord.residency[2]
-        for model in moves[start:]:
-            if model in counts or model in gathered or model in running or any(
-                    model in loading for loading in seen_loading):
-                return False
-        return True
+        moved = set(moves[start:])
+        if not (moved.isdisjoint(coord.gathered_models)
+                and moved.isdisjoint(coord.worker.running)
+                and all(moved.isdisjoint(loading) for loading in coord.residency[2])):
+            return False
+        if not coord.gathered_cold:
+            return True  # without a loader's room, _gather looks at no cold queue
+        counts, empty = coord.counts, coord.empty
+        return not any(model in counts and model not in empty for model in moved)
 
     def _demand_moves_end(self) -> int:
         """The position the next model to enter or leave the demand takes."""
@@ -130,12 +136,22 @@ class PullGathering(PullAnnouncements):
         return (math.floor(self.sim.now / self.settings.noise_hold_s), worker.served,
                 counted, worker.subscriptions, device, host, seen_loading,
                 dict(worker.running), tuple(worker.recent_cold), worker.free_permits,
-                coord.windows.copy())
+                coord.windows)  # replaced, never changed in place
 
     def _own(self, coord: Coordinator) -> set[int]:
-        """The candidates that are not there by demand alone: held, resident, pinned."""
+        """The candidates that are not there by demand alone: held, resident, pinned.
+        The last ones found while the objects they were found from stand: the worker's
+        subscriptions are replaced with every change of its consumers (``_subscribed``,
+        ``_unsubscribe``), the residents with every change of the stats (``_refresh``)."""
         device, host, _ = coord.residency
-        return candidates((), coord.consumers, device, host, self.sim.catalog.pinned)
+        subscriptions = coord.worker.subscriptions
+        memo = coord.own_of
+        if memo is not None and memo[0] is subscriptions and memo[1] is device \
+                and memo[2] is host:
+            return memo[3]
+        own = candidates((), coord.consumers, device, host, self.sim.catalog.pinned)
+        coord.own_of = (subscriptions, device, host, own)
+        return own
 
     def _candidate_count(self, coord: Coordinator) -> int:
         """How many queues ``scheduling.candidates`` gives the coordinator (every runtime
@@ -232,19 +248,19 @@ class PullGathering(PullAnnouncements):
         if not counted:  # nothing to count: the sets below stay as they are
             self._forget_dirty(coord)
             return
-        models = list(counted)
-        fresh = list(map(self._qstate.__getitem__, models))
-        last = list(map(coord.counts.get, models))
-        if fresh != last:
-            if self._moves_gathering(coord, models, last, fresh):
+        # Only a count that moved moves what follows from it (at_cap, empty, fed are each
+        # a function of a model's count): most recounts find the same counts.
+        counts = coord.counts
+        qstate = self._qstate
+        moved = [model for model in counted if counts.get(model) != qstate[model]]
+        if moved:
+            last = list(map(counts.get, moved))
+            fresh = list(map(qstate.__getitem__, moved))
+            if self._moves_gathering(coord, moved, last, fresh):
                 coord.version += 1
-            # Only a count that moved moves what follows from it (at_cap, empty, fed are
-            # each a function of a model's count): most recounts find the same counts.
-            counts = coord.counts
-            for model, before, after in zip(models, last, fresh, strict=True):
-                if before != after:
-                    counts[model] = after
-                    self._note_count(coord, model, after)
+            for model, after in zip(moved, fresh, strict=True):
+                counts[model] = after
+                self._note_count(coord, model, after)
         self._forget_dirty(coord)
 
     @staticmethod

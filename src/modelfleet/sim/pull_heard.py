@@ -25,7 +25,9 @@ class PullAnnouncements:
     # The simulator's state, set by PullAffinity.__init__ (which says what each holds).
     settings: ScoringSettings
     rng_seed: int
-    _sim: Simulation | None
+    # The simulation, set by attach() (a plain attribute, not a property that checks it
+    # was: it is read several times per event).
+    sim: Simulation
     _queues: list[deque[Task]]
     _nonempty: set[int]
     _consumers: list[list[Consumer]]
@@ -48,10 +50,6 @@ class PullAnnouncements:
     _capped: set[int]
     _wakeable: set[int]
 
-    @property
-    def sim(self) -> Simulation:
-        assert self._sim is not None, "attach() first"
-        return self._sim
 
     def _wake(self, coord: Coordinator) -> None:
         """Wake ``coord``'s re-score loop (``PullAffinity._wake``)."""
@@ -133,8 +131,9 @@ class PullAnnouncements:
         if end - upto <= len(coord.consumers) + len(coord.at_cap) + len(not_taken):
             offset = self._heard_offset
             heard = set(self._heard_log[upto - offset:])
-            taken = heard - coord.consumers.keys()
-            taken -= coord.at_cap
+            # set.difference walks the few heard, asking the others ("-" with dict
+            # keys, and "-=", would walk every consumer and every queue at its cap).
+            taken = heard.difference(coord.consumers).difference(coord.at_cap)
             not_taken -= taken
             skipped: Iterable[int] = heard - taken
         else:

@@ -34,8 +34,14 @@ class Coordinator:
     worker: SimWorker
     rng: random.Random
     consumers: dict[int, Consumer] = field(default_factory=dict)
-    # Each held queue's window, in the order of consumers (kept with them: read per re-score).
+    # Each held queue's window, in the order of consumers (kept with them: read per
+    # re-score). Replaced on every change, never changed in place: a decision's key and
+    # by_name keep the object.
     windows: dict[int, int] = field(default_factory=dict)
+    load_slots: dict[str, int] = field(default_factory=dict)  # per runtime (fixed)
+    # (the stats' loading, windows, and the two by name) as the last observation had them.
+    by_name: tuple[list[set[int]], dict[int, int], dict[str, frozenset[str]],
+                   dict[str, int]] | None = None
     waiters: deque[Consumer] = field(default_factory=deque)  # the permit semaphore's FIFO
     counts: dict[int, tuple[int, int]] = field(default_factory=dict)  # as last counted
     # Of counts, kept as the few exceptions (a fleet's worker counts tens of thousands of
@@ -82,6 +88,8 @@ class Coordinator:
     rescores: int = 0
     ranks: StarvedRanks | None = None  # its ranks of starved cold queues (set by attach)
     own: set[int] = field(default_factory=set)  # its own candidates, as last gathered
+    # (worker.subscriptions, device, host, own) when own was last found (_own).
+    own_of: tuple[frozenset[str], set[int], set[int], set[int]] | None = None
     # (own, PullAffinity._demand_moves_end(), how many of own are not in the demand).
     own_outside_demand: tuple[set[int], int, int] | None = None
     # Bumped by every change of what _gather and _observed_key read of this worker (its

@@ -9,6 +9,7 @@ those that can be among the best (``StarvedRanks.best``), with the same ranks.
 
 from __future__ import annotations
 
+import heapq
 import math
 from bisect import insort
 from collections.abc import Mapping, Sequence
@@ -70,22 +71,23 @@ class StarvedRanks:
             contenders.extend(starved & members)
             if len(contenders) >= slots:
                 break
-        # (priority, -backlog, model): in the order to rank them, a group of equal
-        # priority and backlog after another.
-        order = sorted([(priority[m], -counts[m][0], m) for m in contenders])
+        # (priority, -backlog, model), taken off a heap in the order to rank them, a
+        # group of equal priority and backlog after another: the ranking ends after a
+        # few groups, so the thousands behind them are never put in order.
+        order = [(priority[m], -counts[m][0], m) for m in contenders]
+        heapq.heapify(order)
         # The best ``slots`` ranked so far, in order (ranks are unique: the model's index
         # ends each), kept as each is ranked rather than found again per group.
         best: list[Rank] = []
-        i, n = 0, len(order)
-        while i < n:
-            level, negative_backlog, _ = order[i]
+        while order:
+            level, negative_backlog, _ = order[0]
             if len(best) >= slots:
                 worst = best[-1]
                 if level > worst[0] or scorer.starving_score(
                         -negative_backlog, amplitude) < -worst[1] - _MARGIN:
                     break  # level == worst[0] in the second test (ranked in order)
-            while i < n and order[i][0] == level and order[i][1] == negative_backlog:
-                key = (order[i][2], -negative_backlog)
+            while order and order[0][0] == level and order[0][1] == negative_backlog:
+                key = (heapq.heappop(order)[2], -negative_backlog)
                 rank = memo.get(key)
                 if rank is None:
                     rank = memo[key] = self._rank(scorer, *key)
@@ -94,7 +96,6 @@ class StarvedRanks:
                 elif rank < best[-1]:
                     best.pop()
                     insort(best, rank)
-                i += 1
         return [rank[-1] for rank in best]
 
     def _rank(self, scorer: QueueScorer, model: int, backlog: int) -> Rank:
