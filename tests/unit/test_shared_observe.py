@@ -105,9 +105,9 @@ def simulator_snapshot(scoring: ScoringSettings, seed: int) -> Snapshot:
             router._nonempty.add(model)
         for _ in range(consumers):  # another worker's consumer, its window full
             router._consumers[model].append(Consumer(model, 1, owner=1, held=1))
-        router._dispatch(model)  # the broker's bookkeeping of the queue (nothing delivered)
-        if heard:
+        if heard:  # (before the bookkeeping: it keeps the backlogged in demand too)
             router._demand[model] = NOW
+        router._dispatch(model)  # the broker's bookkeeping of the queue (nothing delivered)
     coord = router._coords[0]
     router._refresh(coord)
     router._count(coord, full=True)

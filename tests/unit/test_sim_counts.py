@@ -1,6 +1,8 @@
 """A simulated coordinator keeps, beside its counts, the few exceptions re-scores read
 (``at_cap``, ``empty``, ``fed``); a woken recount updates them only for the counts
-that moved. These tests hold them, after every count, to what the counts say."""
+that moved. These tests hold them, after every count, to what the counts say, and the
+broker's shared table of the backlogged queues in demand (which a tick's count copies)
+to its queues."""
 
 from __future__ import annotations
 
@@ -38,6 +40,11 @@ class CountsCheck(pull.PullAffinity):
         assert coord.at_cap == cap
         assert coord.empty == empty
         assert coord.fed == fed
+        # The broker's shared table of the backlogged in demand, against its queues.
+        backlogged = {m: (len(self._queues[m]), len(self._consumers[m]))
+                      for m in self._demand if self._queues[m]}
+        assert self._backlog_in_demand == backlogged
+        assert self._nonempty == {m for m, queue in enumerate(self._queues) if queue}
         self.checked += 1
 
 

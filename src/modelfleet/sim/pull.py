@@ -125,6 +125,10 @@ class PullAffinity(PullActing):
         # Per model, what a count of its queue says now: (ready, consumers), kept by
         # _dispatch, which every change of a queue or of its consumers goes through.
         self._qstate: list[tuple[int, int]] = []
+        # Per model in _demand with a backlog (in _nonempty), its _qstate: what a tick's
+        # count of the backlogged candidates says, kept as each changes (_dispatch, and
+        # a model entering or leaving the demand) for every worker to copy.
+        self._backlog_in_demand: dict[int, tuple[int, int]] = {}
         self._consumed: set[int] = set()  # models with a consumer
         self._capped: set[int] = set()  # ... as many as its fan-out cap (_cap)
         # Workers (by index) an announcement can wake: a permit free, and neither paused
@@ -250,9 +254,12 @@ class PullAffinity(PullActing):
             consumer.buffer.append(task)
             if consumer.blocked is None:
                 self._take(self._coords[consumer.owner], consumer)
+        state = self._qstate[model] = (len(queue), len(consumers))
         if not queue:
             self._nonempty.discard(model)
-        self._qstate[model] = (len(queue), len(consumers))
+            self._backlog_in_demand.pop(model, None)
+        elif model in self._demand:
+            self._backlog_in_demand[model] = state
         if len(consumers) >= self._cap[model]:
             self._capped.add(model)
         else:

@@ -79,6 +79,7 @@ class PullGathering(PullAnnouncements):
             seen, model = log.popleft()
             if self._demand.get(model) == seen:
                 del self._demand[model]
+                self._backlog_in_demand.pop(model, None)
                 self._demand_moves.append(model)
 
 
@@ -215,7 +216,6 @@ class PullGathering(PullAnnouncements):
         what was announced since and the held queues last seen with a backlog."""
         if not coord.residency[2]:  # never asked yet
             self._refresh(coord)
-        device, host, _ = coord.residency
         demand = self._demand
         if full:
             # Every candidate is counted now: what was folded into dirty before this
@@ -227,11 +227,12 @@ class PullGathering(PullAnnouncements):
             # _consumed and _capped say what a count says now): this runs per worker per
             # tick over every candidate.
             old = coord.counts
-            own = candidates((), coord.consumers, device, host, self.sim.catalog.pinned)
-            models = list(own)
-            models.extend((self._nonempty & demand.keys()) - own)
-            counts = coord.counts = dict(zip(models, map(self._qstate.__getitem__, models),
-                                             strict=True))
+            own = self._own(coord)
+            # The backlogged in demand, as counted now, are the broker's one table of them
+            # (_backlog_in_demand): a copy, not a count per queue per worker.
+            counts = coord.counts = self._backlog_in_demand.copy()
+            qstate = self._qstate
+            counts.update(zip(own, map(qstate.__getitem__, own), strict=True))
             now_counted = counts.keys()
             coord.at_cap = now_counted & self._capped
             # The counted beyond own are all backlogged (of _nonempty).

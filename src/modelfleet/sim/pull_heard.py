@@ -46,6 +46,7 @@ class PullAnnouncements:
     _cap: list[int]
     _fanout_caps: list[int]
     _qstate: list[tuple[int, int]]
+    _backlog_in_demand: dict[int, tuple[int, int]]
     _consumed: set[int]
     _capped: set[int]
     _wakeable: set[int]
@@ -70,6 +71,8 @@ class PullAnnouncements:
         now = self.sim.now
         if model not in self._demand:
             self._demand_moves.append(model)
+            if model in self._nonempty:
+                self._backlog_in_demand[model] = self._qstate[model]
         self._demand[model] = now
         self._demand_log.append((now, model))
         log = self._heard_log

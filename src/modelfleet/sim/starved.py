@@ -9,12 +9,13 @@ those that can be among the best (``StarvedRanks.best``), with the same ranks.
 
 from __future__ import annotations
 
-import heapq
 import math
 from bisect import insort
 from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
+from itertools import compress
+from operator import itemgetter
 
 from modelfleet.scheduling import QueueScorer, ScoringSettings, WorkerView
 
@@ -24,6 +25,8 @@ Rank = tuple[int, float, str, int]
 # How far a bound must clear a rank's score to rule a queue out: rounding in the bound's
 # sum and in log1p is below 1e-12 at these magnitudes (scores near starvation_score).
 _MARGIN = 1e-9
+
+_backlog = itemgetter(0)  # of a count (ready, consumers)
 
 
 @dataclass(slots=True)
@@ -61,41 +64,35 @@ class StarvedRanks:
             self.noise = {}
         scorer = self.scorer
         assert scorer is not None
-        priority = self.rank_priority
         amplitude = self.settings.noise_amplitude
         memo = self.memo
-        # Those of a priority no worse than the slots-th best's: one of a lower priority
-        # than slots others is never among the best (the same test as below, by sets).
-        contenders: list[int] = []
-        for members in self.levels:
-            contenders.extend(starved & members)
-            if len(contenders) >= slots:
-                break
-        # (priority, -backlog, model), taken off a heap in the order to rank them, a
-        # group of equal priority and backlog after another: the ranking ends after a
-        # few groups, so the thousands behind them are never put in order.
-        order = [(priority[m], -counts[m][0], m) for m in contenders]
-        heapq.heapify(order)
         # The best ``slots`` ranked so far, in order (ranks are unique: the model's index
         # ends each), kept as each is ranked rather than found again per group.
         best: list[Rank] = []
-        while order:
-            level, negative_backlog, _ = order[0]
+        # Priority levels best first; in each, groups of equal backlog, most first. The
+        # groups are found with a pass over the level's backlogs each (C loops), not by
+        # putting the thousands of starved queues in order: the ranking ends after a few.
+        for members in self.levels:
             if len(best) >= slots:
-                worst = best[-1]
-                if level > worst[0] or scorer.starving_score(
-                        -negative_backlog, amplitude) < -worst[1] - _MARGIN:
-                    break  # level == worst[0] in the second test (ranked in order)
-            while order and order[0][0] == level and order[0][1] == negative_backlog:
-                key = (heapq.heappop(order)[2], -negative_backlog)
-                rank = memo.get(key)
-                if rank is None:
-                    rank = memo[key] = self._rank(scorer, *key)
-                if len(best) < slots:
-                    insort(best, rank)
-                elif rank < best[-1]:
-                    best.pop()
-                    insort(best, rank)
+                break  # a lower priority than slots ranked ones: never among the best
+            level = list(starved & members)
+            if not level:
+                continue
+            backlogs = list(map(_backlog, map(counts.__getitem__, level)))
+            for backlog in sorted(set(backlogs), reverse=True):
+                if len(best) >= slots and scorer.starving_score(
+                        backlog, amplitude) < -best[-1][1] - _MARGIN:
+                    break  # nor can any smaller backlog of this level, nor a later level
+                for model in compress(level, map(backlog.__eq__, backlogs)):
+                    key = (model, backlog)
+                    rank = memo.get(key)
+                    if rank is None:
+                        rank = memo[key] = self._rank(scorer, model, backlog)
+                    if len(best) < slots:
+                        insort(best, rank)
+                    elif rank < best[-1]:
+                        best.pop()
+                        insort(best, rank)
         return [rank[-1] for rank in best]
 
     def _rank(self, scorer: QueueScorer, model: int, backlog: int) -> Rank:
