@@ -10,12 +10,8 @@ from modelfleet.scheduling.scoring import COLD_WINDOW_S
 from modelfleet.sim import pull
 from modelfleet.sim.engine import Simulation
 from modelfleet.sim.pull_state import Coordinator
-from modelfleet.sim.scenario import ScenarioConfig, build_catalog, build_trace
-
-SMALL = ScenarioConfig(models=80, workers=5, duration_s=60.0, warmup_s=10.0, rate=20.0,
-                       bursts_per_min=3.0, burst_rate=15.0, burst_s=4.0, device_gib=2.0,
-                       host_gib=2.0, size_median_mb=150.0, size_max_mb=1_500.0,
-                       sample_s=5.0, seed=5)
+from modelfleet.sim.scenario import build_catalog, build_trace
+from tests.sim_small import SMALL
 
 
 class GatheringCheck(pull.PullAffinity):
