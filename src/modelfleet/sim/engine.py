@@ -458,7 +458,7 @@ class Simulation:
             runtime.loads_running += 1
             worker.mark_busy(self.now, +1)
             # Evictions run first, on the runtime's loop, each unload collecting garbage
-            # at most once per gc_interval_s (ModelHost._collect_cycles); then the load
+            # at most once per gc_interval_s (runtime.memory.CycleCollector); then the load
             # runs on a thread of its own.
             gc_s = self._collections(runtime, len(evictions)) * self.config.gc_s
             if worker.machine is not None:
