@@ -6,8 +6,9 @@ What a worker does with a task is the same under every router:
 - its per-task work outside the model (HTTP, broker, IPC, reply) runs first: the
   worker's loop's share (``serve_cpu_s``) then its runtime's loop's (``runtime_cpu_s``);
   the client's own share (``client_cpu_s``) runs before the request is sent;
-- the model runs on the runtime ``crc32(model id) % runtimes_per_worker`` (each
-  runtime its own cache, load slots and batchers);
+- the model runs on the runtime its placement gives it (``modelfleet.sim.placement``:
+  the worker's own ``worker/spread.py``, or ``crc32(model id) % runtimes_per_worker``;
+  each runtime its own cache, load slots and batchers);
 - a model on that runtime's device runs at once (a cache hit); with ``batch_size``
   it joins the model's batcher: one predict at a time per model and runtime, over
   whatever waited meanwhile (up to ``batch_size`` inputs);
@@ -48,6 +49,7 @@ from typing import Protocol, cast
 
 from modelfleet.errors import NoCapacity
 from modelfleet.sim.cpu import Machine
+from modelfleet.sim.placement import HashPlacement, Placement, SpreadPlacement
 from modelfleet.sim.pool import apply_split, needs_room
 from modelfleet.sim.scenario import (
     Catalog,
@@ -143,6 +145,13 @@ class Simulation:
             if config.cores > 0:
                 worker.machine = Machine(config.cores, self.clock, self._cpu_timer(worker))
             self.workers.append(worker)
+        self.placement: Placement = HashPlacement(catalog)
+        self._spread: SpreadPlacement | None = None
+        if config.placement == "spread" and config.runtimes_per_worker > 1:
+            self.placement = self._spread = SpreadPlacement(
+                catalog, self.workers, max(1, config.permits // config.runtimes_per_worker),
+                config.replica_keep_s, self.device_budget_bytes * config.runtimes_per_worker,
+                self.clock)
         self._preload_pinned()
         self.closed_loop = config.clients > 0
         n = len(trace)
@@ -204,7 +213,7 @@ class Simulation:
         self.schedule(cfg.duration_s, CLOSE, None, None)
         for client in range(cfg.clients):
             self.schedule(0.0, ARRIVE, None, client)
-        if cfg.pooled_budget and cfg.runtimes_per_worker > 1:
+        if (cfg.pooled_budget or self._spread is not None) and cfg.runtimes_per_worker > 1:
             for worker in self.workers:
                 self.after(cfg.rescore_s, partial(self._resync, worker))
         # A task found expired when it starts gives its permit back at once, and the pull
@@ -361,9 +370,6 @@ class Simulation:
         """A task dropped at its deadline: the caller got a timeout after deadline_s."""
         self._answered(task[0], self.config.deadline_s, True)
 
-    def runtime_of(self, worker: SimWorker, model: int) -> SimRuntime:
-        return worker.runtimes[self.catalog.runtime[model]]
-
     def start(self, worker: SimWorker, task: Task) -> None:
         """Start ``task`` on ``worker``, which must have a free permit."""
         worker.in_flight += 1
@@ -374,9 +380,9 @@ class Simulation:
             self.time_out(task)
             return
         cfg = self.config
+        runtime = self.placement.take(worker, task).name
         if cfg.serve_cpu_s > 0 or cfg.runtime_cpu_s > 0:
             # The task's work in the worker's loop, then in its runtime's loop.
-            runtime = f"runtime-{self.catalog.runtime[model]}"
             self.work(worker, cfg.serve_cpu_s, lambda: self.work(
                 worker, cfg.runtime_cpu_s, lambda: self._ensure(worker, task), runtime),
                 "serve")
@@ -386,6 +392,7 @@ class Simulation:
     def _release(self, worker: SimWorker, task: Task) -> None:
         """``task`` gives its permit back."""
         worker.in_flight -= 1
+        self.placement.done(worker, task)
         model = task[1]
         left = worker.running[model] - 1
         if left:
@@ -402,7 +409,7 @@ class Simulation:
             self.router.on_free(worker)
             return
         model = task[1]
-        runtime = self.runtime_of(worker, model)
+        runtime = self.placement.runtime_of(worker, task)
         name = self.catalog.names[model]
         tier = runtime.cache.hit(name)
         if tier == "device":
@@ -445,6 +452,8 @@ class Simulation:
             model = runtime.load_queue[0]
             if self.config.pooled_budget and needs_room(runtime, cat.size_bytes[model]):
                 apply_split(worker, runtime, cat.size_bytes[model], self._evicted_by_pool)
+                if self._spread is not None:  # the pool read every runtime to move them
+                    self._spread.read(worker)
             try:
                 evictions = runtime.cache.reserve(cat.names[model], cat.size_bytes[model])
             except NoCapacity:
@@ -476,13 +485,25 @@ class Simulation:
                   lambda: self._load_done(worker, runtime, model), thread, kind="load")
 
     def _resync(self, worker: SimWorker) -> None:
-        """The pool's periodic resync (``modelfleet.sim.pool``); a raised budget may let
-        a load waiting for room start."""
-        apply_split(worker, None, 0, self._evicted_by_pool)
+        """The pool's periodic resync (``modelfleet.sim.pool``) and placement's review
+        (``modelfleet.sim.placement``); a raised budget may let a load waiting for room
+        start."""
+        if self.config.pooled_budget:
+            apply_split(worker, None, 0, self._evicted_by_pool)
+        if self._spread is not None:
+            self._spread.resync(worker, self.now, self._unload_replica)
         for runtime in worker.runtimes:
             self._kick_loader(worker, runtime)
         if self.now < self.config.duration_s + self.config.deadline_s:
             self.after(self.config.rescore_s, partial(self._resync, worker))
+
+    def _unload_replica(self, runtime: SimRuntime, model_id: str) -> None:
+        """A cooled replica's copy unloaded (``RuntimeSupervisor._carry_out``), unless a
+        load of it is in flight there (the unload would find it loading)."""
+        if runtime.cache.reservation(model_id) is None:
+            if runtime.cache.remove(model_id):
+                runtime.cache_changes += 1
+                self._evicted_by_pool(runtime, 1)
 
     def _evicted_by_pool(self, runtime: SimRuntime, unloads: int) -> None:
         """A lowered budget's evictions, carried out on the runtime's loop (their gc)."""
@@ -605,7 +626,7 @@ class Simulation:
         for worker in self.workers:
             for model in sorted(cat.pinned):
                 name = cat.names[model]
-                runtime = self.runtime_of(worker, model)
+                runtime = worker.runtimes[self.placement.home(worker, model)]
                 runtime.cache.reserve(name, cat.size_bytes[model], pinned=True)
                 runtime.cache.commit(name, cat.measured_bytes[model], cat.load_s[model],
                                      "repository")

@@ -55,6 +55,7 @@ import sys
 import zlib
 from array import array
 from collections import deque
+from collections.abc import Mapping
 from functools import partial
 
 from modelfleet.scheduling import (
@@ -70,6 +71,7 @@ from modelfleet.scheduling import work_waiting as scheduling_work_waiting
 from modelfleet.scheduling.scoring import COLD_WINDOW_S
 from modelfleet.sim.engine import Simulation
 from modelfleet.sim.lane import LANE, ColdLane
+from modelfleet.sim.placement import PlacedFacts, SpreadPlacement
 from modelfleet.sim.pull_act import PullActing
 from modelfleet.sim.pull_state import PAUSING, RESCORING, WAITING, Consumer, Coordinator
 from modelfleet.sim.starved import StarvedRanks
@@ -119,6 +121,8 @@ class PullAffinity(PullActing):
         # The same by model id, for every model: what an observation's facts are read
         # from (snapshot_of looks up only the counted ones, so the whole table serves).
         self._facts_by_name: dict[str, QueueFacts] = {}
+        # Per worker, with spread placement: its facts, each on its model's home now.
+        self._placed_facts: list[PlacedFacts] = []
         self._cap: list[int] = []  # per model: consumers at its fan-out cap (_heard)
         self._fanout_caps: list[int] = []  # per model: its fan-out cap (pinned: none)
         self._rank_priority: list[int] = []  # per model: snapshot_of's rank by priority
@@ -137,6 +141,10 @@ class PullAffinity(PullActing):
         self._announce_interval_s = 0.0
         self._announce_s = 0.0
         self._lane: ColdLane | None = None  # the cold lane (cold_lane_per_model > 0)
+        # With the lane: the models whose own queue was ever published to (exists; the
+        # broker's idle expiry, minutes, is longer than a run). Without it every model a
+        # worker holds came from its queue.
+        self._queued: set[int] = set()
 
     def cache_factory(self, device_budget_bytes: int, host_budget_bytes: int) -> CacheFactory:
         if self.device_only_lru:
@@ -161,6 +169,10 @@ class PullAffinity(PullActing):
         self._facts = [QueueFacts(cat.fanout_max_workers[m], cat.plans[m], m in cat.pinned,
                                   batch, f"runtime-{cat.runtime[m]}") for m in range(models)]
         self._facts_by_name = dict(zip(self._names, self._facts, strict=True))
+        if isinstance(sim.placement, SpreadPlacement):
+            self._placed_facts = [
+                PlacedFacts(self._facts, sim.index_of, sim.placement.homes(worker),
+                            len(worker.runtimes)) for worker in sim.workers]
         self._rank_priority = [-max(self.settings.priority(f.plan), f.priority)
                                for f in self._facts]
         # Per model, the consumers a count must show for an announcement not to wake a
@@ -205,6 +217,8 @@ class PullAffinity(PullActing):
             self._lane.send(task)  # in no model's queue: nothing to announce
             return
         self._queues[model].append(task)
+        if self._lane is not None:
+            self._queued.add(model)
         self._nonempty.add(model)
         self._dispatch(model)
         self._announce(model)
@@ -483,7 +497,8 @@ class PullAffinity(PullActing):
                         ) -> Observation:
         worker = coord.worker
         names = self._names
-        facts_of = self._facts
+        facts: Mapping[str, QueueFacts] = \
+            self._placed_facts[worker.index] if self._placed_facts else self._facts_by_name
         device, _, seen_loading = coord.residency
         runtimes = worker.runtimes
         # By name, in the order of counted (zip and map: this runs per decision).
@@ -500,13 +515,13 @@ class PullAffinity(PullActing):
                 {names[m]: w for m, w in coord.windows.items()})
         return Observation(
             self.sim.now, worker.name, dict(zip(ids, counted.values(), strict=True)),
-            self._facts_by_name,  # every model's: snapshot_of reads the counted ones
+            facts,  # every model's: snapshot_of reads the counted ones
             subscriptions=worker.subscriptions,  # the names of coord.consumers' models
             resident_device=coord.residency_names[0],
             resident_host=coord.residency_names[1],
             load_slots=coord.load_slots,
             loading=by_name[2],
-            loading_for_tasks={names[m]: facts_of[m].runtime for m in worker.running
+            loading_for_tasks={names[m]: facts[names[m]].runtime for m in worker.running
                                if m not in device},
             running={names[m]: n for m, n in worker.running.items()},
             last_served=worker.last_served,

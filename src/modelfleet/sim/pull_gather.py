@@ -92,6 +92,10 @@ class PullGathering(PullAnnouncements):
         the backlogged ones in the demand as cold, and skips those gathered and never
         counted that are in it). Those last counted with a backlog are the same while
         the version is: a recount that moves a backlog bumps it (``_moves_gathering``)."""
+        placed = self.sim.placement.moves(coord.worker)
+        if placed != coord.placement_moves:  # a model's runtime may have changed
+            coord.placement_moves = placed
+            coord.version += 1
         if coord.gathered is None:
             return False
         version, demand_at, gathered_window = coord.gathered
@@ -137,7 +141,8 @@ class PullGathering(PullAnnouncements):
         return (math.floor(self.sim.now / self.settings.noise_hold_s), worker.served,
                 counted, worker.subscriptions, device, host, seen_loading,
                 dict(worker.running), tuple(worker.recent_cold), worker.free_permits,
-                coord.windows)  # replaced, never changed in place
+                coord.windows,  # replaced, never changed in place
+                self.sim.placement.moves(worker))  # equal, the same runtime per model
 
     def _own(self, coord: Coordinator) -> set[int]:
         """The candidates that are not there by demand alone: held, resident, pinned.
@@ -146,12 +151,20 @@ class PullGathering(PullAnnouncements):
         ``_unsubscribe``), the residents with every change of the stats (``_refresh``)."""
         device, host, _ = coord.residency
         subscriptions = coord.worker.subscriptions
+        made = len(self._queued)
         memo = coord.own_of
         if memo is not None and memo[0] is subscriptions and memo[1] is device \
-                and memo[2] is host:
-            return memo[3]
-        own = candidates((), coord.consumers, device, host, self.sim.catalog.pinned)
-        coord.own_of = (subscriptions, device, host, own)
+                and memo[2] is host and memo[3] == made:
+            return memo[4]
+        pinned = self.sim.catalog.pinned
+        own = candidates((), coord.consumers, device, host, pinned)
+        if self._lane is not None:
+            # A model a lane task brought here has a queue only if a task was published
+            # there; the worker counts no other (QueueCounts.presume_missing): such a
+            # resident is no candidate (it would be subscribed to warm, an empty queue).
+            queued, held = self._queued, coord.consumers
+            own = {m for m in own if m in queued or m in held or m in pinned}
+        coord.own_of = (subscriptions, device, host, made, own)
         return own
 
     def _candidate_count(self, coord: Coordinator) -> int:
@@ -305,7 +318,7 @@ class PullGathering(PullAnnouncements):
         counts = coord.counts
         demand = self._demand
         own = coord.own = self._own(coord)
-        runtime_of = self.sim.catalog.runtime
+        runtime_of = self.sim.placement.homes(worker)
         busy = [set(models) for models in seen_loading]
         for m in worker.running:
             if m not in device:

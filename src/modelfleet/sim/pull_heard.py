@@ -15,6 +15,7 @@ from collections.abc import Iterable
 
 from modelfleet.scheduling import QueueFacts, ScoringSettings
 from modelfleet.sim.engine import Simulation
+from modelfleet.sim.lane import ColdLane
 from modelfleet.sim.pull_state import Consumer, Coordinator
 from modelfleet.sim.worker import Task
 
@@ -50,6 +51,8 @@ class PullAnnouncements:
     _consumed: set[int]
     _capped: set[int]
     _wakeable: set[int]
+    _queued: set[int]
+    _lane: ColdLane | None
 
 
     def _wake(self, coord: Coordinator) -> None:

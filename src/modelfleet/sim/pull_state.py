@@ -88,14 +88,17 @@ class Coordinator:
     rescores: int = 0
     ranks: StarvedRanks | None = None  # its ranks of starved cold queues (set by attach)
     own: set[int] = field(default_factory=set)  # its own candidates, as last gathered
-    # (worker.subscriptions, device, host, own) when own was last found (_own).
-    own_of: tuple[frozenset[str], set[int], set[int], set[int]] | None = None
+    # (worker.subscriptions, device, host, queues made, own) when own was last found
+    # (_own; queues made: PullAffinity._queued's size, with the cold lane).
+    own_of: tuple[frozenset[str], set[int], set[int], int, set[int]] | None = None
     # (own, PullAffinity._demand_moves_end(), how many of own are not in the demand).
     own_outside_demand: tuple[set[int], int, int] | None = None
     # Bumped by every change of what _gather and _observed_key read of this worker (its
     # counts, tasks, consumers and windows, residency, cold subscriptions): with the
     # noise window and the demand's models the same, the last gathering still stands.
     version: int = 0
+    # The worker's placement moves (Placement.moves) as last seen: a move bumps version.
+    placement_moves: int = 0
     # (version, PullAffinity._demand_moves_end(), noise window) at the last gathering.
     gathered: tuple[int, int, int] | None = None
     # What that gathering took: the models (counted or not), and whether it looked at

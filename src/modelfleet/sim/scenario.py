@@ -131,6 +131,12 @@ class ScenarioConfig:
     # One device budget per worker, moved between its runtimes (modelfleet.sim.pool;
     # worker/pool.py): False, a fixed budget per runtime (the fleet scenario's default).
     pooled_budget: bool = False
+    # Which runtime of a worker runs a model (modelfleet.sim.placement): "spread", the
+    # worker's own worker/spread.py (by load and free share, hot models replicated, a
+    # replica kept replica_keep_s after it cools), or "hash", crc32(model id) % runtimes
+    # for the run. The same with one runtime per worker.
+    placement: str = "hash"
+    replica_keep_s: float = 10.0  # worker.replica_keep_s
     demand_window_s: float = 60.0  # how long an announcement keeps a queue a candidate
     stats_s: float = 0.00016  # a runtime's stats round trip (CPU), per runtime per re-score
     residency_max_age_s: float = 0.02  # woken re-scores reuse residency this fresh (0: never)
@@ -173,6 +179,8 @@ class ScenarioConfig:
             raise ValueError("runtimes_per_worker, permits and loaders must be >= 1")
         if self.clients < 0 or self.cores < 0 or self.batch_size < 0:
             raise ValueError("clients, cores and batch_size must be >= 0")
+        if self.placement not in ("hash", "spread"):
+            raise ValueError(f"unknown placement {self.placement!r}; choose hash or spread")
         if self.only_model >= self.models:
             raise ValueError(f"only_model {self.only_model} is not a rank below {self.models}")
 
@@ -248,6 +256,10 @@ PEERS: dict[str, Any] = {
     # state period (worker.state_interval_s): the build's defaults.
     "cold_lane_per_model": 4,
     "state_interval_s": 1.0,
+    # The worker's placement and its pooled budget (worker/spread.py, worker/pool.py):
+    # the build's, on by default there.
+    "placement": "spread",
+    "pooled_budget": True,
     # A load in a real runtime process serving this catalog under this budget (handler
     # import, np.load, sizing, the unload it makes room with), CPU from the kernel's
     # accounting; a full gc there (gc.freeze() at start-up made it 2 ms); predicts of the
