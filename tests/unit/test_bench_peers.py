@@ -642,3 +642,6 @@ def test_the_tail_breakdown_reads_server_timing_and_takes_the_slowest_one_percen
         "model_load": 400.0, "predict": 1.0, "queue_wait": 1500.0}}
     assert out["all"]["n"] == 100 and out["all"]["cold_share"] == 0.01
     assert out["all"]["phase_ms"]["queue_wait"] == round((99 * 2 + 1500) / 100, 1)
+    # The middle tenth, what the median is made of: ten of the fast ones.
+    assert out["middle"] == {"n": 10, "latency_ms": 10.0, "cold_share": 0.0, "phase_ms": {
+        "predict": 1.0, "queue_wait": 2.0}}
