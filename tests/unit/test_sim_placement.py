@@ -158,3 +158,30 @@ def test_a_model_a_lane_task_brought_is_no_candidate_until_a_task_waits_in_its_q
     assert before and not any(queued or subscribed for _, queued, subscribed in before)
     assert any(queued for _, queued, _ in after)
     assert all(latency < 1.0 for latency in sim.latency)
+
+
+def test_a_run_replicates_its_hot_model_and_unloads_the_copy_once_it_cooled(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every client asks for one model: its tasks in flight reach permits / runtimes, so it
+    # gets the other runtime too (both serve it); once the clients stop, it is quiet for
+    # replica_keep_s and the copy is unloaded, its bytes back in the pool.
+    config = scenario("peers", only_model=0, warmup_s=1.0, duration_s=6.0)
+    sim = Simulation(config, build_catalog(config), Trace([], []),
+                     make_router("pull-affinity", config, ScoringSettings()))
+    served_on: set[str] = set()
+    real_take = SpreadPlacement.take
+
+    def take(placement: SpreadPlacement, worker: SimWorker, task: Any) -> SimRuntime:
+        runtime = real_take(placement, worker, task)
+        served_on.add(runtime.name)
+        return runtime
+    monkeypatch.setattr(SpreadPlacement, "take", take)
+    sim.run()
+    name = sim.catalog.names[0]
+    assert served_on == {"runtime-0", "runtime-1"}
+    worker = sim.workers[0]
+    holding = [r.name for r in worker.runtimes if r.cache.tier_of(name) == "device"]
+    assert len(holding) == 1
+    assert sim.placement.home(worker, 0) == int(holding[0][-1])
+    assert isinstance(sim.placement, SpreadPlacement)
+    assert sim.placement.holders(worker, 0) == (holding[0],)
