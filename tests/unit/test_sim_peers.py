@@ -304,6 +304,24 @@ def test_peers_p99_within_a_quarter_of_the_measured_row(
     assert simulated["p99_ms"] == pytest.approx(measured["zipf"]["p99_ms"], rel=0.25)
 
 
+@pytest.fixture(scope="module")
+def measured_and_simulated_warm_c32() -> tuple[dict[str, Any], dict[str, Any]]:
+    # warm-c32: the 32 clients all ask for model-00, warm (the bench's second workload).
+    return json.loads(MEASURED.read_text())["warm_c32"], peers_row(scenario("peers",
+                                                                           only_model=0))
+
+
+@pytest.mark.parametrize("figure", ["req_per_s", "p50_ms", "p99_ms"])
+def test_peers_warm_c32_within_a_quarter_of_the_measured_row(
+        measured_and_simulated_warm_c32: tuple[dict[str, Any], dict[str, Any]],
+        figure: str) -> None:
+    # One runtime cannot serve 32 clients of one model: the build gives it a replica on
+    # the other runtime (worker/spread.py), and so does the sim since it places by spread
+    # (with crc32 placement it topped out at 399 req/s, 0.61x).
+    measured, simulated = measured_and_simulated_warm_c32
+    assert simulated[figure] == pytest.approx(measured[figure], rel=0.25)
+
+
 def test_the_measured_row_is_todays_build_with_nothing_switched_back() -> None:
     measured = json.loads(MEASURED.read_text())
     assert measured["build"]["sim_overrides"] == {}
