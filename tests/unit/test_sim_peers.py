@@ -20,7 +20,9 @@ import numpy as np
 import pytest
 
 import modelfleet.scheduling
+from modelfleet.cache import POLICIES
 from modelfleet.scheduling import ScoringSettings
+from modelfleet.settings import Settings
 from modelfleet.sim import pull
 from modelfleet.sim.cli import main
 from modelfleet.sim.compare import make_router
@@ -267,6 +269,23 @@ def measured_and_simulated() -> tuple[dict[str, Any], dict[str, Any]]:
     return measured, peers_row(scenario("peers", **overrides))
 
 
+def test_the_peers_scenarios_run_the_builds_placement_pool_and_eviction_policy() -> None:
+    # What the bench's build runs by default: worker/spread.py, one pooled budget per
+    # worker, and the runtime's default eviction policy (round 15: the sim ran GDSF, and
+    # kept small popular models warm that the build's W-TinyLFU reloads).
+    build = Settings()
+    for name in ("peers", "peers-5000"):
+        config = scenario(name)
+        assert (config.placement, config.pooled_budget, config.eviction_policy) == \
+            ("spread", True, build.runtime.eviction_policy)
+        sim = Simulation(config, build_catalog(config), Trace([], []),
+                         make_router("pull-affinity", config, ScoringSettings()))
+        for runtime in sim.workers[0].runtimes:
+            assert type(runtime.cache.policy) is POLICIES[build.runtime.eviction_policy]
+    with pytest.raises(ValueError, match="unknown eviction_policy"):
+        scenario("peers", eviction_policy="fifo").check()
+
+
 def test_peers_scenario_is_the_bench_setup() -> None:
     config = scenario("peers")
     assert (config.workers, config.runtimes_per_worker, config.models, config.clients,
@@ -283,15 +302,6 @@ def test_peers_throughput_within_a_quarter_of_the_measured_row(
     assert simulated["req_per_s"] == pytest.approx(measured["zipf"]["req_per_s"], rel=0.25)
 
 
-# With the worker's placement and pooled budget modelled (round 15: both on in the presets,
-# as in the build) the sim's median at 50 models is shorter than the measured one; the
-# throughput and the p99 stay within a quarter (bench/README_sim.md, "Round 15").
-P50_SHORT_AT_50 = ("with spread placement and the pooled budget modelled, the sim's p50 at 50 "
-                   "models is 32.5 ms against 46.5 ms measured (0.70x; seeds 2 and 3: 36.8 "
-                   "and 32.3 ms): what makes the measured median slower there is not modelled")
-
-
-@pytest.mark.xfail(strict=True, reason=P50_SHORT_AT_50)
 def test_peers_p50_within_a_quarter_of_the_measured_row(
         measured_and_simulated: tuple[dict[str, Any], dict[str, Any]]) -> None:
     measured, simulated = measured_and_simulated

@@ -27,7 +27,8 @@ Progress = Callable[[str, int], Callable[[int], None] | None]
 
 def make_router(name: str, config: ScenarioConfig, scoring: ScoringSettings) -> Router:
     if name == PullAffinity.name:
-        return PullAffinity(scoring, rng_seed=config.seed)
+        return PullAffinity(scoring, rng_seed=config.seed,
+                            eviction_policy=config.eviction_policy)
     if name == "pull-affinity-lru":
         return PullAffinity(scoring, rng_seed=config.seed, device_only_lru=True)
     try:

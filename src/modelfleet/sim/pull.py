@@ -75,7 +75,7 @@ from modelfleet.sim.placement import PlacedFacts, SpreadPlacement
 from modelfleet.sim.pull_act import PullActing
 from modelfleet.sim.pull_state import PAUSING, RESCORING, WAITING, Consumer, Coordinator
 from modelfleet.sim.starved import StarvedRanks
-from modelfleet.sim.worker import CacheFactory, SimWorker, Task, gdsf_with_host, lru_device_only
+from modelfleet.sim.worker import CacheFactory, SimWorker, Task, lru_device_only, with_host
 
 
 class PullAffinity(PullActing):
@@ -86,8 +86,9 @@ class PullAffinity(PullActing):
     name = "pull-affinity"
 
     def __init__(self, settings: ScoringSettings | None = None, rng_seed: int = 0,
-                 device_only_lru: bool = False) -> None:
+                 device_only_lru: bool = False, eviction_policy: str = "gdsf") -> None:
         self.device_only_lru = device_only_lru
+        self.eviction_policy = eviction_policy  # the runtimes' (runtime.eviction_policy)
         if device_only_lru:
             self.name = "pull-affinity-lru"
         self.settings = settings if settings is not None else ScoringSettings()
@@ -149,7 +150,7 @@ class PullAffinity(PullActing):
     def cache_factory(self, device_budget_bytes: int, host_budget_bytes: int) -> CacheFactory:
         if self.device_only_lru:
             return lru_device_only(device_budget_bytes)
-        return gdsf_with_host(device_budget_bytes, host_budget_bytes)
+        return with_host(self.eviction_policy, device_budget_bytes, host_budget_bytes)
 
     def attach(self, sim: Simulation) -> None:
         self.sim = sim

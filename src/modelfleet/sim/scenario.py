@@ -34,6 +34,8 @@ from typing import Any
 
 import numpy as np
 
+from modelfleet.cache import POLICIES
+
 MB = 1_000_000
 MiB = 1 << 20
 GiB = 1 << 30
@@ -136,6 +138,9 @@ class ScenarioConfig:
     # replica kept replica_keep_s after it cools), or "hash", crc32(model id) % runtimes
     # for the run. The same with one runtime per worker.
     placement: str = "hash"
+    # The runtimes' eviction policy under pull-affinity (runtime.eviction_policy; the
+    # build's default is "tinylfu"): "gdsf", what the fleet scenario's tables were run with.
+    eviction_policy: str = "gdsf"
     replica_keep_s: float = 10.0  # worker.replica_keep_s
     demand_window_s: float = 60.0  # how long an announcement keeps a queue a candidate
     stats_s: float = 0.00016  # a runtime's stats round trip (CPU), per runtime per re-score
@@ -181,6 +186,9 @@ class ScenarioConfig:
             raise ValueError("clients, cores and batch_size must be >= 0")
         if self.placement not in ("hash", "spread"):
             raise ValueError(f"unknown placement {self.placement!r}; choose hash or spread")
+        if self.eviction_policy not in POLICIES:
+            raise ValueError(f"unknown eviction_policy {self.eviction_policy!r}; choose from "
+                             f"{', '.join(POLICIES)}")
         if self.only_model >= self.models:
             raise ValueError(f"only_model {self.only_model} is not a rank below {self.models}")
 
@@ -260,6 +268,9 @@ PEERS: dict[str, Any] = {
     # the build's, on by default there.
     "placement": "spread",
     "pooled_budget": True,
+    # The runtimes' eviction policy: the build's default (runtime.eviction_policy), W-TinyLFU
+    # with its admission (a newcomer that loses is served, then dropped).
+    "eviction_policy": "tinylfu",
     # A load in a real runtime process serving this catalog under this budget (handler
     # import, np.load, sizing, the unload it makes room with), CPU from the kernel's
     # accounting; a full gc there (gc.freeze() at start-up made it 2 ms); predicts of the

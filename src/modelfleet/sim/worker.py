@@ -10,7 +10,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from modelfleet.cache import GdsfPolicy, LruPolicy, ModelCache
+from modelfleet.cache import POLICIES, LruPolicy, ModelCache
 from modelfleet.sim.cpu import Machine
 
 # A task is (request index, model index, arrival time).
@@ -115,9 +115,15 @@ def lru_device_only(device_budget_bytes: int) -> CacheFactory:
     return build
 
 
-def gdsf_with_host(device_budget_bytes: int, host_budget_bytes: int) -> CacheFactory:
-    """modelfleet's default: size- and cost-aware eviction, demoting to host memory."""
+def with_host(policy: str, device_budget_bytes: int, host_budget_bytes: int) -> CacheFactory:
+    """A modelfleet runtime's cache: the eviction ``policy`` the runtime is set to
+    (``runtime.eviction_policy``, a name in ``modelfleet.cache.POLICIES``) on both tiers,
+    demoting to host memory, as ``ModelHost`` builds it."""
+    make = POLICIES.get(policy)
+    if make is None:
+        raise ValueError(f"unknown eviction policy {policy!r}; choose from {', '.join(POLICIES)}")
+
     def build(clock: Callable[[], float]) -> ModelCache:
-        return ModelCache(device_budget_bytes, host_budget_bytes, GdsfPolicy(),
-                          host_policy=GdsfPolicy(), clock=clock)
+        return ModelCache(device_budget_bytes, host_budget_bytes, make(), host_policy=make(),
+                          clock=clock)
     return build
