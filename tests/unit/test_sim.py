@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 import modelfleet.scheduling
-from modelfleet.cache import GdsfPolicy, LruPolicy, ModelCache
+from modelfleet.cache import POLICIES, LruPolicy, ModelCache
 from modelfleet.scheduling import ScoringSettings
+from modelfleet.settings import Settings
 from modelfleet.sim import pull
 from modelfleet.sim.cli import main
 from modelfleet.sim.compare import ROUTER_NAMES, compare, make_router
@@ -81,7 +82,9 @@ def test_workers_hold_real_model_caches_and_pull_runs_the_real_scoring(
     sim.run()
     assert calls  # every worker re-scored through decide
     assert all(type(w.cache) is ModelCache for w in sim.workers)
-    assert all(isinstance(w.cache.policy, GdsfPolicy) for w in sim.workers)
+    # The build's runtimes' eviction policy (runtime.eviction_policy), on both tiers.
+    build_policy = POLICIES[Settings().runtime.eviction_policy]
+    assert all(type(w.cache.policy) is build_policy for w in sim.workers)
     assert all(w.cache.host_budget_bytes == TINY.host_budget_bytes for w in sim.workers)
 
     push = Simulation(TINY, catalog, trace, make_router("round-robin", TINY, ScoringSettings()))

@@ -86,7 +86,7 @@ class PullAffinity(PullActing):
     name = "pull-affinity"
 
     def __init__(self, settings: ScoringSettings | None = None, rng_seed: int = 0,
-                 device_only_lru: bool = False, eviction_policy: str = "gdsf") -> None:
+                 device_only_lru: bool = False, eviction_policy: str = "tinylfu") -> None:
         self.device_only_lru = device_only_lru
         self.eviction_policy = eviction_policy  # the runtimes' (runtime.eviction_policy)
         if device_only_lru:

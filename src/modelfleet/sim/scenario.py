@@ -138,9 +138,9 @@ class ScenarioConfig:
     # replica kept replica_keep_s after it cools), or "hash", crc32(model id) % runtimes
     # for the run. The same with one runtime per worker.
     placement: str = "hash"
-    # The runtimes' eviction policy under pull-affinity (runtime.eviction_policy; the
-    # build's default is "tinylfu"): "gdsf", what the fleet scenario's tables were run with.
-    eviction_policy: str = "gdsf"
+    # The runtimes' eviction policy under pull-affinity: runtime.eviction_policy, the
+    # build's default (W-TinyLFU). The push routers keep their device-only LRU.
+    eviction_policy: str = "tinylfu"
     replica_keep_s: float = 10.0  # worker.replica_keep_s
     demand_window_s: float = 60.0  # how long an announcement keeps a queue a candidate
     stats_s: float = 0.00016  # a runtime's stats round trip (CPU), per runtime per re-score
@@ -268,9 +268,6 @@ PEERS: dict[str, Any] = {
     # the build's, on by default there.
     "placement": "spread",
     "pooled_budget": True,
-    # The runtimes' eviction policy: the build's default (runtime.eviction_policy), W-TinyLFU
-    # with its admission (a newcomer that loses is served, then dropped).
-    "eviction_policy": "tinylfu",
     # A load in a real runtime process serving this catalog under this budget (handler
     # import, np.load, sizing, the unload it makes room with), CPU from the kernel's
     # accounting; a full gc there (gc.freeze() at start-up made it 2 ms); predicts of the
