@@ -185,3 +185,21 @@ def test_a_run_replicates_its_hot_model_and_unloads_the_copy_once_it_cooled(
     assert sim.placement.home(worker, 0) == int(holding[0][-1])
     assert isinstance(sim.placement, SpreadPlacement)
     assert sim.placement.holders(worker, 0) == (holding[0],)
+
+
+def test_a_runtimes_cache_ranks_by_how_long_its_loads_took_beside_everything_else() -> None:
+    # ModelHost times a load by the clock and its cache's cost model learns from that:
+    # with the CPU modelled a load shares the cores (and its runtime's GIL) with the rest,
+    # so what the cache learns is at least the load's CPU and, under load, more.
+    config = scenario("peers", warmup_s=1.0, duration_s=6.0)
+    sim = Simulation(config, build_catalog(config), Trace([], []),
+                     make_router("pull-affinity", config, ScoringSettings()))
+    sim.run()
+    cat = sim.catalog
+    learnt = [(runtime.cache.reload_cost_s(name, cat.size_bytes[m]), cat.load_s[m])
+              for runtime in sim.workers[0].runtimes
+              for m, name in enumerate(cat.names)
+              if runtime.cache.last_measured_bytes(name) is not None]
+    assert learnt
+    assert all(seconds >= nominal * 0.999 for seconds, nominal in learnt)
+    assert sum(seconds > nominal * 1.5 for seconds, nominal in learnt) > len(learnt) // 4

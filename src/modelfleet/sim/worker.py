@@ -38,6 +38,7 @@ class SimRuntime:
     load_queue: deque[int] = field(default_factory=deque)  # models waiting for a load slot
     loads_running: int = 0
     loading: dict[int, list[Task]] = field(default_factory=dict)  # model -> tasks waiting
+    load_started: dict[int, float] = field(default_factory=dict)  # model -> when its load began
     promoting: dict[int, list[Task]] = field(default_factory=dict)
     batchers: dict[int, Batcher] = field(default_factory=dict)
     collected_at: float = -1e9  # the last full gc this runtime ran
