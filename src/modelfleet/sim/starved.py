@@ -25,6 +25,10 @@ Rank = tuple[int, float, str, int]
 # How far a bound must clear a rank's score to rule a queue out: rounding in the bound's
 # sum and in log1p is below 1e-12 at these magnitudes (scores near starvation_score).
 _MARGIN = 1e-9
+# A group of equal priority and backlog this large is ranked from the window's noise
+# order (StarvedRanks._best_of_group), not one rank at a time: under overload the
+# backlog-1 starved are thousands per worker, ranked at every re-score.
+_LARGE_GROUP = 32
 
 _backlog = itemgetter(0)  # of a count (ready, consumers)
 
@@ -44,6 +48,10 @@ class StarvedRanks:
     scorer: QueueScorer | None = None
     memo: dict[tuple[int, int], Rank] = field(default_factory=dict)
     noise: dict[int, float] = field(default_factory=dict)  # model -> its noise term
+    # The models of ``noise`` by noise, most first (then id, index): a queue's place among
+    # those of its group (equal priority and backlog), whose score grows with its noise.
+    order: list[tuple[float, str, int]] = field(default_factory=list)
+    unordered: list[tuple[float, str, int]] = field(default_factory=list)  # not in order yet
 
     def best(self, starved: AbstractSet[int], counts: Mapping[int, tuple[int, int]],
              slots: int, now: float) -> list[int]:
@@ -62,6 +70,8 @@ class StarvedRanks:
                                       self.rng_seed)
             self.memo = {}
             self.noise = {}
+            self.order = []
+            self.unordered = []
         scorer = self.scorer
         assert scorer is not None
         amplitude = self.settings.noise_amplitude
@@ -83,7 +93,12 @@ class StarvedRanks:
                 if len(best) >= slots and scorer.starving_score(
                         backlog, amplitude) < -best[-1][1] - _MARGIN:
                     break  # nor can any smaller backlog of this level, nor a later level
-                for model in compress(level, map(backlog.__eq__, backlogs)):
+                group = list(compress(level, map(backlog.__eq__, backlogs)))
+                if len(group) > _LARGE_GROUP:
+                    # Only the group's own best ``slots`` can enter ``best``: the best of
+                    # everything ranked is the best of each group's best.
+                    group = self._best_of_group(scorer, group, backlog, slots)
+                for model in group:
                     key = (model, backlog)
                     rank = memo.get(key)
                     if rank is None:
@@ -95,6 +110,45 @@ class StarvedRanks:
                         insort(best, rank)
         return [rank[-1] for rank in best]
 
+    def _best_of_group(self, scorer: QueueScorer, group: list[int], backlog: int,
+                       slots: int) -> list[int]:
+        """The ``slots`` best of ``group`` (of one priority and one backlog) by rank,
+        best first: read off the window's noise order, each member's noise drawn once a
+        window. In a group a rank is its score (which only grows with the noise), then
+        the id and index: so the members are taken in noise order until ``slots`` are
+        held and the next one's score falls below the worst held; ties of score (two
+        noises that round to one score) are taken too, and all are put in rank order."""
+        noise = self.noise
+        new = set(group).difference(noise)
+        if new:
+            names = self.names
+            for model in new:
+                name = names[model]
+                drawn = noise[model] = scorer.fresh_noise(name)
+                self.unordered.append((-drawn, name, model))
+        if self.unordered:
+            self.order += self.unordered
+            self.order.sort()  # mostly sorted already: a merge of the new run
+            self.unordered = []
+        members = set(group)
+        taken: list[Rank] = []
+        worst = math.inf  # the lowest score among the ``slots`` best taken so far
+        memo = self.memo
+        for negative, _, model in self.order:
+            if model not in members:
+                continue
+            if len(taken) >= slots and scorer.starving_score(backlog, -negative) < worst:
+                break
+            key = (model, backlog)
+            rank = memo.get(key)
+            if rank is None:
+                rank = memo[key] = self._rank(scorer, model, backlog)
+            taken.append(rank)
+            if len(taken) <= slots:
+                worst = min(worst, -rank[1])
+        taken.sort()
+        return [rank[-1] for rank in taken[:slots]]
+
     def _rank(self, scorer: QueueScorer, model: int, backlog: int) -> Rank:
         """Its priority as ``snapshot_of`` ranks it, then ``QueueScorer.score`` of its
         view (no consumer, not held here: ``starving_score``, with the model's noise kept
@@ -103,5 +157,6 @@ class StarvedRanks:
         noise = self.noise.get(model)
         if noise is None:
             noise = self.noise[model] = scorer.fresh_noise(name)
+            self.unordered.append((-noise, name, model))
         return (self.rank_priority[model], -scorer.starving_score(backlog, noise), name,
                 model)
