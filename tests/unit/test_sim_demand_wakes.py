@@ -15,6 +15,7 @@ import pytest
 from modelfleet.sim import pull
 from modelfleet.sim.engine import Simulation
 from modelfleet.sim.scenario import ScenarioConfig, build_catalog, build_trace
+from modelfleet.sim.wakeable import WakeableWorkers
 
 SMALL = ScenarioConfig(models=60, workers=4, duration_s=40.0, warmup_s=5.0, rate=12.0,
                        bursts_per_min=2.0, burst_rate=10.0, burst_s=3.0, device_gib=2.0,
@@ -110,7 +111,8 @@ def counted_worker(config: ScenarioConfig
     router._count(coord, full=True)
     woken: list[int] = []
     router._wake = lambda c: woken.append(c.worker.index)  # type: ignore[method-assign]
-    router._wakeable = {0}
+    router._wakeable = WakeableWorkers()
+    router._wakeable.add(0, coord.heard_upto)
     return router, coord, woken
 
 

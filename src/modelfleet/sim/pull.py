@@ -75,6 +75,7 @@ from modelfleet.sim.placement import PlacedFacts, SpreadPlacement
 from modelfleet.sim.pull_act import PullActing
 from modelfleet.sim.pull_state import PAUSING, RESCORING, WAITING, Consumer, Coordinator
 from modelfleet.sim.starved import StarvedRanks
+from modelfleet.sim.wakeable import WakeableWorkers
 from modelfleet.sim.worker import CacheFactory, SimWorker, Task, lru_device_only, with_host
 
 
@@ -114,9 +115,6 @@ class PullAffinity(PullActing):
         self._heard_offset = 0
         self._heard_at: dict[int, int] = {}  # model -> its last position in the log
         self._heard_before = array("q")  # per entry of _heard_log: the model's previous one
-        # Workers (by index) that folded what they heard (_fold_heard), in the order of
-        # their last fold: their heard_upto never decreases along it.
-        self._folded: dict[int, None] = {}
         self._names: tuple[str, ...] = ()
         self._facts: list[QueueFacts] = []  # per model: what its queue view carries
         # The same by model id, for every model: what an observation's facts are read
@@ -137,8 +135,9 @@ class PullAffinity(PullActing):
         self._consumed: set[int] = set()  # models with a consumer
         self._capped: set[int] = set()  # ... as many as its fan-out cap (_cap)
         # Workers (by index) an announcement can wake: a permit free, and neither paused
-        # before a re-score nor already due to re-score again when this one ends.
-        self._wakeable: set[int] = set()
+        # before a re-score nor already due to re-score again when this one ends; kept in
+        # the order of how far each has folded what it heard (_heard asks a tail of them).
+        self._wakeable = WakeableWorkers()
         self._announce_interval_s = 0.0
         self._announce_s = 0.0
         self._lane: ColdLane | None = None  # the cold lane (cold_lane_per_model > 0)
@@ -318,7 +317,7 @@ class PullAffinity(PullActing):
         wherever the re-score loop's state changes."""
         if coord.worker.in_flight < coord.worker.permits and (
                 coord.state == WAITING or (coord.state == RESCORING and not coord.changed)):
-            self._wakeable.add(coord.worker.index)
+            self._wakeable.add(coord.worker.index, coord.heard_upto)
         else:
             self._wakeable.discard(coord.worker.index)
 

@@ -17,6 +17,7 @@ from modelfleet.scheduling import QueueFacts, ScoringSettings
 from modelfleet.sim.engine import Simulation
 from modelfleet.sim.lane import ColdLane
 from modelfleet.sim.pull_state import Consumer, Coordinator
+from modelfleet.sim.wakeable import WakeableWorkers
 from modelfleet.sim.worker import Task
 
 
@@ -41,7 +42,6 @@ class PullAnnouncements:
     _heard_offset: int
     _heard_at: dict[int, int]
     _heard_before: array[int]
-    _folded: dict[int, None]
     _names: tuple[str, ...]
     _facts: list[QueueFacts]
     _cap: list[int]
@@ -50,7 +50,7 @@ class PullAnnouncements:
     _backlog_in_demand: dict[int, tuple[int, int]]
     _consumed: set[int]
     _capped: set[int]
-    _wakeable: set[int]
+    _wakeable: WakeableWorkers
     _queued: set[int]
     _lane: ColdLane | None
 
@@ -85,22 +85,8 @@ class PullAnnouncements:
             # Those with a free permit, in worker order; one paused before a re-score, or
             # re-scoring and due to again, would not change (_wake): not asked. Nor one
             # that has not folded since the model's previous entry (before >= its
-            # heard_upto, below): those that have are the last to fold (_folded's tail).
-            # Under load few workers are wakeable and most have folded since: the shorter
-            # of the two walks gives the same workers.
-            wakeable = self._wakeable
-            if before < 0:
-                asked = sorted(wakeable)
-            elif len(wakeable) < len(self._folded) // 4:
-                asked = sorted(i for i in wakeable if coords[i].heard_upto > before)
-            else:
-                asked = []
-                for index in reversed(self._folded):
-                    if coords[index].heard_upto <= before:
-                        break
-                    if index in wakeable:
-                        asked.append(index)
-                asked.sort()
+            # heard_upto, below): the wakeable are kept in the order of their heard_upto.
+            asked = self._wakeable.heard_after(before)
             for index in asked:
                 coord = coords[index]
                 if model in coord.consumers:
@@ -125,9 +111,7 @@ class PullAnnouncements:
         if upto == end:
             return
         coord.heard_upto = end
-        folded = self._folded
-        folded.pop(coord.worker.index, None)
-        folded[coord.worker.index] = None  # the last to fold, at the end
+        self._wakeable.folded(coord.worker.index, end)
         # Heard since upto: those held here or at the cap are not taken now; the others
         # are dirty, whatever they were. What was not taken stays so unless heard again
         # and taken; one not taken now stays dirty if it was already.
