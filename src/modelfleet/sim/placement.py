@@ -25,6 +25,7 @@ from dataclasses import replace
 from typing import Protocol
 
 from modelfleet.scheduling import QueueFacts
+from modelfleet.sim.pool import runtime_view
 from modelfleet.sim.scenario import Catalog
 from modelfleet.sim.worker import SimRuntime, SimWorker, Task
 from modelfleet.worker.spread import RuntimeView, Spread
@@ -73,8 +74,7 @@ class HashPlacement:
     def take(self, worker: SimWorker, task: Task) -> SimRuntime:
         return worker.runtimes[self._runtime[task[1]]]
 
-    def runtime_of(self, worker: SimWorker, task: Task) -> SimRuntime:
-        return worker.runtimes[self._runtime[task[1]]]
+    runtime_of = take  # nothing is counted: the same runtime for every task of a model
 
     def done(self, worker: SimWorker, task: Task) -> None:
         pass
@@ -97,12 +97,7 @@ class _Book:
     def refresh(self) -> None:
         """Read every runtime (``BudgetPool._read_all``)."""
         for runtime in self.worker.runtimes:
-            snap = runtime.cache.snapshot()
-            self.read[runtime.name] = RuntimeView(
-                runtime.name, budget_bytes=snap.device_budget_bytes,
-                used_bytes=snap.device_used_bytes, reserved_bytes=snap.device_reserved_bytes,
-                pinned_bytes=runtime.cache.pinned_device_bytes,
-                resident=frozenset(snap.device))
+            self.read[runtime.name] = runtime_view(runtime)
 
     def views(self) -> list[RuntimeView]:
         """The runtimes as last read, with the tasks running on each now."""
@@ -175,8 +170,7 @@ class SpreadPlacement:
         self._taken: dict[int, SimRuntime] = {}  # request index -> the runtime it runs on
 
     def home(self, worker: SimWorker, model: int) -> int:
-        book = self._books[worker.index]
-        return book.index[book.home(self._names[model])]
+        return self._homes[worker.index][model]
 
     def homes(self, worker: SimWorker) -> Sequence[int]:
         return self._homes[worker.index]

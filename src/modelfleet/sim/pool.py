@@ -18,12 +18,15 @@ from modelfleet.sim.worker import SimRuntime, SimWorker
 from modelfleet.worker.spread import RuntimeView, split_budget
 
 
-def _view(runtime: SimRuntime) -> RuntimeView:
+def runtime_view(runtime: SimRuntime) -> RuntimeView:
+    """The runtime as the worker's pool reads it (its ``budget`` op): budget, bytes used,
+    reserved and pinned, and what is resident on the device."""
     snap = runtime.cache.snapshot()
     return RuntimeView(runtime.name, budget_bytes=snap.device_budget_bytes,
                        used_bytes=snap.device_used_bytes,
                        reserved_bytes=snap.device_reserved_bytes,
-                       pinned_bytes=runtime.cache.pinned_device_bytes)
+                       pinned_bytes=runtime.cache.pinned_device_bytes,
+                       resident=frozenset(snap.device))
 
 
 def apply_split(worker: SimWorker, grow: SimRuntime | None, need_bytes: int,
@@ -32,7 +35,7 @@ def apply_split(worker: SimWorker, grow: SimRuntime | None, need_bytes: int,
     for the evictions a lowered budget made."""
     runtimes = worker.runtimes
     pool = sum(r.cache.device_budget_bytes for r in runtimes)
-    budgets = split_budget(pool, [_view(r) for r in runtimes],
+    budgets = split_budget(pool, [runtime_view(r) for r in runtimes],
                            grow.name if grow is not None else None, need_bytes)
     by_name = {r.name: r for r in runtimes}
     moves = sorted((budget - by_name[name].cache.device_budget_bytes, name)
